@@ -1,0 +1,16 @@
+"""slax: differentiable Slang kernels as JAX functions."""
+
+from slax._device import DeviceKind, set_device_kind
+from slax._errors import DeviceUnavailableError, SlangCompileError
+from slax._module import SlangFunction, SlangModule, load_module, load_module_from_source
+
+__all__ = [
+    "DeviceKind",
+    "DeviceUnavailableError",
+    "SlangCompileError",
+    "SlangFunction",
+    "SlangModule",
+    "load_module",
+    "load_module_from_source",
+    "set_device_kind",
+]

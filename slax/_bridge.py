@@ -1,0 +1,137 @@
+"""Moving JAX buffers to Slang kernels and launching them, inside ``buffer_callback``.
+
+Two launchers share one interface, :meth:`callback`, which returns the function that
+``jax.experimental.buffer_callback`` runs with XLA's buffers:
+
+- :class:`HostCopyLauncher` for CPU-resident JAX buffers: copy operands into device buffers kept
+  per call site (reused across calls, resized only when a shape changes), dispatch, copy results
+  back. Works with any SlangPy device; the default on CPU is Vulkan (lavapipe without a GPU).
+- :class:`ZeroCopyLauncher` for CUDA-resident JAX buffers: the kernel receives XLA's device pointers
+  and runs on XLA's stream, with no copies and no synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import slangpy as spy
+
+from slax._codegen import ROW_THREADS
+from slax._compile import KernelSpec, compile_kernel
+from slax._device import DeviceKind, device_kind_for_platform, get_device
+
+Scalars = tuple[tuple[str, int | float], ...]
+BufferCallback = Callable[..., None]
+
+_BUFFER_USAGE = spy.BufferUsage.shader_resource | spy.BufferUsage.unordered_access
+
+
+def thread_grid(count: int) -> list[int]:
+    """Dispatch dimensions for ``count`` threads laid out in rows (see ``slax/kernel.slang``)."""
+    return [min(count, ROW_THREADS), max(1, math.ceil(count / ROW_THREADS)), 1]
+
+
+def pointer_names(num_operands: int, num_results: int) -> list[str]:
+    return [f"in_{k}" for k in range(num_operands)] + [f"out_{k}" for k in range(num_results)]
+
+
+class HostCopyLauncher:
+    """Runs kernels on host buffers by copying through device buffers that persist per call site."""
+
+    def __init__(self, device: spy.Device):
+        self.device = device
+        self._lock = threading.Lock()
+
+    def callback(self, spec: KernelSpec, scalars: Scalars, count: int) -> BufferCallback:
+        kernel = compile_kernel(self.device, spec)
+        buffers: dict[int, spy.Buffer] = {}
+
+        def buffer_for(slot: int, nbytes: int) -> spy.Buffer:
+            nbytes = max(nbytes, 4)
+            buffer = buffers.get(slot)
+            if buffer is None or buffer.size != nbytes:
+                buffer = self.device.create_buffer(size=nbytes, usage=_BUFFER_USAGE)
+                buffers[slot] = buffer
+            return buffer
+
+        def run(ctx, outs: Sequence, *ins) -> None:
+            del ctx
+            if count == 0:
+                return
+            host_ins = [_host_array(b, "operand") for b in ins]
+            host_outs = [_host_array(b, "result") for b in outs]
+            with self._lock:
+                addresses = {}
+                for slot, array in enumerate(host_ins):
+                    buffer = buffer_for(slot, array.nbytes)
+                    if array.nbytes:
+                        buffer.copy_from_numpy(np.ascontiguousarray(array).reshape(-1))
+                    addresses[f"in_{slot}"] = buffer.device_address
+                out_buffers = []
+                for k, array in enumerate(host_outs):
+                    buffer = buffer_for(len(host_ins) + k, array.nbytes)
+                    out_buffers.append(buffer)
+                    addresses[f"out_{k}"] = buffer.device_address
+                kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
+                for array, buffer in zip(host_outs, out_buffers):
+                    data = buffer.to_numpy().view(np.uint8)[: array.nbytes]
+                    array[...] = data.view(array.dtype).reshape(array.shape)
+
+        return run
+
+
+class ZeroCopyLauncher:
+    """Runs kernels on XLA's CUDA buffers in place, on XLA's stream."""
+
+    def __init__(self, device: spy.Device):
+        self.device = device
+
+    def callback(self, spec: KernelSpec, scalars: Scalars, count: int) -> BufferCallback:
+        kernel = compile_kernel(self.device, spec)
+        scalar_args = dict(scalars)
+
+        def run(ctx, outs: Sequence, *ins) -> None:
+            if count == 0:
+                return
+            pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *outs)]
+            names = pointer_names(len(ins), len(outs))
+            kernel.dispatch(
+                thread_grid(count),
+                cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
+                **dict(zip(names, pointers)),
+                **scalar_args,
+            )
+
+        return run
+
+
+_launchers: dict[tuple[str, DeviceKind], HostCopyLauncher | ZeroCopyLauncher] = {}
+_launchers_lock = threading.Lock()
+
+
+def launcher_for(platform: str) -> HostCopyLauncher | ZeroCopyLauncher:
+    """The launcher for JAX computations lowered for ``platform`` (``"cpu"`` or ``"cuda"``)."""
+    kind = device_kind_for_platform(platform)
+    with _launchers_lock:
+        launcher = _launchers.get((platform, kind))
+        if launcher is None:
+            device = get_device(kind)
+            if platform == "cuda":
+                launcher = ZeroCopyLauncher(device)
+            else:
+                launcher = HostCopyLauncher(device)
+            _launchers[(platform, kind)] = launcher
+        return launcher
+
+
+def _host_array(buffer, role: str) -> np.ndarray:
+    array = np.asarray(buffer)
+    if not array.flags.c_contiguous:
+        raise ValueError(
+            f"slax: XLA handed a non-contiguous {role} buffer of shape {array.shape} with strides "
+            f"{array.strides}; slax kernels read row-major data. Pass arrays with the default layout."
+        )
+    return array

@@ -1,0 +1,141 @@
+"""Which SlangPy device runs slax kernels, and creating it once per process.
+
+JAX decides where arrays live; slax follows it. A JAX computation lowered for the CPU runs its Slang
+kernels on a Vulkan device (a real GPU driver where there is one, Mesa's lavapipe CPU driver
+otherwise) with host copies; one lowered for CUDA runs them on a SlangPy CUDA device that shares
+JAX's CUDA context, zero-copy. ``SLAX_DEVICE=cuda|vulkan`` or :func:`set_device_kind` override the
+choice for CPU-placed computations.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pathlib
+import threading
+
+import slangpy as spy
+
+from slax._errors import DeviceUnavailableError
+
+SHADER_DIR = pathlib.Path(__file__).resolve().parent.parent / "shaders"
+"""Slang sources shipped with slax; always on the include path."""
+
+ENV_VAR = "SLAX_DEVICE"
+
+
+class DeviceKind(enum.Enum):
+    """The SlangPy device types slax runs kernels on."""
+
+    VULKAN = "vulkan"
+    CUDA = "cuda"
+
+
+_lock = threading.Lock()
+_devices: dict[tuple[DeviceKind, int], spy.Device] = {}
+_override: DeviceKind | None = None
+
+
+def parse_device_kind(value: str, *, source: str) -> DeviceKind:
+    """Turns a user-given name into a :class:`DeviceKind`, or says which names are valid."""
+    try:
+        return DeviceKind(value.strip().lower())
+    except ValueError:
+        valid = ", ".join(repr(k.value) for k in DeviceKind)
+        raise ValueError(
+            f"slax: unknown device kind {value!r} from {source}; expected one of {valid}."
+        ) from None
+
+
+def set_device_kind(kind: str | DeviceKind | None) -> None:
+    """Chooses the device for CPU-placed JAX computations; ``None`` restores the default.
+
+    Takes precedence over ``SLAX_DEVICE``. JAX computations placed on a CUDA GPU always use
+    the CUDA device of that GPU, since their buffers live there.
+    """
+    global _override
+    if kind is None or isinstance(kind, DeviceKind):
+        _override = kind
+    else:
+        _override = parse_device_kind(kind, source="slax.set_device_kind")
+
+
+def device_kind_for_platform(platform: str) -> DeviceKind:
+    """The device kind that runs kernels of a JAX computation lowered for ``platform``.
+
+    Args:
+      platform: JAX's lowering platform, ``"cpu"`` or ``"cuda"``.
+    """
+    requested = _override
+    if requested is None and os.environ.get(ENV_VAR):
+        requested = parse_device_kind(os.environ[ENV_VAR], source=f"the {ENV_VAR} variable")
+    if platform == "cuda":
+        if requested is DeviceKind.VULKAN:
+            raise ValueError(
+                "slax: JAX placed this computation on a CUDA GPU, whose buffers only a SlangPy "
+                "CUDA device can read without copies; unset SLAX_DEVICE=vulkan or run JAX on the "
+                "CPU (JAX_PLATFORMS=cpu)."
+            )
+        return DeviceKind.CUDA
+    if platform == "cpu":
+        return requested or DeviceKind.VULKAN
+    raise ValueError(f"slax: JAX platform {platform!r} is not supported; use cpu or cuda.")
+
+
+def cache_dir() -> pathlib.Path:
+    """Where compiled Slang modules and shaders persist across processes."""
+    root = os.environ.get("SLAX_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "slax"
+    )
+    return pathlib.Path(root)
+
+
+def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
+    """The process-wide SlangPy device of ``kind`` (for CUDA, of GPU ``ordinal``)."""
+    key = (kind, ordinal)
+    with _lock:
+        device = _devices.get(key)
+        if device is None:
+            device = _create_device(kind, ordinal)
+            _devices[key] = device
+        return device
+
+
+def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
+    options = spy.SlangCompilerOptions({"include_paths": [str(SHADER_DIR)]})
+    cache = cache_dir() / kind.value
+    adapter_luid = None
+    if kind is DeviceKind.CUDA:
+        adapters = spy.Device.enumerate_adapters(spy.DeviceType.cuda)
+        if ordinal >= len(adapters):
+            raise DeviceUnavailableError(
+                f"slax: JAX uses CUDA GPU {ordinal} but SlangPy sees {len(adapters)} CUDA "
+                "adapter(s); check CUDA_VISIBLE_DEVICES is the same for both."
+            )
+        adapter_luid = adapters[ordinal].luid
+    try:
+        return spy.Device(
+            type=spy.DeviceType.cuda if kind is DeviceKind.CUDA else spy.DeviceType.vulkan,
+            compiler_options=options,
+            module_cache_path=str(cache / "modules"),
+            shader_cache_path=str(cache / "shaders"),
+            adapter_luid=adapter_luid,
+            enable_hot_reload=False,
+            label=f"slax-{kind.value}-{ordinal}",
+        )
+    except Exception as error:
+        raise DeviceUnavailableError(_missing_device_advice(kind, error)) from error
+
+
+def _missing_device_advice(kind: DeviceKind, error: Exception) -> str:
+    if kind is DeviceKind.CUDA:
+        return (
+            f"slax: could not create a SlangPy CUDA device ({error}). It needs an NVIDIA GPU and "
+            "driver; without one, run JAX on the CPU and let slax use Vulkan (unset SLAX_DEVICE)."
+        )
+    return (
+        f"slax: could not create a SlangPy Vulkan device ({error}). Without a GPU driver, "
+        "install Mesa 25's CPU driver lavapipe: on Debian 12, add bookworm-backports to apt "
+        "and run `apt-get install -t bookworm-backports mesa-vulkan-drivers libvulkan1` "
+        "(Mesa 22 from plain bookworm lacks VK_KHR_shader_non_semantic_info and fails)."
+    )

@@ -1,0 +1,333 @@
+"""Loading Slang modules and calling their functions with JAX arrays.
+
+``load_module("poly.slang").polynomial`` is a :class:`SlangFunction`: it binds arguments to the
+Slang signature, checks dtypes and shapes at trace time, broadcasts the call grid and binds
+``slang_call_p``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import slangpy as spy
+
+from slax._compile import load_slang_module
+from slax._device import SHADER_DIR, cache_dir, device_kind_for_platform, get_device
+from slax._primitive import FunctionSpec, slang_call_p
+from slax._signature import (
+    SLANG_SCALAR_FOR_DTYPE,
+    Direction,
+    Leaf,
+    Signature,
+    Value,
+    is_generic,
+    read_signature,
+)
+
+
+def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
+    """Loads a Slang module whose functions become JAX-callable.
+
+    Args:
+      path_or_name: a ``.slang`` file path, or a module name found on the include path
+        (slax's ``shaders/`` directory), e.g. ``"poly"`` or ``"poly.slang"``.
+
+    Raises:
+      FileNotFoundError: no such file on disk or on the include path.
+      slax.SlangCompileError: Slang rejected the module; carries its diagnostics with file:line.
+    """
+    path = _resolve(path_or_name)
+    reflection = load_slang_module(_reflection_device(), str(path))
+    return SlangModule(str(path), reflection)
+
+
+def load_module_from_source(name: str, source: str) -> SlangModule:
+    """Loads Slang ``source`` as module ``name`` (written to slax's cache dir so it can be imported)."""
+    directory = cache_dir() / "sources"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.slang"
+    if not path.exists() or path.read_text() != source:
+        path.write_text(source)
+    return load_module(path)
+
+
+def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
+    candidate = pathlib.Path(path_or_name)
+    names = [candidate] if candidate.suffix else [candidate, candidate.with_suffix(".slang")]
+    for name in names:
+        for directory in (pathlib.Path.cwd(), SHADER_DIR):
+            if (directory / name).is_file():
+                return (directory / name).resolve()
+    raise FileNotFoundError(
+        f"slax.load_module: no Slang module {str(path_or_name)!r} in the working directory or on "
+        f"the include path ({SHADER_DIR})."
+    )
+
+
+def _reflection_device() -> spy.Device:
+    return get_device(device_kind_for_platform(_default_platform()))
+
+
+def _default_platform() -> str:
+    return "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+
+
+class SlangModule:
+    """A loaded Slang module; each attribute is a :class:`SlangFunction`."""
+
+    def __init__(self, path: str, reflection: spy.SlangModule):
+        self.path = path
+        self._reflection = reflection
+        self._functions: dict[str, SlangFunction] = {}
+
+    def __getattr__(self, name: str) -> SlangFunction:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        function = self._functions.get(name)
+        if function is None:
+            found = self._reflection.layout.find_function_by_name(name)
+            if found is None:
+                raise AttributeError(
+                    f"slax: Slang module {self.path!r} has no function {name!r}; check the "
+                    "spelling, and that it is declared at module scope."
+                )
+            function = SlangFunction(self, name, found)
+            self._functions[name] = function
+        return function
+
+    def __getitem__(self, name: str) -> SlangFunction:
+        return getattr(self, name)
+
+    def __repr__(self) -> str:
+        return f"SlangModule({self.path!r})"
+
+
+class SlangFunction:
+    """A Slang function called like a jax.numpy function, over a broadcast grid of arguments.
+
+    Arguments broadcast NumPy-style over their leading (grid) dims; their trailing dims must be the
+    Slang type's own (``float3`` -> ``(..., 3)``). Structs take dicts of arrays. The call returns
+    the result with shape ``grid + result dims``; with ``out``/``inout`` parameters it returns a
+    tuple ``(result, *outs)`` (without the result for ``void`` functions).
+    """
+
+    def __init__(self, module: SlangModule, name: str, reflection: spy.FunctionReflection):
+        if reflection.is_overloaded:
+            raise TypeError(
+                f"slax: Slang function {name!r} in {module.path!r} is overloaded; give each "
+                "overload its own name so a call maps to one signature."
+            )
+        self.module = module
+        self.name = name
+        self._reflection = reflection
+        self._generic = is_generic(reflection)
+        self._param_names = [p.name for p in reflection.parameters]
+        self._signatures: dict[tuple[str, ...], Signature] = {}
+        self.__doc__ = f"Slang function {name!r} from {module.path}."
+
+    def __repr__(self) -> str:
+        return f"<slax function {self.name} from {self.module.path}>"
+
+    def signature(self, *args: Any, **kwargs: Any) -> Signature:
+        """The array signature this call resolves to (generic functions specialise by dtype)."""
+        return self._resolve(self._bind(args, kwargs))[0]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = self._bind(args, kwargs)
+        signature, operands = self._resolve(bound)
+        grid = self._grid(signature, operands)
+        leaves = [leaf for value in signature.outputs for leaf in value.leaves]
+        if 0 in grid:
+            flat = [jnp.zeros(grid + leaf.shape, leaf.dtype) for leaf in leaves]
+        else:
+            flat = slang_call_p.bind(
+                *operands, function=FunctionSpec(self.module.path, signature)
+            )
+        return self._unflatten(signature, flat)
+
+    def _bind(self, args, kwargs) -> dict[str, Any]:
+        inputs = [
+            p.name
+            for p in self._reflection.parameters
+            if p.has_modifier(spy.ModifierID.inout) or not p.has_modifier(spy.ModifierID.out)
+        ]
+        if len(args) > len(inputs):
+            raise TypeError(
+                f"slax: {self.name}() takes {len(inputs)} argument(s) ({', '.join(inputs)}) "
+                f"but {len(args)} were given."
+            )
+        bound = dict(zip(inputs, args))
+        for key, value in kwargs.items():
+            if key not in inputs:
+                hint = " (it is an `out` parameter, returned, not passed)" if key in self._param_names else ""
+                raise TypeError(
+                    f"slax: {self.name}() got an unexpected keyword argument {key!r}{hint}; its "
+                    f"inputs are {', '.join(inputs)}."
+                )
+            if key in bound:
+                raise TypeError(f"slax: {self.name}() got multiple values for argument {key!r}.")
+            bound[key] = value
+        missing = [name for name in inputs if name not in bound]
+        if missing:
+            raise TypeError(f"slax: {self.name}() missing argument(s): {', '.join(missing)}.")
+        return bound
+
+    def _resolve(self, bound: dict[str, Any]) -> tuple[Signature, list[jax.Array]]:
+        if not self._generic:
+            key: tuple[str, ...] = ()
+        else:
+            key = tuple(_dtype_name(bound.get(p.name)) for p in self._reflection.parameters)
+        signature = self._signatures.get(key)
+        if signature is None:
+            signature = read_signature(self._specialize(bound) if self._generic else self._reflection)
+            self._signatures[key] = signature
+        operands = [
+            operand
+            for value in signature.inputs
+            for operand in self._operands(value, bound[value.name])
+        ]
+        return signature, operands
+
+    def _specialize(self, bound: dict[str, Any]) -> spy.FunctionReflection:
+        layout = self.module._reflection.layout
+        types = []
+        for param in self._reflection.parameters:
+            name = param.type.full_name
+            if param.type.kind in (spy.TypeReflection.Kind.none, spy.TypeReflection.Kind.generic_type_parameter):
+                dtype = _dtype_name(bound.get(param.name))
+                name = SLANG_SCALAR_FOR_DTYPE.get(dtype, "float")
+            types.append(layout.find_type_by_name(name))
+        specialized = self._reflection.specialize_with_arg_types(types)
+        if specialized is None or not specialized.is_valid():
+            raise TypeError(
+                f"slax: cannot specialise generic Slang function {self.name!r} for argument "
+                f"types {[t.full_name for t in types]}."
+            )
+        return specialized
+
+    def _operands(self, value: Value, argument: Any) -> list[jax.Array]:
+        if not value.is_struct:
+            return [self._operand(value, value.leaves[0], argument, value.name)]
+        if not isinstance(argument, Mapping):
+            raise TypeError(
+                f"slax: argument {value.name!r} of {self.name}() is the Slang struct "
+                f"{value.slang_type!r}; pass a dict with keys {_struct_keys(value)}, got "
+                f"{type(argument).__name__}."
+            )
+        _check_keys(self.name, value, argument, ())
+        operands = []
+        for leaf in value.leaves:
+            item = argument
+            for field in leaf.path:
+                item = item[field]
+            label = f"{value.name}[{']['.join(repr(f) for f in leaf.path)}]"
+            operands.append(self._operand(value, leaf, item, label))
+        return operands
+
+    def _operand(self, value: Value, leaf: Leaf, argument: Any, label: str) -> jax.Array:
+        if isinstance(argument, (bool, int, float, np.generic)) or (
+            isinstance(argument, jax.Array) and _is_weakly_typed(argument)
+        ):
+            array = jnp.asarray(argument, dtype=leaf.dtype)
+        else:
+            try:
+                array = jnp.asarray(argument)
+            except TypeError as error:
+                raise TypeError(
+                    f"slax: argument {label!r} of {self.name}() must be an array or a number, "
+                    f"got {type(argument).__name__}."
+                ) from error
+            if array.dtype != np.dtype(leaf.dtype):
+                raise TypeError(
+                    f"slax: argument {label!r} of {self.name}() is Slang {value.slang_type!r}, "
+                    f"which needs dtype {leaf.dtype}; got {array.dtype}. Cast it with "
+                    f".astype(jnp.{leaf.dtype})."
+                )
+        if array.ndim < len(leaf.shape) or array.shape[array.ndim - len(leaf.shape):] != leaf.shape:
+            raise ValueError(
+                f"slax: argument {label!r} of {self.name}() is Slang {value.slang_type!r}, so its "
+                f"shape must end in {leaf.shape} (leading dims are the call grid); got shape "
+                f"{array.shape}."
+            )
+        return array
+
+    def _grid(self, signature: Signature, operands: list[jax.Array]) -> tuple[int, ...]:
+        labelled = []
+        shapes = []
+        leaves = [(v, leaf) for v in signature.inputs for leaf in v.leaves]
+        for (value, leaf), operand in zip(leaves, operands):
+            grid = operand.shape[: operand.ndim - len(leaf.shape)]
+            shapes.append(grid)
+            labelled.append(f"{value.name}{'.' + '.'.join(leaf.path) if leaf.path else ''}: {grid}")
+        try:
+            return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+        except ValueError:
+            raise ValueError(
+                f"slax: the arguments of {self.name}() do not broadcast to one call grid; their "
+                f"grid shapes (shape without the Slang type's own dims) are {'; '.join(labelled)}."
+            ) from None
+
+    def _unflatten(self, signature: Signature, flat: list[jax.Array]) -> Any:
+        flat_iter = iter(flat)
+        outputs = []
+        for value in signature.outputs:
+            if value.is_struct:
+                tree: dict[str, Any] = {}
+                for leaf in value.leaves:
+                    node = tree
+                    for field in leaf.path[:-1]:
+                        node = node.setdefault(field, {})
+                    node[leaf.path[-1]] = next(flat_iter)
+                outputs.append(tree)
+            else:
+                outputs.append(next(flat_iter))
+        if len(outputs) == 1 and (signature.result is not None or len(signature.params) == 0):
+            return outputs[0]
+        if signature.result is None and len(outputs) == 1:
+            return outputs[0]
+        return tuple(outputs)
+
+
+def _is_weakly_typed(array: jax.Array) -> bool:
+    """Python scalars traced by JAX are weakly typed: they take the Slang parameter's dtype."""
+    aval = getattr(array, "aval", None)
+    return bool(getattr(aval, "weak_type", getattr(array, "weak_type", False)))
+
+
+def _dtype_name(argument: Any) -> str:
+    if isinstance(argument, (bool, int, float)) or argument is None:
+        return "float32"
+    return str(jnp.asarray(argument).dtype) if not hasattr(argument, "dtype") else str(argument.dtype)
+
+
+def _struct_keys(value: Value) -> list[str]:
+    return sorted({leaf.path[0] for leaf in value.leaves})
+
+
+def _check_keys(function: str, value: Value, argument: Mapping, prefix: tuple[str, ...]) -> None:
+    expected = sorted({leaf.path[len(prefix)] for leaf in value.leaves if leaf.path[: len(prefix)] == prefix})
+    given = sorted(argument.keys())
+    if expected != given:
+        where = value.name + "".join(f"[{p!r}]" for p in prefix)
+        raise TypeError(
+            f"slax: argument {where!r} of {function}() is the Slang struct {value.slang_type!r}; "
+            f"expected keys {expected}, got {given}."
+        )
+    for key in expected:
+        nested = [leaf for leaf in value.leaves if leaf.path[: len(prefix) + 1] == prefix + (key,)]
+        if len(nested[0].path) > len(prefix) + 1:
+            if not isinstance(argument[key], Mapping):
+                raise TypeError(
+                    f"slax: field {key!r} of argument {value.name!r} of {function}() is a struct; "
+                    f"pass a dict, got {type(argument[key]).__name__}."
+                )
+            _check_keys(function, value, argument[key], prefix + (key,))
+
+
+__all__ = ["Direction", "SlangFunction", "SlangModule", "load_module", "load_module_from_source"]

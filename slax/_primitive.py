@@ -1,0 +1,250 @@
+"""The JAX primitives of slax and their rules.
+
+- ``slang_kernel_p``: the bridge. Runs one compute kernel (slax calling convention) on its operands
+  and returns fresh result arrays; lowered per platform to ``buffer_callback`` through a launcher.
+- ``slang_call_p``, ``slang_tangent_p``, ``slang_cotangent_p``: a Slang function called over a grid,
+  its ``fwd_diff`` (linear in the tangents) and its ``bwd_diff``. ``slang_call_p``'s JVP emits
+  ``slang_tangent_p``, whose transpose emits ``slang_cotangent_p``, so ``jax.jvp`` runs forward mode
+  and ``jax.grad`` reverse mode through Slang's own derivatives. Each lowers to ``slang_kernel_p``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import dispatch
+from jax.experimental.buffer_callback import buffer_callback
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from slax._bridge import launcher_for
+from slax._codegen import Mode, entry_point_name, kernel_source, operand_leaves, result_leaves
+from slax._compile import KernelSpec
+from slax._signature import Leaf, Signature
+
+# --- the bridge: one kernel launch ------------------------------------------------------------
+
+slang_kernel_p = Primitive("slang_kernel")
+slang_kernel_p.multiple_results = True
+slang_kernel_p.def_impl(functools.partial(dispatch.apply_primitive, slang_kernel_p))
+
+
+def _kernel_abstract_eval(*operands, spec, results, scalars, count):
+    del operands, spec, scalars, count
+    return [jax.core.ShapedArray(shape, np.dtype(dtype)) for shape, dtype in results]
+
+
+def _kernel_lowering(ctx, *operands, spec, results, scalars, count, platform):
+    callback = launcher_for(platform).callback(spec, scalars, count)
+    shapes = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in results]
+    run = buffer_callback(callback, shapes)
+    return mlir.lower_fun(lambda *args: run(*args), multiple_results=True)(ctx, *operands)
+
+
+slang_kernel_p.def_abstract_eval(_kernel_abstract_eval)
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(
+        slang_kernel_p, functools.partial(_kernel_lowering, platform=_platform), platform=_platform
+    )
+
+
+def run_kernel(
+    spec: KernelSpec,
+    operands,
+    results: tuple[tuple[tuple[int, ...], str], ...],
+    count: int,
+    scalars: tuple[tuple[str, int | float], ...] = (),
+) -> list[jax.Array]:
+    """Runs the kernel ``spec`` with ``count`` threads; returns arrays of shapes/dtypes ``results``."""
+    return slang_kernel_p.bind(*operands, spec=spec, results=results, scalars=scalars, count=count)
+
+
+# --- a Slang function over a grid --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSpec:
+    """A Slang function that primitives call: its module file and its array signature."""
+
+    path: str
+    signature: Signature
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+
+slang_call_p = Primitive("slang_call")
+slang_tangent_p = Primitive("slang_tangent")
+slang_cotangent_p = Primitive("slang_cotangent")
+_MODES = {slang_call_p: Mode.PRIMAL, slang_tangent_p: Mode.TANGENT, slang_cotangent_p: Mode.COTANGENT}
+
+
+def _grid_of(operands_shapes, leaves: list[Leaf]) -> tuple[int, ...]:
+    grids = [shape[: len(shape) - len(leaf.shape)] for shape, leaf in zip(operands_shapes, leaves)]
+    return tuple(np.broadcast_shapes(*grids)) if grids else ()
+
+
+def _function_abstract_eval(*operands, function: FunctionSpec, mode: Mode):
+    grid = _grid_of([o.shape for o in operands], operand_leaves(function.signature, mode))
+    return [
+        jax.core.ShapedArray(grid + leaf.shape, np.dtype(leaf.dtype))
+        for leaf in result_leaves(function.signature, mode)
+    ]
+
+
+@functools.lru_cache(maxsize=None)
+def _function_kernel(function: FunctionSpec, mode: Mode, rank: int) -> KernelSpec:
+    source = kernel_source(function.path, function.signature, mode, rank)
+    return KernelSpec(entry_point_name(function.signature, mode), source=source)
+
+
+def _run_function(*operands, function: FunctionSpec, mode: Mode):
+    leaves = operand_leaves(function.signature, mode)
+    grid = _grid_of([o.shape for o in operands], leaves)
+    strides = []
+    for operand, leaf in zip(operands, leaves):
+        own = operand.shape[: operand.ndim - len(leaf.shape)]
+        own = (1,) * (len(grid) - len(own)) + tuple(own)
+        strides += [0 if own[d] == 1 else math.prod(own[d + 1 :]) for d in range(len(grid))]
+    k_strides = [
+        (f"stride_{k}_{d}", strides[k * len(grid) + d])
+        for k in range(len(leaves))
+        for d in range(len(grid))
+    ]
+    count = math.prod(grid)
+    scalars = (("count", count), *((f"grid_{d}", n) for d, n in enumerate(grid)), *k_strides)
+    results = tuple(
+        (grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode)
+    )
+    spec = _function_kernel(function, mode, len(grid))
+    return run_kernel(spec, operands, results, count, scalars)
+
+
+for _p, _mode in _MODES.items():
+    _p.multiple_results = True
+    _p.def_impl(functools.partial(dispatch.apply_primitive, _p))
+    _p.def_abstract_eval(functools.partial(_function_abstract_eval, mode=_mode))
+    mlir.register_lowering(
+        _p, mlir.lower_fun(functools.partial(_run_function, mode=_mode), multiple_results=True)
+    )
+
+
+def _input_diff_mask(signature: Signature) -> list[bool]:
+    return [
+        not value.no_diff and leaf.differentiable
+        for value in signature.inputs
+        for leaf in value.leaves
+    ]
+
+
+def _output_diff_mask(signature: Signature) -> list[bool]:
+    return [
+        not value.no_diff and leaf.differentiable
+        for value in signature.outputs
+        for leaf in value.leaves
+    ]
+
+
+def _require_differentiable(function: FunctionSpec) -> None:
+    if not function.signature.differentiable:
+        raise TypeError(
+            f"slax: Slang function {function.name!r} is not differentiable; mark it "
+            "[Differentiable] in Slang to take its derivatives with jax.grad/jax.jvp."
+        )
+
+
+def _call_jvp(primals, tangents, *, function: FunctionSpec):
+    _require_differentiable(function)
+    outputs = slang_call_p.bind(*primals, function=function)
+    mask = _input_diff_mask(function.signature)
+    live = [t for t, diff in zip(tangents, mask) if diff]
+    out_mask = _output_diff_mask(function.signature)
+    if all(type(t) is ad.Zero for t in live) or not any(out_mask):
+        return outputs, [ad.Zero.from_primal_value(o) for o in outputs]
+    live = [ad.instantiate_zeros(t) for t in live]
+    diff_tangents = iter(slang_tangent_p.bind(*primals, *live, function=function))
+    out_tangents = [
+        next(diff_tangents) if diff else ad.Zero.from_primal_value(o)
+        for o, diff in zip(outputs, out_mask)
+    ]
+    return outputs, out_tangents
+
+
+def _tangent_transpose(cotangents, *operands, function: FunctionSpec):
+    num_primals = sum(len(v.leaves) for v in function.signature.inputs)
+    primals, tangents = operands[:num_primals], operands[num_primals:]
+    if any(ad.is_undefined_primal(p) for p in primals):
+        raise NotImplementedError(
+            f"slax: cannot transpose the derivative of {function.name!r} with respect to its "
+            "primal inputs (a higher-order derivative that slax does not support)."
+        )
+    cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
+    grads = slang_cotangent_p.bind(*primals, *cotangents, function=function)
+    return [None] * num_primals + [
+        _sum_to_shape(g, t.aval.shape) if ad.is_undefined_primal(t) else None
+        for g, t in zip(grads, tangents)
+    ]
+
+
+def _sum_to_shape(grad: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Sums a full-grid gradient over the axes its operand was broadcast along."""
+    extra = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(extra))) if extra else grad
+    axes = tuple(d for d, n in enumerate(shape) if n == 1 and grad.shape[d] != 1)
+    return grad.sum(axis=axes, keepdims=True) if axes else grad
+
+
+def _tangent_jvp(primals, tangents, *, function: FunctionSpec):
+    return _linear_part_jvp(slang_tangent_p, "forward-over-forward (e.g. jax.jacfwd of jax.jvp)",
+                            primals, tangents, function)
+
+
+def _cotangent_jvp(primals, tangents, *, function: FunctionSpec):
+    return _linear_part_jvp(slang_cotangent_p, "forward-over-reverse (e.g. jax.hessian)",
+                            primals, tangents, function)
+
+
+def _linear_part_jvp(primitive, what, primals, tangents, function):
+    num_primals = sum(len(v.leaves) for v in function.signature.inputs)
+    if any(type(t) is not ad.Zero for t in tangents[:num_primals]):
+        raise NotImplementedError(
+            f"slax: second derivatives of Slang function {function.name!r} are not supported "
+            f"({what}); slax differentiates Slang functions once, in either mode."
+        )
+    outputs = primitive.bind(*primals, function=function)
+    linear = [ad.instantiate_zeros(t) for t in tangents[num_primals:]]
+    return outputs, primitive.bind(*primals[:num_primals], *linear, function=function)
+
+
+def _function_batch(primitive, args, dims, *, function: FunctionSpec):
+    """Batches by turning the vmapped axis into a leading grid axis of the same kernel."""
+    leaves = operand_leaves(function.signature, _MODES[primitive])
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    rank = max(
+        (a.ndim - (d is not None) - len(leaf.shape) for a, d, leaf in zip(args, dims, leaves)),
+        default=0,
+    )
+    moved = []
+    for arg, dim, leaf in zip(args, dims, leaves):
+        if dim is None:
+            moved.append(arg)
+            continue
+        arg = jnp.moveaxis(arg, dim, 0)
+        own_rank = arg.ndim - 1 - len(leaf.shape)
+        moved.append(arg.reshape((size,) + (1,) * (rank - own_rank) + arg.shape[1:]))
+    outputs = primitive.bind(*moved, function=function)
+    return outputs, [0] * len(outputs)
+
+
+ad.primitive_jvps[slang_call_p] = _call_jvp
+ad.primitive_jvps[slang_tangent_p] = _tangent_jvp
+ad.primitive_jvps[slang_cotangent_p] = _cotangent_jvp
+ad.primitive_transposes[slang_tangent_p] = _tangent_transpose
+for _p in _MODES:
+    batching.primitive_batchers[_p] = functools.partial(_function_batch, _p)

@@ -1,0 +1,172 @@
+"""Slang function signatures, read from SlangPy reflection, as the array layouts JAX sees.
+
+A Slang value becomes one or more arrays ("leaves"): a scalar, vector, matrix or fixed-size array is
+one leaf whose trailing dims are the type's own (``float3`` -> ``(3,)``, ``float3x3`` -> ``(3, 3)``);
+a struct becomes a dict of its fields' leaves. Leading dims of an argument are the call grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+import numpy as np
+import slangpy as spy
+
+Kind = spy.TypeReflection.Kind
+Scalar = spy.TypeReflection.ScalarType
+
+_SCALARS: dict[Scalar, tuple[str, str]] = {
+    Scalar.float32: ("float32", "float"),
+    Scalar.float16: ("float16", "half"),
+    Scalar.int32: ("int32", "int"),
+    Scalar.uint32: ("uint32", "uint"),
+}
+SLANG_SCALAR_FOR_DTYPE = {dtype: name for dtype, name in _SCALARS.values()}
+FLOAT_DTYPES = ("float32", "float16")
+
+
+class Direction(enum.Enum):
+    IN = "in"
+    OUT = "out"
+    INOUT = "inout"
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One array of a Slang value: a field path inside structs, its dtype and element dims."""
+
+    path: tuple[str, ...]
+    dtype: str
+    shape: tuple[int, ...]
+    differentiable: bool
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def index_suffixes(self) -> list[str]:
+        """Slang subscripts reaching each scalar in row-major order (``["[0][0]", "[0][1]", ...]``)."""
+        return ["".join(f"[{i}]" for i in index) for index in np.ndindex(*self.shape)]
+
+    def field_access(self) -> str:
+        return "".join(f".{name}" for name in self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """A parameter or the return value of a Slang function."""
+
+    name: str
+    slang_type: str
+    direction: Direction
+    leaves: tuple[Leaf, ...]
+    is_struct: bool
+    no_diff: bool
+
+    @property
+    def differentiable(self) -> bool:
+        return any(leaf.differentiable for leaf in self.leaves)
+
+    @property
+    def is_input(self) -> bool:
+        return self.direction is not Direction.OUT
+
+    @property
+    def is_output(self) -> bool:
+        return self.direction is not Direction.IN
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """What a Slang function takes and gives, in array terms."""
+
+    name: str
+    params: tuple[Value, ...]
+    result: Value | None
+    differentiable: bool
+
+    @property
+    def inputs(self) -> tuple[Value, ...]:
+        return tuple(p for p in self.params if p.is_input)
+
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        """The values a call returns: the result, then ``out``/``inout`` parameters in order."""
+        head = (self.result,) if self.result is not None else ()
+        return head + tuple(p for p in self.params if p.is_output)
+
+
+def read_signature(function: spy.FunctionReflection) -> Signature:
+    """Builds a :class:`Signature` from (non-generic or specialized) function reflection."""
+    differentiable = function.has_modifier(spy.ModifierID.differentiable)
+    params = []
+    for param in function.parameters:
+        if param.has_modifier(spy.ModifierID.inout):
+            direction = Direction.INOUT
+        elif param.has_modifier(spy.ModifierID.out):
+            direction = Direction.OUT
+        else:
+            direction = Direction.IN
+        no_diff = param.has_modifier(spy.ModifierID.nodiff) or not differentiable
+        params.append(_read_value(param.name, param.type, direction, no_diff, function.name))
+    result = None
+    if function.return_type is not None and function.return_type.full_name != "void":
+        result = _read_value(
+            "result", function.return_type, Direction.OUT, not differentiable, function.name
+        )
+    return Signature(function.name, tuple(params), result, differentiable)
+
+
+def is_generic(function: spy.FunctionReflection) -> bool:
+    """Whether some parameter's type is a generic parameter left for the call to decide."""
+    return any(_is_unresolved(p.type) for p in function.parameters)
+
+
+def _is_unresolved(slang_type: spy.TypeReflection) -> bool:
+    return slang_type.kind in (Kind.none, Kind.generic_type_parameter)
+
+
+def _read_value(
+    name: str, slang_type: spy.TypeReflection, direction: Direction, no_diff: bool, function: str
+) -> Value:
+    if slang_type.kind == Kind.struct:
+        leaves = tuple(_struct_leaves(slang_type, (), no_diff, function, name))
+        return Value(name, slang_type.full_name, direction, leaves, True, no_diff)
+    leaf = _leaf(slang_type, (), no_diff, function, name)
+    return Value(name, slang_type.full_name, direction, (leaf,), False, no_diff)
+
+
+def _struct_leaves(slang_type, path, no_diff, function, name):
+    for field in slang_type.fields:
+        field_no_diff = no_diff or field.has_modifier(spy.ModifierID.nodiff)
+        if field.type.kind == Kind.struct:
+            yield from _struct_leaves(field.type, path + (field.name,), field_no_diff, function, name)
+        else:
+            yield _leaf(field.type, path + (field.name,), field_no_diff, function, name)
+
+
+def _leaf(slang_type, path, no_diff, function, name) -> Leaf:
+    shape, scalar = _shape_and_scalar(slang_type, function, name)
+    dtype = _SCALARS[scalar][0]
+    return Leaf(path, dtype, shape, differentiable=not no_diff and dtype in FLOAT_DTYPES)
+
+
+def _shape_and_scalar(slang_type, function, name) -> tuple[tuple[int, ...], Scalar]:
+    kind = slang_type.kind
+    if kind in (Kind.scalar, Kind.vector, Kind.matrix) and slang_type.scalar_type in _SCALARS:
+        if kind == Kind.scalar:
+            return (), slang_type.scalar_type
+        if kind == Kind.vector:
+            return (slang_type.col_count,), slang_type.scalar_type
+        return (slang_type.row_count, slang_type.col_count), slang_type.scalar_type
+    if kind == Kind.array and slang_type.element_count > 0:
+        inner, scalar = _shape_and_scalar(slang_type.element_type, function, name)
+        return (slang_type.element_count,) + inner, scalar
+    supported = ", ".join(s for _, s in _SCALARS.values())
+    raise TypeError(
+        f"slax: parameter {name!r} of Slang function {function!r} has type "
+        f"{slang_type.full_name!r}, which slax cannot map to arrays; use scalars ({supported}), "
+        "vectors, matrices, fixed-size arrays of those, or structs of them."
+    )
