@@ -2,13 +2,20 @@
 
 from slax._device import DeviceKind, set_device_kind
 from slax._errors import DeviceUnavailableError, SlangCompileError
-from slax._module import SlangFunction, SlangModule, load_module, load_module_from_source
+from slax._module import (
+    SlangFunction,
+    SlangKernel,
+    SlangModule,
+    load_module,
+    load_module_from_source,
+)
 
 __all__ = [
     "DeviceKind",
     "DeviceUnavailableError",
     "SlangCompileError",
     "SlangFunction",
+    "SlangKernel",
     "SlangModule",
     "load_module",
     "load_module_from_source",

@@ -34,10 +34,6 @@ def thread_grid(count: int) -> list[int]:
     return [min(count, ROW_THREADS), max(1, math.ceil(count / ROW_THREADS)), 1]
 
 
-def pointer_names(num_operands: int, num_results: int) -> list[str]:
-    return [f"in_{k}" for k in range(num_operands)] + [f"out_{k}" for k in range(num_results)]
-
-
 class HostCopyLauncher:
     """Runs kernels on host buffers by copying through device buffers that persist per call site."""
 
@@ -46,7 +42,8 @@ class HostCopyLauncher:
         self._lock = threading.Lock()
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int) -> BufferCallback:
-        kernel = compile_kernel(self.device, spec)
+        compiled = compile_kernel(self.device, spec)
+        names = [name for name, _ in compiled.parameters.pointers]
         buffers: dict[int, spy.Buffer] = {}
 
         def buffer_for(slot: int, nbytes: int) -> spy.Buffer:
@@ -69,13 +66,13 @@ class HostCopyLauncher:
                     buffer = buffer_for(slot, array.nbytes)
                     if array.nbytes:
                         buffer.copy_from_numpy(np.ascontiguousarray(array).reshape(-1))
-                    addresses[f"in_{slot}"] = buffer.device_address
+                    addresses[names[slot]] = buffer.device_address
                 out_buffers = []
                 for k, array in enumerate(host_outs):
                     buffer = buffer_for(len(host_ins) + k, array.nbytes)
                     out_buffers.append(buffer)
-                    addresses[f"out_{k}"] = buffer.device_address
-                kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
+                    addresses[names[len(host_ins) + k]] = buffer.device_address
+                compiled.kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
                 for array, buffer in zip(host_outs, out_buffers):
                     data = buffer.to_numpy().view(np.uint8)[: array.nbytes]
                     array[...] = data.view(array.dtype).reshape(array.shape)
@@ -90,15 +87,15 @@ class ZeroCopyLauncher:
         self.device = device
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int) -> BufferCallback:
-        kernel = compile_kernel(self.device, spec)
+        compiled = compile_kernel(self.device, spec)
+        names = [name for name, _ in compiled.parameters.pointers]
         scalar_args = dict(scalars)
 
         def run(ctx, outs: Sequence, *ins) -> None:
             if count == 0:
                 return
             pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *outs)]
-            names = pointer_names(len(ins), len(outs))
-            kernel.dispatch(
+            compiled.kernel.dispatch(
                 thread_grid(count),
                 cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
                 **dict(zip(names, pointers)),

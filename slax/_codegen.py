@@ -144,7 +144,7 @@ class _KernelWriter:
         args = []
         for value in self.sig.params:
             if value.direction.value == "out":
-                self.lines.append(f"{value.slang_type} v_{value.name};")
+                self.lines.append(f"{value.slang_type} v_{value.name} = {{}};")
                 args.append(f"v_{value.name}")
             else:
                 args.append(primal[value.name])
@@ -161,14 +161,15 @@ class _KernelWriter:
         for value in self.sig.params:
             if not _is_diff(value):
                 if value.direction.value == "out":
-                    self.lines.append(f"{value.slang_type} v_{value.name};")
+                    self.lines.append(f"{value.slang_type} v_{value.name} = {{}};")
                     args.append(f"v_{value.name}")
                 else:
                     args.append(primal[value.name])
                 continue
             pair = f"p_{value.name}"
             if value.direction.value == "out":
-                self.lines.append(f"DifferentialPair<{value.slang_type}> {pair};")
+                self.lines.append(f"{value.slang_type} v_{value.name} = {{}};")
+                self.lines.append(f"var {pair} = diffPair(v_{value.name});")
             else:
                 tangent = self._load_value(value, "_t", only_differentiable=True)
                 self.lines.append(f"var {pair} = diffPair({primal[value.name]}, {tangent});")

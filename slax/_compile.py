@@ -33,8 +33,42 @@ class KernelSpec:
         return pathlib.Path(self.path or "").stem
 
 
+@dataclasses.dataclass(frozen=True)
+class EntryPointParameters:
+    """An entry point's uniform parameters: pointers in order, with element types, then scalars."""
+
+    pointers: tuple[tuple[str, str], ...]
+    scalars: tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledKernel:
+    kernel: spy.ComputeKernel
+    parameters: EntryPointParameters
+
+
+def entry_point_parameters(module: spy.SlangModule, entry: str) -> EntryPointParameters:
+    """Reads the pointer and scalar parameters of ``entry``; ValueError if there is none."""
+    try:
+        layout = module.entry_point(entry).layout
+    except RuntimeError:
+        raise ValueError(
+            f"slax: Slang module {module.name!r} has no entry point {entry!r}; kernels are "
+            '[shader("compute")] functions with uniform pointer and scalar parameters.'
+        ) from None
+    pointers, scalars = [], []
+    for param in layout.parameters:
+        slang_type = param.type_layout.type
+        if slang_type.kind == spy.TypeReflection.Kind.pointer:
+            element = slang_type.full_name.removeprefix("Ptr<").split(",")[0].strip()
+            pointers.append((param.name, element))
+        elif slang_type.kind == spy.TypeReflection.Kind.scalar:
+            scalars.append((param.name, slang_type.full_name))
+    return EntryPointParameters(tuple(pointers), tuple(scalars))
+
+
 _lock = threading.Lock()
-_kernels: dict[tuple[int, KernelSpec], spy.ComputeKernel] = {}
+_kernels: dict[tuple[int, KernelSpec], CompiledKernel] = {}
 _modules: dict[tuple[int, str], spy.SlangModule] = {}
 
 
@@ -49,7 +83,7 @@ def load_slang_module(device: spy.Device, path: str) -> spy.SlangModule:
         return module
 
 
-def compile_kernel(device: spy.Device, spec: KernelSpec) -> spy.ComputeKernel:
+def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
     """The compute kernel for ``spec`` on ``device``, compiled on first use."""
     key = (id(device), spec)
     with _lock:
@@ -64,11 +98,15 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> spy.ComputeKernel:
         )
     else:
         module = load_slang_module(device, spec.path or "")
-    kernel = _compile(
-        lambda: device.create_compute_kernel(
-            device.link_program([module], [module.entry_point(spec.entry)])
+    parameters = entry_point_parameters(module, spec.entry)
+    kernel = CompiledKernel(
+        _compile(
+            lambda: device.create_compute_kernel(
+                device.link_program([module], [module.entry_point(spec.entry)])
+            ),
+            what=f"entry point {spec.entry!r}",
         ),
-        what=f"entry point {spec.entry!r}",
+        parameters,
     )
     with _lock:
         return _kernels.setdefault(key, kernel)
@@ -81,6 +119,4 @@ def _compile(action, *, what: str):
         if isinstance(error, SlangCompileError):
             raise
         message = str(error)
-        if "entry_point" in message or "entry point" in message.lower() and "not found" in message:
-            raise SlangCompileError(f"slax: {what} is not defined: {message}") from None
         raise SlangCompileError(f"slax: Slang failed to compile {what}:\n{message}") from None

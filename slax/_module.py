@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -17,17 +17,18 @@ import jax.numpy as jnp
 import numpy as np
 import slangpy as spy
 
-from slax._compile import load_slang_module
+from slax._compile import KernelSpec, entry_point_parameters, load_slang_module
 from slax._device import SHADER_DIR, cache_dir, device_kind_for_platform, get_device
-from slax._primitive import FunctionSpec, slang_call_p
+from slax._primitive import FunctionSpec, run_kernel, slang_call_p
 from slax._signature import (
     SLANG_SCALAR_FOR_DTYPE,
-    Direction,
     Leaf,
     Signature,
     Value,
+    generic_names,
     is_generic,
     read_signature,
+    substitute_generics,
 )
 
 
@@ -104,8 +105,73 @@ class SlangModule:
     def __getitem__(self, name: str) -> SlangFunction:
         return getattr(self, name)
 
+    def kernel(self, entry: str) -> SlangKernel:
+        """The compute entry point ``entry`` of this module, callable on JAX arrays.
+
+        The entry point follows the slax calling convention (``shaders/slax/kernel.slang``).
+        """
+        return SlangKernel(self, entry)
+
     def __repr__(self) -> str:
         return f"SlangModule({self.path!r})"
+
+
+class SlangKernel:
+    """A hand-written compute entry point run on JAX arrays through the slax bridge.
+
+    Its parameters are ``uniform``: one pointer per operand, one per result, then scalars. Calls
+    check operand and result dtypes against the pointer types and scalar names against the rest.
+    """
+
+    def __init__(self, module: SlangModule, entry: str):
+        parameters = entry_point_parameters(module._reflection, entry)
+        self.module = module
+        self.entry = entry
+        self._pointers = list(parameters.pointers)
+        self._scalars = dict(parameters.scalars)
+        self._spec = KernelSpec(entry, path=module.path)
+
+    def __repr__(self) -> str:
+        return f"<slax kernel {self.entry} from {self.module.path}>"
+
+    def __call__(
+        self,
+        *operands: jax.Array,
+        results: Sequence[jax.ShapeDtypeStruct],
+        threads: int,
+        **scalars: int | float,
+    ) -> list[jax.Array]:
+        """Runs the kernel with ``threads`` threads; returns new arrays shaped like ``results``."""
+        arrays = [jnp.asarray(o) for o in operands]
+        if len(arrays) + len(results) != len(self._pointers):
+            raise TypeError(
+                f"slax: kernel {self.entry!r} has {len(self._pointers)} pointer parameters "
+                f"({', '.join(n for n, _ in self._pointers)}) but got {len(arrays)} operand(s) and "
+                f"{len(results)} result(s)."
+            )
+        shapes = [(a.shape, a.dtype) for a in arrays] + [(r.shape, np.dtype(r.dtype)) for r in results]
+        for (name, element), (shape, dtype) in zip(self._pointers, shapes):
+            expected = _DTYPE_FOR_SLANG_SCALAR.get(element)
+            if expected != str(dtype):
+                raise TypeError(
+                    f"slax: kernel {self.entry!r} parameter {name!r} points to {element!r} "
+                    f"(dtype {expected}); got an array of dtype {dtype} and shape {shape}."
+                )
+        unknown = sorted(set(scalars) - set(self._scalars))
+        missing = sorted(set(self._scalars) - set(scalars))
+        if unknown or missing:
+            raise TypeError(
+                f"slax: kernel {self.entry!r} takes scalars {sorted(self._scalars)}; unknown: "
+                f"{unknown}, missing: {missing}."
+            )
+        if threads < 0:
+            raise ValueError(f"slax: kernel {self.entry!r} needs threads >= 0, got {threads}.")
+        scalar_args = tuple(
+            (name, float(v) if self._scalars[name] in ("float", "half") else int(v))
+            for name, v in sorted(scalars.items())
+        )
+        result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
+        return run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args)
 
 
 class SlangFunction:
@@ -126,9 +192,9 @@ class SlangFunction:
         self.module = module
         self.name = name
         self._reflection = reflection
-        self._generic = is_generic(reflection)
+        self._generic = is_generic(reflection, module._reflection.layout)
         self._param_names = [p.name for p in reflection.parameters]
-        self._signatures: dict[tuple[str, ...], Signature] = {}
+        self._signatures: dict[tuple[tuple[str, str], ...], Signature] = {}
         self.__doc__ = f"Slang function {name!r} from {module.path}."
 
     def __repr__(self) -> str:
@@ -146,9 +212,7 @@ class SlangFunction:
         if 0 in grid:
             flat = [jnp.zeros(grid + leaf.shape, leaf.dtype) for leaf in leaves]
         else:
-            flat = slang_call_p.bind(
-                *operands, function=FunctionSpec(self.module.path, signature)
-            )
+            flat = slang_call_p.bind(*operands, function=FunctionSpec(self.module.path, signature))
         return self._unflatten(signature, flat)
 
     def _bind(self, args, kwargs) -> dict[str, Any]:
@@ -179,35 +243,45 @@ class SlangFunction:
         return bound
 
     def _resolve(self, bound: dict[str, Any]) -> tuple[Signature, list[jax.Array]]:
-        if not self._generic:
-            key: tuple[str, ...] = ()
-        else:
-            key = tuple(_dtype_name(bound.get(p.name)) for p in self._reflection.parameters)
-        signature = self._signatures.get(key)
+        key = self._generic_dtypes(bound) if self._generic else {}
+        cache_key = tuple(sorted(key.items()))
+        signature = self._signatures.get(cache_key)
         if signature is None:
-            signature = read_signature(self._specialize(bound) if self._generic else self._reflection)
-            self._signatures[key] = signature
+            reflection = self._specialize(key) if self._generic else self._reflection
+            signature = read_signature(reflection)
+            self._signatures[cache_key] = signature
         operands = [
-            operand
-            for value in signature.inputs
-            for operand in self._operands(value, bound[value.name])
+            operand for value in signature.inputs for operand in self._operands(value, bound[value.name])
         ]
         return signature, operands
 
-    def _specialize(self, bound: dict[str, Any]) -> spy.FunctionReflection:
-        layout = self.module._reflection.layout
-        types = []
+    def _generic_dtypes(self, bound: dict[str, Any]) -> dict[str, str]:
+        """Each generic type parameter's Slang scalar, from the first array argument that uses it.
+
+        Arguments given as Python numbers do not decide a type; undecided ones default to float.
+        """
+        chosen: dict[str, str] = {}
         for param in self._reflection.parameters:
-            name = param.type.full_name
-            if param.type.kind in (spy.TypeReflection.Kind.none, spy.TypeReflection.Kind.generic_type_parameter):
-                dtype = _dtype_name(bound.get(param.name))
-                name = SLANG_SCALAR_FOR_DTYPE.get(dtype, "float")
-            types.append(layout.find_type_by_name(name))
-        specialized = self._reflection.specialize_with_arg_types(types)
-        if specialized is None or not specialized.is_valid():
+            names = generic_names(param.type.full_name, self.module._reflection.layout)
+            dtype = _array_dtype(bound.get(param.name))
+            for name in names:
+                if name not in chosen and dtype in SLANG_SCALAR_FOR_DTYPE:
+                    chosen[name] = SLANG_SCALAR_FOR_DTYPE[dtype]
+        for param in self._reflection.parameters:
+            for name in generic_names(param.type.full_name, self.module._reflection.layout):
+                chosen.setdefault(name, "float")
+        return chosen
+
+    def _specialize(self, generic: dict[str, str]) -> spy.FunctionReflection:
+        layout = self.module._reflection.layout
+        names = [substitute_generics(p.type.full_name, generic) for p in self._reflection.parameters]
+        types = [layout.find_type_by_name(name) for name in names]
+        specialized = None
+        if all(t is not None for t in types):
+            specialized = self._reflection.specialize_with_arg_types(types)
+        if specialized is None or not specialized.is_valid:
             raise TypeError(
-                f"slax: cannot specialise generic Slang function {self.name!r} for argument "
-                f"types {[t.full_name for t in types]}."
+                f"slax: cannot specialise generic Slang function {self.name!r} for parameter types {names}."
             )
         return specialized
 
@@ -249,7 +323,7 @@ class SlangFunction:
                     f"which needs dtype {leaf.dtype}; got {array.dtype}. Cast it with "
                     f".astype(jnp.{leaf.dtype})."
                 )
-        if array.ndim < len(leaf.shape) or array.shape[array.ndim - len(leaf.shape):] != leaf.shape:
+        if array.ndim < len(leaf.shape) or array.shape[array.ndim - len(leaf.shape) :] != leaf.shape:
             raise ValueError(
                 f"slax: argument {label!r} of {self.name}() is Slang {value.slang_type!r}, so its "
                 f"shape must end in {leaf.shape} (leading dims are the call grid); got shape "
@@ -275,7 +349,7 @@ class SlangFunction:
 
     def _unflatten(self, signature: Signature, flat: list[jax.Array]) -> Any:
         flat_iter = iter(flat)
-        outputs = []
+        outputs: list[Any] = []
         for value in signature.outputs:
             if value.is_struct:
                 tree: dict[str, Any] = {}
@@ -287,11 +361,10 @@ class SlangFunction:
                 outputs.append(tree)
             else:
                 outputs.append(next(flat_iter))
-        if len(outputs) == 1 and (signature.result is not None or len(signature.params) == 0):
-            return outputs[0]
-        if signature.result is None and len(outputs) == 1:
-            return outputs[0]
-        return tuple(outputs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+_DTYPE_FOR_SLANG_SCALAR = {name: dtype for dtype, name in SLANG_SCALAR_FOR_DTYPE.items()}
 
 
 def _is_weakly_typed(array: jax.Array) -> bool:
@@ -300,10 +373,17 @@ def _is_weakly_typed(array: jax.Array) -> bool:
     return bool(getattr(aval, "weak_type", getattr(array, "weak_type", False)))
 
 
-def _dtype_name(argument: Any) -> str:
-    if isinstance(argument, (bool, int, float)) or argument is None:
-        return "float32"
-    return str(jnp.asarray(argument).dtype) if not hasattr(argument, "dtype") else str(argument.dtype)
+def _array_dtype(argument: Any) -> str | None:
+    """The dtype an argument brings to a generic call (the first leaf's, for dicts)."""
+    if isinstance(argument, Mapping):
+        for item in argument.values():
+            found = _array_dtype(item)
+            if found is not None:
+                return found
+        return None
+    if hasattr(argument, "dtype") and not (isinstance(argument, jax.Array) and _is_weakly_typed(argument)):
+        return str(argument.dtype)
+    return None
 
 
 def _struct_keys(value: Value) -> list[str]:
@@ -330,4 +410,4 @@ def _check_keys(function: str, value: Value, argument: Mapping, prefix: tuple[st
             _check_keys(function, value, argument[key], prefix + (key,))
 
 
-__all__ = ["Direction", "SlangFunction", "SlangModule", "load_module", "load_module_from_source"]
+__all__ = ["SlangFunction", "SlangKernel", "SlangModule", "load_module", "load_module_from_source"]

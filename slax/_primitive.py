@@ -82,7 +82,11 @@ class FunctionSpec:
 slang_call_p = Primitive("slang_call")
 slang_tangent_p = Primitive("slang_tangent")
 slang_cotangent_p = Primitive("slang_cotangent")
-_MODES = {slang_call_p: Mode.PRIMAL, slang_tangent_p: Mode.TANGENT, slang_cotangent_p: Mode.COTANGENT}
+_MODES = {
+    slang_call_p: Mode.PRIMAL,
+    slang_tangent_p: Mode.TANGENT,
+    slang_cotangent_p: Mode.COTANGENT,
+}
 
 
 def _grid_of(operands_shapes, leaves: list[Leaf]) -> tuple[int, ...]:
@@ -98,7 +102,7 @@ def _function_abstract_eval(*operands, function: FunctionSpec, mode: Mode):
     ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _function_kernel(function: FunctionSpec, mode: Mode, rank: int) -> KernelSpec:
     source = kernel_source(function.path, function.signature, mode, rank)
     return KernelSpec(entry_point_name(function.signature, mode), source=source)
@@ -113,15 +117,11 @@ def _run_function(*operands, function: FunctionSpec, mode: Mode):
         own = (1,) * (len(grid) - len(own)) + tuple(own)
         strides += [0 if own[d] == 1 else math.prod(own[d + 1 :]) for d in range(len(grid))]
     k_strides = [
-        (f"stride_{k}_{d}", strides[k * len(grid) + d])
-        for k in range(len(leaves))
-        for d in range(len(grid))
+        (f"stride_{k}_{d}", strides[k * len(grid) + d]) for k in range(len(leaves)) for d in range(len(grid))
     ]
     count = math.prod(grid)
     scalars = (("count", count), *((f"grid_{d}", n) for d, n in enumerate(grid)), *k_strides)
-    results = tuple(
-        (grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode)
-    )
+    results = tuple((grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode))
     spec = _function_kernel(function, mode, len(grid))
     return run_kernel(spec, operands, results, count, scalars)
 
@@ -136,19 +136,11 @@ for _p, _mode in _MODES.items():
 
 
 def _input_diff_mask(signature: Signature) -> list[bool]:
-    return [
-        not value.no_diff and leaf.differentiable
-        for value in signature.inputs
-        for leaf in value.leaves
-    ]
+    return [not value.no_diff and leaf.differentiable for value in signature.inputs for leaf in value.leaves]
 
 
 def _output_diff_mask(signature: Signature) -> list[bool]:
-    return [
-        not value.no_diff and leaf.differentiable
-        for value in signature.outputs
-        for leaf in value.leaves
-    ]
+    return [not value.no_diff and leaf.differentiable for value in signature.outputs for leaf in value.leaves]
 
 
 def _require_differentiable(function: FunctionSpec) -> None:
@@ -166,14 +158,15 @@ def _call_jvp(primals, tangents, *, function: FunctionSpec):
     live = [t for t, diff in zip(tangents, mask) if diff]
     out_mask = _output_diff_mask(function.signature)
     if all(type(t) is ad.Zero for t in live) or not any(out_mask):
-        return outputs, [ad.Zero.from_primal_value(o) for o in outputs]
+        return outputs, [_zero_tangent(o) for o in outputs]
     live = [ad.instantiate_zeros(t) for t in live]
     diff_tangents = iter(slang_tangent_p.bind(*primals, *live, function=function))
-    out_tangents = [
-        next(diff_tangents) if diff else ad.Zero.from_primal_value(o)
-        for o, diff in zip(outputs, out_mask)
-    ]
+    out_tangents = [next(diff_tangents) if diff else _zero_tangent(o) for o, diff in zip(outputs, out_mask)]
     return outputs, out_tangents
+
+
+def _zero_tangent(primal) -> ad.Zero:
+    return ad.Zero(jax.typeof(primal).to_tangent_aval())
 
 
 def _tangent_transpose(cotangents, *operands, function: FunctionSpec):
@@ -187,8 +180,7 @@ def _tangent_transpose(cotangents, *operands, function: FunctionSpec):
     cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
     grads = slang_cotangent_p.bind(*primals, *cotangents, function=function)
     return [None] * num_primals + [
-        _sum_to_shape(g, t.aval.shape) if ad.is_undefined_primal(t) else None
-        for g, t in zip(grads, tangents)
+        _sum_to_shape(g, t.aval.shape) if ad.is_undefined_primal(t) else None for g, t in zip(grads, tangents)
     ]
 
 
@@ -201,13 +193,19 @@ def _sum_to_shape(grad: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 def _tangent_jvp(primals, tangents, *, function: FunctionSpec):
-    return _linear_part_jvp(slang_tangent_p, "forward-over-forward (e.g. jax.jacfwd of jax.jvp)",
-                            primals, tangents, function)
+    return _linear_part_jvp(
+        slang_tangent_p,
+        "forward-over-forward (e.g. jax.jacfwd of jax.jvp)",
+        primals,
+        tangents,
+        function,
+    )
 
 
 def _cotangent_jvp(primals, tangents, *, function: FunctionSpec):
-    return _linear_part_jvp(slang_cotangent_p, "forward-over-reverse (e.g. jax.hessian)",
-                            primals, tangents, function)
+    return _linear_part_jvp(
+        slang_cotangent_p, "forward-over-reverse (e.g. jax.hessian)", primals, tangents, function
+    )
 
 
 def _linear_part_jvp(primitive, what, primals, tangents, function):

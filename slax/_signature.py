@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
+from typing import TypeAlias
 
 import numpy as np
 import slangpy as spy
 
 Kind = spy.TypeReflection.Kind
-Scalar = spy.TypeReflection.ScalarType
+Scalar: TypeAlias = spy.TypeReflection.ScalarType
 
 _SCALARS: dict[Scalar, tuple[str, str]] = {
     Scalar.float32: ("float32", "float"),
@@ -113,19 +115,33 @@ def read_signature(function: spy.FunctionReflection) -> Signature:
         params.append(_read_value(param.name, param.type, direction, no_diff, function.name))
     result = None
     if function.return_type is not None and function.return_type.full_name != "void":
-        result = _read_value(
-            "result", function.return_type, Direction.OUT, not differentiable, function.name
-        )
+        result = _read_value("result", function.return_type, Direction.OUT, not differentiable, function.name)
     return Signature(function.name, tuple(params), result, differentiable)
 
 
-def is_generic(function: spy.FunctionReflection) -> bool:
-    """Whether some parameter's type is a generic parameter left for the call to decide."""
-    return any(_is_unresolved(p.type) for p in function.parameters)
+_IDENTIFIER_NOT_GENERIC_HEAD = re.compile(r"\b[A-Za-z_]\w*\b(?!\s*<)")
 
 
-def _is_unresolved(slang_type: spy.TypeReflection) -> bool:
-    return slang_type.kind in (Kind.none, Kind.generic_type_parameter)
+def generic_names(type_name: str, layout: spy.ProgramLayout) -> list[str]:
+    """Identifiers in a Slang type name that name no type: the generic parameters it uses.
+
+    ``"Particle<T>"`` -> ``["T"]``; ``"vector<float,3>"`` -> ``[]``.
+    """
+    return [
+        token
+        for token in _IDENTIFIER_NOT_GENERIC_HEAD.findall(type_name)
+        if token not in ("vector", "matrix") and layout.find_type_by_name(token) is None
+    ]
+
+
+def substitute_generics(type_name: str, chosen: dict[str, str]) -> str:
+    """``"Particle<T>"`` with ``{"T": "half"}`` -> ``"Particle<half>"``."""
+    return _IDENTIFIER_NOT_GENERIC_HEAD.sub(lambda m: chosen.get(m.group(0), m.group(0)), type_name)
+
+
+def is_generic(function: spy.FunctionReflection, layout: spy.ProgramLayout) -> bool:
+    """Whether some parameter's type uses a generic parameter left for the call to decide."""
+    return any(generic_names(p.type.full_name, layout) for p in function.parameters)
 
 
 def _read_value(

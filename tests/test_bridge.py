@@ -1,0 +1,128 @@
+"""The bridge (slax/_bridge.py, slang_kernel_p): hand-written kernels on JAX arrays vs NumPy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import SHADERS
+
+import slax
+
+KERNELS = {
+    "float32": "scale_shift_float",
+    "float16": "scale_shift_half",
+    "int32": "scale_shift_int",
+}
+SHAPES = [(1,), (7,), (3, 5), (2, 3, 4, 5), (130, 65)]
+
+
+@pytest.fixture(scope="module")
+def module():
+    return slax.load_module(SHADERS / "bridge.slang")
+
+
+def _draw(rng, shape, dtype):
+    if dtype == "int32":
+        return rng.integers(-1000, 1000, size=shape).astype(np.int32)
+    return rng.uniform(-4, 4, size=shape).astype(dtype)
+
+
+def _scale_shift(module, x, a, b):
+    kernel = module.kernel(KERNELS[str(x.dtype)])
+    (y,) = kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, count=x.size, a=a, b=b)
+    return y
+
+
+def _expected(x, a, b):
+    return (np.asarray(a, x.dtype) * x + np.asarray(b, x.dtype)).astype(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", list(KERNELS))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_eager_matches_numpy(module, rng, dtype, shape):
+    x = _draw(rng, shape, dtype)
+    a, b = (3, -7) if dtype == "int32" else (1.5, -0.25)
+    y = _scale_shift(module, jnp.asarray(x), a, b)
+    assert y.shape == shape and y.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(y), _expected(x, a, b))
+
+
+@pytest.mark.parametrize("dtype", list(KERNELS))
+def test_jit_matches_numpy(module, rng, dtype):
+    x = _draw(rng, (17, 3), dtype)
+    a, b = (2, 5) if dtype == "int32" else (0.5, 2.0)
+    y = jax.jit(lambda x: _scale_shift(module, x, a, b) + x)(x)
+    np.testing.assert_array_equal(np.asarray(y), _expected(x, a, b) + x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_scan_with_1000_steps(module, rng, dtype):
+    """y <- a*y + b, 1000 times inside one lax.scan, against the same recurrence in NumPy."""
+    x = _draw(rng, (4, 33), dtype)
+    a, b = (1, 3) if dtype == "int32" else (0.999, 0.001)
+
+    def step(y, _):
+        return _scale_shift(module, y, a, b), None
+
+    y = jax.jit(lambda x: jax.lax.scan(step, x, None, length=1000)[0])(x)
+    expected = x
+    for _ in range(1000):
+        expected = _expected(expected, a, b)
+    if dtype == "int32":
+        np.testing.assert_array_equal(np.asarray(y), expected)
+    else:
+        np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_non_contiguous_numpy_input_is_handled(module, rng):
+    x = _draw(rng, (6, 8), "float32")[:, ::2].T
+    assert not x.flags.c_contiguous
+    y = _scale_shift(module, jnp.asarray(x), 2.0, 1.0)
+    np.testing.assert_array_equal(np.asarray(y), _expected(np.ascontiguousarray(x), 2.0, 1.0))
+
+
+def test_empty_launch_returns_empty(module):
+    x = jnp.zeros((0,), jnp.float32)
+    assert _scale_shift(module, x, 1.0, 1.0).shape == (0,)
+
+
+def test_wrong_dtype_names_parameter(module):
+    kernel = module.kernel("scale_shift_float")
+    x = jnp.ones(4, jnp.float16)
+    with pytest.raises(
+        TypeError,
+        match=r"'scale_shift_float' parameter 'x' points to 'float' \(dtype float32\); got .* float16",
+    ):
+        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.float32)], threads=4, count=4, a=1.0, b=0.0)
+
+
+def test_wrong_number_of_buffers(module):
+    kernel = module.kernel("scale_shift_float")
+    with pytest.raises(TypeError, match="2 pointer parameters"):
+        kernel(jnp.ones(4), results=[], threads=4, count=4, a=1.0, b=0.0)
+
+
+def test_missing_scalar(module):
+    kernel = module.kernel("scale_shift_float")
+    with pytest.raises(TypeError, match=r"missing: \['b'\]"):
+        kernel(
+            jnp.ones(4),
+            results=[jax.ShapeDtypeStruct((4,), jnp.float32)],
+            threads=4,
+            count=4,
+            a=1.0,
+        )
+
+
+def test_missing_kernel_name(module):
+    with pytest.raises(ValueError, match="has no entry point 'scale_shift_double'"):
+        module.kernel("scale_shift_double")
+
+
+def test_syntax_error_carries_file_and_line(tmp_path):
+    source = tmp_path / "broken.slang"
+    source.write_text("float ok(float x) { return x; }\n\nfloat broken(float x) { return x +; }\n")
+    with pytest.raises(slax.SlangCompileError, match=r"broken\.slang[:(]3"):
+        slax.load_module(source)

@@ -1,0 +1,102 @@
+"""Device selection (slax/_device.py): defaults, SLAX_DEVICE, errors, the on-disk compile cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import slax
+from slax._device import DeviceKind, device_kind_for_platform, get_device
+
+
+def test_cpu_defaults_to_vulkan(monkeypatch):
+    monkeypatch.delenv("SLAX_DEVICE", raising=False)
+    slax.set_device_kind(None)
+    assert device_kind_for_platform("cpu") is DeviceKind.VULKAN
+
+
+def test_cuda_platform_uses_cuda(monkeypatch):
+    monkeypatch.delenv("SLAX_DEVICE", raising=False)
+    slax.set_device_kind(None)
+    assert device_kind_for_platform("cuda") is DeviceKind.CUDA
+
+
+@pytest.mark.parametrize("value, kind", [("cuda", DeviceKind.CUDA), (" Vulkan ", DeviceKind.VULKAN)])
+def test_env_var_is_honoured(monkeypatch, value, kind):
+    slax.set_device_kind(None)
+    monkeypatch.setenv("SLAX_DEVICE", value)
+    assert device_kind_for_platform("cpu") is kind
+
+
+def test_argument_overrides_env_var(monkeypatch):
+    monkeypatch.setenv("SLAX_DEVICE", "cuda")
+    slax.set_device_kind("vulkan")
+    assert device_kind_for_platform("cpu") is DeviceKind.VULKAN
+
+
+def test_unknown_env_value_is_rejected(monkeypatch):
+    slax.set_device_kind(None)
+    monkeypatch.setenv("SLAX_DEVICE", "metal")
+    with pytest.raises(
+        ValueError, match=r"unknown device kind 'metal' from the SLAX_DEVICE .*'vulkan', 'cuda'"
+    ):
+        device_kind_for_platform("cpu")
+
+
+def test_unknown_argument_is_rejected():
+    with pytest.raises(ValueError, match=r"unknown device kind 'gpu' from slax.set_device_kind"):
+        slax.set_device_kind("gpu")
+
+
+def test_vulkan_cannot_serve_cuda_buffers(monkeypatch):
+    monkeypatch.setenv("SLAX_DEVICE", "vulkan")
+    slax.set_device_kind(None)
+    with pytest.raises(ValueError, match="CUDA GPU.*SLAX_DEVICE=vulkan"):
+        device_kind_for_platform("cuda")
+
+
+def test_device_is_created_once(device_kind):
+    kind = DeviceKind(device_kind)
+    assert get_device(kind) is get_device(kind)
+
+
+def test_missing_cuda_device_explains(monkeypatch):
+    import jax
+
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("this machine has a CUDA GPU")
+    with pytest.raises(slax.DeviceUnavailableError, match="CUDA"):
+        get_device(DeviceKind.CUDA, ordinal=0)
+
+
+def test_second_process_reuses_compiled_modules(tmp_path):
+    """A fresh process with the same cache dir finds the first one's compiled modules on disk."""
+    script = textwrap.dedent(
+        """
+        import pathlib, sys, jax.numpy as jnp, slax
+        mod = slax.load_module("poly")
+        print(float(mod.polynomial(2.0, 8.0, -1.0, jnp.float32(3.0))))
+        files = sorted(p for p in pathlib.Path(sys.argv[1]).rglob("*") if p.is_file())
+        print(len(files))
+        """
+    )
+    env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    env.pop("SLAX_DEVICE", None)
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        ).stdout.split()
+        for _ in range(2)
+    ]
+    assert runs[0][0] == runs[1][0] == "41.0"
+    assert int(runs[0][1]) > 0, "the first process wrote nothing to the cache"
+    assert runs[0][1] == runs[1][1], "the second process compiled again instead of reusing the cache"

@@ -1,0 +1,255 @@
+"""Slang functions as JAX functions (slax/_module.py, slax/_primitive.py): values, grad, jvp, vmap."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import SHADERS
+
+import slax
+from slax import _compile
+from slax.testing import check_grads
+
+
+@pytest.fixture(scope="module")
+def poly():
+    return slax.load_module("poly").polynomial
+
+
+@pytest.fixture(scope="module")
+def fns():
+    return slax.load_module(SHADERS / "functions.slang")
+
+
+# --- the SlangPy tutorial polynomial -------------------------------------------------------------
+
+
+def test_polynomial_values_and_gradient(poly):
+    x = jnp.array([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(poly(2.0, 8.0, -1.0, x), [9, 23, 41, 63])
+    np.testing.assert_array_equal(poly(a=2.0, b=8.0, c=-1.0, x=x), [9, 23, 41, 63])
+    dx = jax.grad(lambda x: poly(2.0, 8.0, -1.0, x).sum())(x)
+    np.testing.assert_array_equal(dx, [12, 16, 20, 24])
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4, 5)])
+def test_polynomial_random_shapes(poly, rng, shape):
+    x = rng.normal(size=shape).astype(np.float32)
+    a, b, c = rng.normal(size=3).astype(np.float32)
+    np.testing.assert_allclose(poly(a, b, c, x), a * x * x + b * x + c, rtol=1e-6, atol=1e-6)
+    grads = jax.grad(lambda *args: poly(*args).sum(), argnums=(0, 1, 2, 3))(a, b, c, jnp.asarray(x))
+    expected = [np.sum(x * x), np.sum(x), np.float32(x.size), 2 * a * x + b]
+    for got, want in zip(grads, expected):
+        assert np.shape(got) == np.shape(want)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_broadcast_argument_gradient_is_reduced(poly, rng):
+    a = jnp.asarray(rng.normal(size=(3, 1)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(4,)), jnp.float32)
+    y = poly(a, 1.0, 0.5, x)
+    assert y.shape == (3, 4)
+    da, dx = jax.grad(lambda a, x: poly(a, 1.0, 0.5, x).sum(), argnums=(0, 1))(a, x)
+    assert da.shape == (3, 1) and dx.shape == (4,)
+    np.testing.assert_allclose(da, np.broadcast_to(np.sum(x * x), (3, 1)), rtol=1e-5)
+    np.testing.assert_allclose(dx, np.sum(2 * a * x + 1.0, axis=0), rtol=1e-5)
+
+
+def test_jvp_and_jacobians(poly, rng):
+    x = jnp.asarray(rng.normal(size=(6,)), jnp.float32)
+    t = jnp.asarray(rng.normal(size=(6,)), jnp.float32)
+    _, tangent = jax.jvp(lambda x: poly(2.0, 8.0, -1.0, x), (x,), (t,))
+    np.testing.assert_allclose(tangent, (4 * x + 8) * t, rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.jacfwd(lambda x: poly(2.0, 8.0, -1.0, x))(x), np.diag(4 * x + 8), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        jax.jacrev(lambda x: poly(2.0, 8.0, -1.0, x))(x), np.diag(4 * x + 8), rtol=1e-6
+    )
+
+
+def test_vmap_in_axes_and_nesting(poly, rng):
+    a = jnp.asarray(rng.normal(size=(3,)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
+    y = jax.vmap(lambda a, x: poly(a, 1.0, 2.0, x), in_axes=(0, 1))(a, x)
+    np.testing.assert_allclose(y, (a[:, None] * x.T**2 + x.T + 2.0), rtol=1e-6)
+    nested = jax.vmap(jax.vmap(lambda a, x: poly(a, 1.0, 2.0, x), in_axes=(None, 0)), in_axes=(0, None))(
+        a, x[:, 0]
+    )
+    np.testing.assert_allclose(nested, a[:, None] * x[None, :, 0] ** 2 + x[None, :, 0] + 2.0, rtol=1e-6)
+    grad = jax.vmap(jax.grad(lambda a, x: poly(a, 1.0, 2.0, x).sum()), in_axes=(0, 1))(a, x)
+    np.testing.assert_allclose(grad, np.sum(x.T**2, axis=1), rtol=1e-5)
+
+
+def test_scan_and_compile_once(poly, rng):
+    x = jnp.asarray(rng.uniform(-1, 1, size=(8,)), jnp.float32)
+    run = jax.jit(lambda x: jax.lax.scan(lambda y, _: (poly(0.1, 0.5, 0.0, y), None), x, None, length=50)[0])
+    expected = np.asarray(x)
+    for _ in range(50):
+        expected = 0.1 * expected**2 + 0.5 * expected
+    np.testing.assert_allclose(run(x), expected, rtol=1e-5, atol=1e-7)
+    compiled = len(_compile._kernels)
+    poly(0.1, 0.5, 0.0, x)
+    poly(0.2, 0.5, 0.0, x + 1)
+    poly(0.2, 0.5, 0.0, jnp.ones(13))
+    assert len(_compile._kernels) <= compiled + 1, "same-rank calls compiled new kernels"
+    poly(0.3, 0.5, 0.0, jnp.ones(13))
+    assert len(_compile._kernels) <= compiled + 1
+
+
+# --- the test functions against pure-JAX twins -----------------------------------------------------
+
+
+def _wave(x, y):
+    return jnp.sin(x) * jnp.exp(-y * y) + jnp.log(1 + x * x) + jnp.tanh(y) + jnp.sqrt(2 + jnp.cos(x * y))
+
+
+def _twist(a, b, s):
+    return jnp.cross(a, b) * s[..., None] + a * jnp.sum(a * b, -1, keepdims=True)
+
+
+def _energy(particle, velocity):
+    mass = particle["mass"]
+    return 0.5 * mass * jnp.sum(velocity * velocity, -1) + mass * 9.81 * particle["position"][..., 1]
+
+
+def _cases(rng, dtype):
+    def draw(*shape, low=-1.0, high=1.0):
+        return jnp.asarray(rng.uniform(low, high, size=shape), dtype)
+
+    return {
+        "wave": (_wave, (draw(5), draw(3, 5))),
+        "twist": (_twist, (draw(4, 3), draw(4, 3), draw(4))),
+        "energy": (
+            _energy,
+            ({"position": draw(6, 3), "mass": draw(6, low=0.5, high=2.0)}, draw(6, 3)),
+        ),
+        "matvec": (lambda m, v: jnp.einsum("...ij,...j->...i", m, v), (draw(2, 3, 4), draw(4))),
+        "softplus": (jax.nn.softplus, (draw(3, 7, low=-3, high=3),)),
+        "power_of": (
+            lambda e, x: (1.5 + x * x) ** jax.lax.stop_gradient(e),
+            (draw(low=0.5, high=2.0), draw(9)),
+        ),
+        "to_polar": (lambda x, y: (jnp.sqrt(x * x + y * y), jnp.arctan2(y, x)), (draw(8), draw(8))),
+        "accumulate": (lambda t, x: t * x + x * x, (draw(2, 5), draw(5))),
+    }
+
+
+CASES = list(_cases(np.random.default_rng(0), jnp.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("transform", ["eager", "jit", "vmap"])
+def test_against_jax_twin(fns, rng, name, dtype, transform):
+    twin, args = _cases(rng, dtype)[name]
+    slang = getattr(fns, name)
+    if transform == "jit":
+        slang, twin = jax.jit(slang), jax.jit(twin)
+    elif transform == "vmap":
+        args = jax.tree.map(lambda leaf: jnp.stack([leaf, leaf * 0.75]), args)
+        slang, twin = jax.vmap(slang), jax.vmap(twin)
+    report = check_grads(slang, twin, *args, modes=("fwd", "rev"), raises=True)
+    assert len(report.rows) >= 3
+
+
+def test_custom_backward_derivative_is_used(fns):
+    """softplus_backward returns dy * sigmoid(x): a wrong body here would fail the twin test too,
+    and this pins a value: d/dx softplus(0) = 0.5."""
+    np.testing.assert_allclose(jax.grad(lambda x: fns.softplus(x))(jnp.float32(0.0)), 0.5, rtol=1e-7)
+
+
+def test_no_diff_argument_gets_zero_gradient(fns):
+    d_exponent, d_x = jax.grad(lambda e, x: fns.power_of(e, x).sum(), argnums=(0, 1))(1.7, jnp.ones(3))
+    assert d_exponent == 0.0 and np.all(np.asarray(d_x) != 0.0)
+
+
+def test_out_parameter_comes_back_as_tuple(fns, rng):
+    x, y = rng.normal(size=(2, 10)).astype(np.float32)
+    radius, angle = fns.to_polar(x, y)
+    np.testing.assert_allclose(radius, np.hypot(x, y), rtol=1e-6)
+    np.testing.assert_allclose(angle, np.arctan2(y, x), rtol=1e-5, atol=1e-6)
+
+
+def test_integer_and_fixed_array_arguments(fns, rng):
+    values = jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)
+    count = jnp.array([1, 2, 4], jnp.int32)
+    expected = [np.sum(np.asarray(values)[i, :c] ** 2) for i, c in enumerate([1, 2, 4])]
+    np.testing.assert_allclose(fns.fixed_sum(values, count), expected, rtol=1e-6)
+    grad_values, grad_count = jax.grad(
+        lambda v, c: fns.fixed_sum(v, c).sum(), argnums=(0, 1), allow_int=True
+    )(values, count)
+    mask = np.arange(4)[None, :] < np.array([1, 2, 4])[:, None]
+    np.testing.assert_allclose(grad_values, 2 * np.asarray(values) * mask, rtol=1e-6)
+    assert grad_count.dtype == jax.dtypes.float0
+    np.testing.assert_array_equal(fns.add_ints(jnp.arange(4, dtype=jnp.int32), 10), [10, 11, 12, 13])
+
+
+def test_non_differentiable_function(fns):
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(fns.plain_square(x), [0, 1, 4])
+    with pytest.raises(TypeError, match="'plain_square' is not differentiable.*\\[Differentiable\\]"):
+        jax.grad(lambda x: fns.plain_square(x).sum())(x)
+
+
+def test_second_order_is_a_clear_error(poly):
+    with pytest.raises(
+        NotImplementedError, match="second derivatives of Slang function 'polynomial'.*hessian"
+    ):
+        jax.hessian(lambda x: poly(2.0, 8.0, -1.0, x).sum())(jnp.ones(3))
+
+
+def test_empty_grid_returns_empty(poly):
+    assert poly(1.0, 2.0, 3.0, jnp.zeros((0, 4))).shape == (0, 4)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_shapes_that_do_not_broadcast(poly):
+    with pytest.raises(ValueError, match=r"do not broadcast.*a: \(3,\).*x: \(4,\)"):
+        poly(jnp.ones(3), 1.0, 1.0, jnp.ones(4))
+
+
+def test_wrong_trailing_dim_for_float3(fns):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'a' of twist\(\) is Slang 'vector<float,3>'.*end in \(3,\).*\(5, 4\)",
+    ):
+        fns.twist(jnp.ones((5, 4)), jnp.ones((5, 3)), 1.0)
+
+
+def test_wrong_rank(fns):
+    with pytest.raises(ValueError, match=r"argument 'm' of matvec\(\).*end in \(3, 4\).*got shape \(4,\)"):
+        fns.matvec(jnp.ones(4), jnp.ones(4))
+
+
+def test_wrong_dtype(poly):
+    with pytest.raises(TypeError, match=r"argument 'x' of polynomial\(\).*needs dtype float32; got int32"):
+        poly(1.0, 1.0, 1.0, jnp.arange(3))
+
+
+def test_unknown_function(fns):
+    with pytest.raises(AttributeError, match="has no function 'nonexistent'"):
+        _ = fns.nonexistent
+
+
+def test_too_many_and_too_few_arguments(poly):
+    with pytest.raises(TypeError, match=r"takes 4 argument\(s\) \(a, b, c, x\) but 5 were given"):
+        poly(1.0, 2.0, 3.0, 4.0, 5.0)
+    with pytest.raises(TypeError, match=r"missing argument\(s\): c, x"):
+        poly(1.0, 2.0)
+
+
+def test_unknown_keyword(poly, fns):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'y'; its inputs are a, b, c, x"):
+        poly(1.0, 2.0, 3.0, y=4.0)
+    with pytest.raises(TypeError, match="'angle'.*`out` parameter"):
+        fns.to_polar(1.0, 2.0, angle=3.0)
+
+
+def test_struct_needs_its_fields(fns):
+    with pytest.raises(TypeError, match=r"expected keys \['mass', 'position'\], got \['position'\]"):
+        fns.energy({"position": jnp.ones(3)}, jnp.ones(3))

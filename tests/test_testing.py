@@ -1,0 +1,81 @@
+"""slax.testing.check_grads: it passes matching derivatives and catches wrong ones."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import slax
+from slax.testing import RELATIVE_TOLERANCE, check_grads
+
+
+@pytest.fixture(scope="module")
+def poly():
+    return slax.load_module("poly").polynomial
+
+
+def _twin(a, b, c, x):
+    return a * x * x + b * x + c
+
+
+def test_report_passes_and_prints_a_table(poly, rng):
+    x = jnp.asarray(rng.normal(size=(7,)), jnp.float32)
+    report = check_grads(poly, _twin, 2.0, 8.0, -1.0, x)
+    assert report.passed
+    table = str(report)
+    assert table.splitlines()[0].split() == [
+        "check",
+        "argument",
+        "max",
+        "abs",
+        "err",
+        "max",
+        "rel",
+        "err",
+        "tolerance",
+        "pass",
+    ]
+    assert {row.check for row in report.rows} == {"value", "rev", "fwd"}
+    assert all(row.tolerance == RELATIVE_TOLERANCE["float32"] for row in report.rows)
+
+
+def test_wrong_derivative_fails_and_raises_with_table(poly, rng):
+    x = jnp.asarray(rng.normal(size=(7,)), jnp.float32)
+
+    def wrong_twin(a, b, c, x):  # the same values at b = 8, but a different slope in b
+        return a * x * x + b * x + c + 0.5 * (b - 8.0) * x
+
+    report = check_grads(poly, wrong_twin, 2.0, 8.0, -1.0, x)
+    failing = [row for row in report.rows if not row.passed]
+    assert [(row.check, row.argument) for row in failing] == [
+        ("rev", "arg[1]"),
+        ("fwd", "d out"),
+    ], str(report)
+    with pytest.raises(AssertionError, match=r"(?s)derivatives disagree.*rev\s+arg\[1\].*NO"):
+        check_grads(poly, wrong_twin, 2.0, 8.0, -1.0, x, modes=("rev",), raises=True)
+
+
+def test_half_tolerance(poly, rng):
+    x = jnp.asarray(rng.normal(size=(7,)), jnp.float16)
+    report = check_grads(
+        lambda x: poly(2.0, 8.0, -1.0, x.astype(jnp.float32)).astype(jnp.float16),
+        lambda x: _twin(2.0, 8.0, -1.0, x),
+        x,
+    )
+    assert report.passed
+    assert {row.tolerance for row in report.rows} == {RELATIVE_TOLERANCE["float16"]}
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="order must be 1 or 2"):
+        check_grads(jnp.sin, jnp.sin, jnp.ones(2), order=3)
+    with pytest.raises(ValueError, match="unknown modes"):
+        check_grads(jnp.sin, jnp.sin, jnp.ones(2), modes=("sideways",))
+
+
+def test_order_two_on_pure_jax(rng):
+    x = jnp.asarray(rng.normal(size=(5,)), jnp.float32)
+    report = check_grads(lambda x: jnp.sin(x) * x, lambda x: jnp.sin(x) * x, x, order=2)
+    assert report.passed and {"hvp fwd", "hvp rev"} <= {row.check for row in report.rows}
+    np.testing.assert_array_equal([row.max_abs_error for row in report.rows], 0.0)
