@@ -1,5 +1,6 @@
 """slax: differentiable Slang kernels as JAX functions."""
 
+from slax import nn, testing
 from slax._device import DeviceKind, set_device_kind
 from slax._errors import DeviceUnavailableError, SlangCompileError
 from slax._module import (
@@ -12,6 +13,8 @@ from slax._module import (
 
 __all__ = [
     "DeviceKind",
+    "nn",
+    "testing",
     "DeviceUnavailableError",
     "SlangCompileError",
     "SlangFunction",

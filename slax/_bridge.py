@@ -24,6 +24,8 @@ from slax._compile import KernelSpec, compile_kernel
 from slax._device import DeviceKind, device_kind_for_platform, get_device
 
 Scalars = tuple[tuple[str, int | float], ...]
+Aliases = tuple[tuple[int, int], ...]
+"""(operand index, result index) pairs: the result is the operand's buffer, updated in place."""
 BufferCallback = Callable[..., None]
 
 _BUFFER_USAGE = spy.BufferUsage.shader_resource | spy.BufferUsage.unordered_access
@@ -41,9 +43,10 @@ class HostCopyLauncher:
         self.device = device
         self._lock = threading.Lock()
 
-    def callback(self, spec: KernelSpec, scalars: Scalars, count: int) -> BufferCallback:
+    def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
         compiled = compile_kernel(self.device, spec)
-        names = [name for name, _ in compiled.parameters.pointers]
+        names_list = [name for name, _ in compiled.parameters.pointers]
+        aliased = dict((result, operand) for operand, result in aliases)
         buffers: dict[int, spy.Buffer] = {}
 
         def buffer_for(slot: int, nbytes: int) -> spy.Buffer:
@@ -61,17 +64,16 @@ class HostCopyLauncher:
             host_ins = [_host_array(b, "operand") for b in ins]
             host_outs = [_host_array(b, "result") for b in outs]
             with self._lock:
-                addresses = {}
-                for slot, array in enumerate(host_ins):
-                    buffer = buffer_for(slot, array.nbytes)
+                in_buffers = [buffer_for(slot, a.nbytes) for slot, a in enumerate(host_ins)]
+                out_buffers = [
+                    in_buffers[aliased[k]] if k in aliased else buffer_for(len(host_ins) + k, a.nbytes)
+                    for k, a in enumerate(host_outs)
+                ]
+                for array, buffer in zip(host_ins, in_buffers):
                     if array.nbytes:
                         buffer.copy_from_numpy(np.ascontiguousarray(array).reshape(-1))
-                    addresses[names[slot]] = buffer.device_address
-                out_buffers = []
-                for k, array in enumerate(host_outs):
-                    buffer = buffer_for(len(host_ins) + k, array.nbytes)
-                    out_buffers.append(buffer)
-                    addresses[names[len(host_ins) + k]] = buffer.device_address
+                pointer_buffers = in_buffers + [b for k, b in enumerate(out_buffers) if k not in aliased]
+                addresses = {name: b.device_address for name, b in zip(names_list, pointer_buffers)}
                 compiled.kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
                 for array, buffer in zip(host_outs, out_buffers):
                     data = buffer.to_numpy().view(np.uint8)[: array.nbytes]
@@ -86,15 +88,17 @@ class ZeroCopyLauncher:
     def __init__(self, device: spy.Device):
         self.device = device
 
-    def callback(self, spec: KernelSpec, scalars: Scalars, count: int) -> BufferCallback:
+    def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
         compiled = compile_kernel(self.device, spec)
         names = [name for name, _ in compiled.parameters.pointers]
         scalar_args = dict(scalars)
+        aliased = {result for _, result in aliases}
 
         def run(ctx, outs: Sequence, *ins) -> None:
             if count == 0:
                 return
-            pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *outs)]
+            fresh = [b for k, b in enumerate(outs) if k not in aliased]
+            pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *fresh)]
             compiled.kernel.dispatch(
                 thread_grid(count),
                 cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),

@@ -139,17 +139,39 @@ class SlangKernel:
         *operands: jax.Array,
         results: Sequence[jax.ShapeDtypeStruct],
         threads: int,
+        in_place: Mapping[int, int] | None = None,
         **scalars: int | float,
     ) -> list[jax.Array]:
-        """Runs the kernel with ``threads`` threads; returns new arrays shaped like ``results``."""
+        """Runs the kernel with ``threads`` threads; returns new arrays shaped like ``results``.
+
+        Args:
+          *operands: arrays read through the kernel's first pointer parameters, in order.
+          results: shapes and dtypes of the arrays the kernel writes.
+          threads: how many threads to launch (the kernel checks its index against a count).
+          in_place: ``{operand index: result index}``; that result is the operand updated in
+            place through the operand's pointer, e.g. gradient buffers that start at zero.
+          **scalars: the kernel's scalar parameters by name.
+        """
         arrays = [jnp.asarray(o) for o in operands]
-        if len(arrays) + len(results) != len(self._pointers):
+        aliases = tuple(sorted((in_place or {}).items()))
+        fresh = [r for k, r in enumerate(results) if k not in {j for _, j in aliases}]
+        if len(arrays) + len(fresh) != len(self._pointers):
             raise TypeError(
                 f"slax: kernel {self.entry!r} has {len(self._pointers)} pointer parameters "
                 f"({', '.join(n for n, _ in self._pointers)}) but got {len(arrays)} operand(s) and "
-                f"{len(results)} result(s)."
+                f"{len(fresh)} result(s) not updated in place."
             )
-        shapes = [(a.shape, a.dtype) for a in arrays] + [(r.shape, np.dtype(r.dtype)) for r in results]
+        for operand, result in aliases:
+            if (arrays[operand].shape, arrays[operand].dtype) != (
+                tuple(results[result].shape),
+                np.dtype(results[result].dtype),
+            ):
+                raise TypeError(
+                    f"slax: kernel {self.entry!r}: result {result} is operand {operand} updated in "
+                    f"place, so it needs its shape and dtype {arrays[operand].shape} "
+                    f"{arrays[operand].dtype}; got {results[result].shape} {results[result].dtype}."
+                )
+        shapes = [(a.shape, a.dtype) for a in arrays] + [(r.shape, np.dtype(r.dtype)) for r in fresh]
         for (name, element), (shape, dtype) in zip(self._pointers, shapes):
             expected = _DTYPE_FOR_SLANG_SCALAR.get(element)
             if expected != str(dtype):
@@ -171,7 +193,7 @@ class SlangKernel:
             for name, v in sorted(scalars.items())
         )
         result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
-        return run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args)
+        return run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
 
 
 class SlangFunction:

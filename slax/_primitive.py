@@ -34,15 +34,15 @@ slang_kernel_p.multiple_results = True
 slang_kernel_p.def_impl(functools.partial(dispatch.apply_primitive, slang_kernel_p))
 
 
-def _kernel_abstract_eval(*operands, spec, results, scalars, count):
-    del operands, spec, scalars, count
+def _kernel_abstract_eval(*operands, spec, results, scalars, count, aliases):
+    del operands, spec, scalars, count, aliases
     return [jax.core.ShapedArray(shape, np.dtype(dtype)) for shape, dtype in results]
 
 
-def _kernel_lowering(ctx, *operands, spec, results, scalars, count, platform):
-    callback = launcher_for(platform).callback(spec, scalars, count)
+def _kernel_lowering(ctx, *operands, spec, results, scalars, count, aliases, platform):
+    callback = launcher_for(platform).callback(spec, scalars, count, aliases)
     shapes = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in results]
-    run = buffer_callback(callback, shapes)
+    run = buffer_callback(callback, shapes, input_output_aliases=dict(aliases))
     return mlir.lower_fun(lambda *args: run(*args), multiple_results=True)(ctx, *operands)
 
 
@@ -59,9 +59,16 @@ def run_kernel(
     results: tuple[tuple[tuple[int, ...], str], ...],
     count: int,
     scalars: tuple[tuple[str, int | float], ...] = (),
+    aliases: tuple[tuple[int, int], ...] = (),
 ) -> list[jax.Array]:
-    """Runs the kernel ``spec`` with ``count`` threads; returns arrays of shapes/dtypes ``results``."""
-    return slang_kernel_p.bind(*operands, spec=spec, results=results, scalars=scalars, count=count)
+    """Runs the kernel ``spec`` with ``count`` threads; returns arrays of shapes/dtypes ``results``.
+
+    ``aliases`` pairs (operand index, result index): that result is the operand's buffer, which the
+    kernel updates in place through the operand's pointer (the result gets no pointer of its own).
+    """
+    return slang_kernel_p.bind(
+        *operands, spec=spec, results=results, scalars=scalars, count=count, aliases=aliases
+    )
 
 
 # --- a Slang function over a grid --------------------------------------------------------------

@@ -1,0 +1,313 @@
+"""The Slang MLP as JAX primitives: forward, backward (custom VJP) and fused loss-and-gradient.
+
+Parameters are a list of ``{"weight": (out, in), "bias": (out,)}`` dicts, one per layer. Hidden
+layers apply LeakyReLU (slope 0.01), the output layer is affine. Kernels come from
+``shaders/nn/mlp.slang`` through slax/nn/_kernels.py and run through the slax bridge
+(``slang_kernel_p``), like every slax kernel.
+
+Half precision: parameters and activations are stored as float16, but every dot product is summed in
+float32 inside the kernels and parameter gradients are accumulated in float32 buffers, so there is
+no loss scaling to tune: gradients do not underflow in half. :func:`mlp_loss_and_grad` returns those
+float32 gradients unrounded; for stable half training keep float32 master parameters for the
+optimiser and cast them to float16 for the kernels (see experiments/polynomial.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from slax._compile import KernelSpec
+from slax._primitive import run_kernel
+from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, mlp_source
+
+Params = list[dict[str, jax.Array]]
+SUPPORTED_DTYPES = ("float32", "float16")
+
+
+# --- public API ----------------------------------------------------------------------------------
+
+
+def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -> Params:
+    """Initial parameters: weights and biases uniform in ±1/sqrt(fan_in), as torch.nn.Linear.
+
+    Args:
+      key: a JAX PRNG key.
+      sizes: layer widths from input to output, e.g. ``(4, 16, 4)``.
+      dtype: ``jnp.float32`` or ``jnp.float16``.
+    """
+    if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
+        raise ValueError(f"slax.nn.mlp_init: sizes must be >= 2 positive widths, got {sizes}.")
+    _check_dtype("mlp_init", "dtype", jnp.dtype(dtype))
+    params = []
+    for k, (n_in, n_out) in zip(jax.random.split(key, len(sizes) - 1), zip(sizes[:-1], sizes[1:])):
+        bound = 1.0 / math.sqrt(n_in)
+        wkey, bkey = jax.random.split(k)
+        params.append(
+            {
+                "weight": jax.random.uniform(wkey, (n_out, n_in), jnp.float32, -bound, bound).astype(dtype),
+                "bias": jax.random.uniform(bkey, (n_out,), jnp.float32, -bound, bound).astype(dtype),
+            }
+        )
+    return params
+
+
+@jax.custom_vjp
+def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
+    """The network on a batch, in Slang kernels: ``x (..., in) -> (..., out)``.
+
+    Differentiable in reverse mode (``jax.grad``/``jax.vjp``) through the layers' Slang backward
+    derivative, for params and x; composes with jit, vmap and lax.scan.
+    """
+    sizes, dtype = _architecture("mlp_apply", params, x)
+    return mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype)
+
+
+def _mlp_apply_fwd(params, x):
+    return mlp_apply(params, x), (params, x)
+
+
+def _mlp_apply_bwd(residuals, dy):
+    params, x = residuals
+    sizes, dtype = _architecture("mlp_apply", params, x)
+    dx, *grads = mlp_backward_p.bind(
+        x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0
+    )
+    flat = [g.astype(p.dtype) for g, p in zip(grads, _flat(params))]
+    return _unflat(flat), dx
+
+
+mlp_apply.defvjp(_mlp_apply_fwd, _mlp_apply_bwd)
+
+
+def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[jax.Array, Params]:
+    """The tutorial's training loss and its parameter gradients in one Slang dispatch.
+
+    Loss: the batch mean of each sample's squared L2 error ``|mlp(x) - target|^2``.
+
+    Args:
+      params: from :func:`mlp_init`; x: ``(batch, in)``; target: ``(batch, out)``, same dtype.
+
+    Returns:
+      ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params``.
+    """
+    sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
+    if target.shape != x.shape[:-1] + (sizes[-1],) or target.dtype != x.dtype:
+        raise ValueError(
+            f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (sizes[-1],)} and "
+            f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
+        )
+    batch = math.prod(x.shape[:-1])
+    losses, *grads = mlp_loss_grad_p.bind(
+        x, target, *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, loss_scale=1.0 / max(batch, 1)
+    )
+    return jnp.mean(losses), _unflat(grads)
+
+
+def mlp_apply_reference(params: Params, x: jax.Array) -> jax.Array:
+    """The same network in plain jax.numpy, for comparison and as a pure-JAX baseline."""
+    h = x
+    for k, layer in enumerate(params):
+        h = h @ layer["weight"].T + layer["bias"]
+        slope = OUTPUT_SLOPE if k == len(params) - 1 else HIDDEN_SLOPE
+        h = jnp.where(h > 0, h, slope * h) if slope != 1.0 else h
+    return h
+
+
+def mlp_loss_reference(params: Params, x: jax.Array, target: jax.Array) -> jax.Array:
+    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss."""
+    error = mlp_apply_reference(params, x).astype(jnp.float32) - target.astype(jnp.float32)
+    return jnp.mean(jnp.sum(error * error, axis=-1))
+
+
+# --- checks and flattening -------------------------------------------------------------------------
+
+
+def _check_dtype(function: str, name: str, dtype) -> None:
+    if str(dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(f"slax.nn.{function}: {name} must be float32 or float16, got {dtype}.")
+
+
+def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[int, ...], str]:
+    if not isinstance(params, (list, tuple)) or not params:
+        raise TypeError(f"slax.nn.{function}: params must be a non-empty list of layers from mlp_init.")
+    sizes = []
+    dtype = None
+    for k, layer in enumerate(params):
+        if not isinstance(layer, dict) or set(layer) != {"weight", "bias"}:
+            raise TypeError(f"slax.nn.{function}: layer {k} must be a dict with keys 'weight' and 'bias'.")
+        weight, bias = layer["weight"], layer["bias"]
+        if weight.ndim != 2 or bias.shape != (weight.shape[0],):
+            raise ValueError(
+                f"slax.nn.{function}: layer {k} needs weight (out, in) and bias (out,); got "
+                f"{weight.shape} and {bias.shape}."
+            )
+        if sizes and weight.shape[1] != sizes[-1]:
+            raise ValueError(
+                f"slax.nn.{function}: layer {k} takes {weight.shape[1]} inputs but layer {k - 1} "
+                f"gives {sizes[-1]}."
+            )
+        if not sizes:
+            sizes.append(weight.shape[1])
+        sizes.append(weight.shape[0])
+        for name, array in (("weight", weight), ("bias", bias)):
+            _check_dtype(function, f"layer {k} {name}", array.dtype)
+            if dtype is not None and array.dtype != dtype:
+                raise TypeError(
+                    f"slax.nn.{function}: all parameters need one dtype; layer {k} {name} is "
+                    f"{array.dtype}, earlier ones {dtype}."
+                )
+            dtype = array.dtype
+    if x.ndim < 1 or x.shape[-1] != sizes[0]:
+        raise ValueError(f"slax.nn.{function}: x must have shape (..., {sizes[0]}); got {x.shape}.")
+    if x.dtype != dtype:
+        raise TypeError(
+            f"slax.nn.{function}: x has dtype {x.dtype} but the parameters are {dtype}; cast x "
+            f"with x.astype(jnp.{dtype})."
+        )
+    return tuple(sizes), str(dtype)
+
+
+def _flat(params: Params) -> list[jax.Array]:
+    return [a for layer in params for a in (layer["weight"], layer["bias"])]
+
+
+def _unflat(flat) -> Params:
+    return [{"weight": w, "bias": b} for w, b in zip(flat[0::2], flat[1::2])]
+
+
+# --- primitives ----------------------------------------------------------------------------------
+
+mlp_forward_p = Primitive("slang_mlp_forward")
+mlp_backward_p = Primitive("slang_mlp_backward")
+mlp_loss_grad_p = Primitive("slang_mlp_loss_grad")
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(sizes: tuple[int, ...], dtype: str, entry: str) -> KernelSpec:
+    return KernelSpec(entry, source=mlp_source(sizes, dtype))
+
+
+def _param_shapes(sizes):
+    return [shape for i, o in zip(sizes[:-1], sizes[1:]) for shape in ((o, i), (o,))]
+
+
+def _forward_abstract_eval(x, *params, sizes, dtype):
+    return jax.core.ShapedArray(x.shape[:-1] + (sizes[-1],), jnp.dtype(dtype))
+
+
+def _forward_lowering(x, *params, sizes, dtype):
+    count = math.prod(x.shape[:-1])
+    (y,) = run_kernel(
+        _kernel(sizes, dtype, "mlp_forward"),
+        [x, *params],
+        ((x.shape[:-1] + (sizes[-1],), dtype),),
+        count,
+        (("count", count),),
+    )
+    return y
+
+
+def _grad_results(x, sizes, group_ndim):
+    groups = x.shape[:group_ndim]
+    return [(groups + shape, "float32") for shape in _param_shapes(sizes)]
+
+
+def _backward_abstract_eval(x, dy, *params, sizes, dtype, group_ndim):
+    return [jax.core.ShapedArray(x.shape, x.dtype)] + [
+        jax.core.ShapedArray(shape, jnp.float32) for shape, _ in _grad_results(x, sizes, group_ndim)
+    ]
+
+
+def _per_group(x, group_ndim):
+    count = math.prod(x.shape[:-1])
+    return count, max(1, count // max(1, math.prod(x.shape[:group_ndim])))
+
+
+def _backward_lowering(x, dy, *params, sizes, dtype, group_ndim):
+    count, per_group = _per_group(x, group_ndim)
+    grads = _grad_results(x, sizes, group_ndim)
+    zeros = [jnp.zeros(shape, dtype=jnp.float32) for shape, _ in grads]
+    first = 2 + len(params)
+    outputs = run_kernel(
+        _kernel(sizes, dtype, "mlp_backward"),
+        [x, dy, *params, *zeros],
+        (*grads, (x.shape, dtype)),
+        count,
+        (("count", count), ("samples_per_group", per_group)),
+        tuple((first + k, k) for k in range(len(zeros))),
+    )
+    return [outputs[-1], *outputs[:-1]]
+
+
+def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale):
+    return [jax.core.ShapedArray(x.shape[:-1], jnp.float32)] + [
+        jax.core.ShapedArray(shape, jnp.float32) for shape, _ in _grad_results(x, sizes, group_ndim)
+    ]
+
+
+def _loss_grad_lowering(x, target, *params, sizes, dtype, group_ndim, loss_scale):
+    count, per_group = _per_group(x, group_ndim)
+    grads = _grad_results(x, sizes, group_ndim)
+    zeros = [jnp.zeros(shape, dtype=jnp.float32) for shape, _ in grads]
+    first = 2 + len(params)
+    outputs = run_kernel(
+        _kernel(sizes, dtype, "mlp_loss_grad"),
+        [x, target, *params, *zeros],
+        (*grads, (x.shape[:-1], "float32")),
+        count,
+        (("count", count), ("samples_per_group", per_group), ("loss_scale", float(loss_scale))),
+        tuple((first + k, k) for k in range(len(zeros))),
+    )
+    return [outputs[-1], *outputs[:-1]]
+
+
+def _move_to_front(args, dims, size):
+    """Batch axis first on every argument (broadcast where unbatched)."""
+    return [
+        jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size,) + a.shape)
+        for a, d in zip(args, dims)
+    ]
+
+
+def _batch_size(args, dims):
+    return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+
+def _batch_per_sample(primitive, num_data, args, dims, **params):
+    """vmap over data (not parameters) adds a leading group axis: one kernel launch for all."""
+    size = _batch_size(args, dims)
+    if any(d is not None for d in dims[num_data:]):
+        return _batch_by_loop(primitive, args, dims, **params)
+    data = _move_to_front(args[:num_data], dims[:num_data], size)
+    if "group_ndim" in params:
+        params = {**params, "group_ndim": params["group_ndim"] + 1}
+    outputs = primitive.bind(*data, *args[num_data:], **params)
+    return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
+
+
+def _batch_by_loop(primitive, args, dims, **params):
+    """Per-example parameters: one launch per example, in a lax.map."""
+    size = _batch_size(args, dims)
+    stacked = _move_to_front(args, dims, size)
+    outputs = jax.lax.map(lambda sliced: primitive.bind(*sliced, **params), stacked)
+    return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
+
+
+for _p, _eval, _lower, _num_data in (
+    (mlp_forward_p, _forward_abstract_eval, _forward_lowering, 1),
+    (mlp_backward_p, _backward_abstract_eval, _backward_lowering, 2),
+    (mlp_loss_grad_p, _loss_grad_abstract_eval, _loss_grad_lowering, 2),
+):
+    _p.multiple_results = _p is not mlp_forward_p
+    _p.def_impl(functools.partial(dispatch.apply_primitive, _p))
+    _p.def_abstract_eval(_eval)
+    mlir.register_lowering(_p, mlir.lower_fun(_lower, multiple_results=_p.multiple_results))
+    batching.primitive_batchers[_p] = functools.partial(_batch_per_sample, _p, _num_data)
