@@ -139,3 +139,9 @@ def _missing_device_advice(kind: DeviceKind, error: Exception) -> str:
         "and run `apt-get install -t bookworm-backports mesa-vulkan-drivers libvulkan1` "
         "(Mesa 22 from plain bookworm lacks VK_KHR_shader_non_semantic_info and fails)."
     )
+
+
+def describe_device(platform: str) -> str:
+    """Which device runs slax kernels for ``platform``, for logs: ``"vulkan (llvmpipe ...)"``."""
+    kind = device_kind_for_platform(platform)
+    return f"{kind.value} ({get_device(kind).info.adapter_name})"

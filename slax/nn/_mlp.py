@@ -138,7 +138,7 @@ def _check_dtype(function: str, name: str, dtype) -> None:
 def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[int, ...], str]:
     if not isinstance(params, (list, tuple)) or not params:
         raise TypeError(f"slax.nn.{function}: params must be a non-empty list of layers from mlp_init.")
-    sizes = []
+    sizes: list[int] = []
     dtype = None
     for k, layer in enumerate(params):
         if not isinstance(layer, dict) or set(layer) != {"weight", "bias"}:
@@ -190,7 +190,7 @@ mlp_backward_p = Primitive("slang_mlp_backward")
 mlp_loss_grad_p = Primitive("slang_mlp_loss_grad")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(sizes: tuple[int, ...], dtype: str, entry: str) -> KernelSpec:
     return KernelSpec(entry, source=mlp_source(sizes, dtype))
 

@@ -1,0 +1,112 @@
+"""What every slax experiment script shares: flags, jitted training chunks with a progress bar,
+run directories, metrics and loss plots. The scripts in experiments/ stay thin on top of this.
+
+Needs the ``experiments`` extra (tqdm, matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from slax._device import describe_device, set_device_kind
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: int, chunk: int) -> None:
+    """Flags every experiment takes, with defaults that finish in minutes on the CPU path."""
+    parser.add_argument("--steps", type=int, default=steps, help="training steps (default %(default)s)")
+    parser.add_argument("--batch", type=int, default=batch, help="samples per step (default %(default)s)")
+    parser.add_argument(
+        "--chunk", type=int, default=chunk, help="steps per jitted lax.scan chunk (default %(default)s)"
+    )
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="kernel precision")
+    parser.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "vulkan", "cuda"),
+        default="auto",
+        help="SlangPy device for CPU-placed JAX (auto: follow JAX; JAX on CUDA always uses cuda)",
+    )
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="output dir (default runs/<name>/<time>)"
+    )
+
+
+def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
+    """Applies --device, makes the output dir; returns it and a description of the run's devices."""
+    if args.device != "auto":
+        set_device_kind(args.device)
+    out = args.out or pathlib.Path("runs") / name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+    device = {"jax": str(jax.devices()[0]), "slang": describe_device(platform)}
+    print(f"{name}: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
+    return out, device
+
+
+def train_in_chunks(
+    step: Callable[[Any, jax.Array], tuple[Any, jax.Array]],
+    state: Any,
+    key: jax.Array,
+    steps: int,
+    chunk: int,
+    description: str,
+) -> tuple[Any, np.ndarray, float]:
+    """Runs ``steps`` of ``step(state, key) -> (state, loss)`` in jitted ``lax.scan`` chunks.
+
+    A progress bar advances once per chunk with the latest loss. Returns the final state, the loss
+    of every step, and the wall time in seconds (including compilation of the first chunk).
+    """
+    from tqdm.auto import tqdm
+
+    keys = jax.random.split(key, steps)
+    run_chunk = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
+    losses = []
+    start = time.perf_counter()
+    with tqdm(total=steps, desc=description, unit="step") as bar:
+        for first in range(0, steps, chunk):
+            state, chunk_losses = run_chunk(state, keys[first : first + chunk])
+            chunk_losses = np.asarray(chunk_losses)
+            losses.append(chunk_losses)
+            bar.update(len(chunk_losses))
+            bar.set_postfix(loss=f"{chunk_losses[-1]:.3e}")
+    jax.block_until_ready(state)
+    return state, np.concatenate(losses), time.perf_counter() - start
+
+
+def write_metrics(out: pathlib.Path, metrics: dict[str, Any]) -> pathlib.Path:
+    path = out / "metrics.json"
+    path.write_text(json.dumps(metrics, indent=2, default=float) + "\n")
+    return path
+
+
+def plot_loss_curves(out: pathlib.Path, curves: dict[str, np.ndarray], ylabel: str) -> pathlib.Path:
+    """Training loss per step of each model, log scale, smoothed over 1% of the run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, losses in curves.items():
+        window = max(1, len(losses) // 100)
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(np.arange(len(smooth)) + window - 1, smooth, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out / "loss.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

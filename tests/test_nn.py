@@ -1,0 +1,161 @@
+"""slax.nn: the Slang MLP against its plain-JAX twin, in float32 and float16."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from slax import nn
+from slax.testing import RELATIVE_TOLERANCE, check_grads
+
+SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
+
+
+def _draw(key, shape, dtype):
+    return jax.random.uniform(key, shape, jnp.float32, -1.0, 1.0).astype(dtype)
+
+
+def _relative_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("batch", [1, 31, 1000])
+@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
+def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
+    keys = jax.random.split(jax.random.key(batch + len(sizes)), 3)
+    params = nn.mlp_init(keys[0], sizes, dtype)
+    x = _draw(keys[1], (batch, sizes[0]), dtype)
+
+    def loss(apply):  # a nonlinear JAX loss around the network
+        return lambda params, x: jnp.sum(jnp.sin(apply(params, x).astype(jnp.float32) * 1.3))
+
+    rtol = RELATIVE_TOLERANCE[dtype]
+    if dtype == "float16":
+        # Backpropagating through wide layers in half cancels digits: allow what plain JAX in half
+        # loses against float32 on the same inputs, when that is more than half's usual 1e-2.
+        half = check_grads(
+            loss(nn.mlp_apply_reference), loss(nn.mlp_apply_reference), params, x, modes=("rev",)
+        )
+        rtol = max(rtol, 1.5 * max(row.max_rel_error for row in half.rows))
+    check_grads(
+        loss(nn.mlp_apply), loss(nn.mlp_apply_reference), params, x, modes=("rev",), rtol=rtol, raises=True
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_loss_and_grad_matches_reference(dtype):
+    keys = jax.random.split(jax.random.key(7), 4)
+    params = nn.mlp_init(keys[0], (3, 7, 5), dtype)
+    x, target = _draw(keys[1], (257, 3), dtype), _draw(keys[2], (257, 5), dtype)
+    loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
+    upcast = jax.tree.map(lambda a: a.astype(jnp.float32), (params, x, target))
+    loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(*upcast)
+    tolerance = RELATIVE_TOLERANCE[dtype]
+    assert _relative_error(loss, loss_ref) < tolerance
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+        assert got.dtype == jnp.float32
+        assert _relative_error(got, want) < tolerance
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_large_batch_gradients_are_race_free(dtype):
+    """2^16 samples add into shared gradient buffers; every run must match the reference."""
+    keys = jax.random.split(jax.random.key(3), 4)
+    params = nn.mlp_init(keys[0], (4, 16, 4), dtype)
+    x, target = _draw(keys[1], (1 << 16, 4), dtype), _draw(keys[2], (1 << 16, 4), dtype)
+    upcast = jax.tree.map(lambda a: a.astype(jnp.float32), (params, x, target))
+    _, reference = jax.value_and_grad(nn.mlp_loss_reference)(*upcast)
+    run = jax.jit(nn.mlp_loss_and_grad)
+    runs = [jax.tree.leaves(run(params, x, target)[1]) for _ in range(3)]
+    for leaves in runs:
+        for got, want in zip(leaves, jax.tree.leaves(reference)):
+            assert _relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
+    for first, again in zip(runs[0], runs[1]):
+        assert _relative_error(again, first) < 1e-5, "runs differ by more than float32 rounding"
+
+
+def test_vmap_gives_per_example_gradients():
+    keys = jax.random.split(jax.random.key(4), 2)
+    params = nn.mlp_init(keys[0], (3, 7, 5))
+    x = _draw(keys[1], (6, 3), "float32")
+
+    def per_example(apply):
+        return jax.vmap(jax.grad(lambda p, x: jnp.sum(apply(p, x[None]) ** 2)), in_axes=(None, 0))(params, x)
+
+    got, want = per_example(nn.mlp_apply), per_example(nn.mlp_apply_reference)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.shape[0] == 6
+        assert _relative_error(g, w) < RELATIVE_TOLERANCE["float32"]
+
+
+def test_vmap_over_parameters():
+    keys = jax.random.split(jax.random.key(5), 3)
+    stacked = jax.vmap(lambda k: nn.mlp_init(k, (3, 7, 5)))(jax.random.split(keys[0], 3))
+    x = _draw(keys[1], (10, 3), "float32")
+    got = jax.vmap(nn.mlp_apply, in_axes=(0, None))(stacked, x)
+    want = jax.vmap(nn.mlp_apply_reference, in_axes=(0, None))(stacked, x)
+    assert _relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
+
+
+def test_training_matches_pure_jax():
+    """A short jitted optax run: loss falls by >= 10x and follows the pure-JAX run step by step."""
+    keys = jax.random.split(jax.random.key(6), 2)
+    params = nn.mlp_init(keys[0], (4, 16, 4))
+    optimizer = optax.adam(1e-2)
+
+    def train(loss_and_grad):
+        def step(state, key):
+            params, opt_state = state
+            xy = jax.random.uniform(key, (256, 2), minval=-1.0, maxval=1.0)
+            x = jnp.concatenate([xy, xy * xy], axis=-1)
+            target = jnp.stack([xy[:, 0] + xy[:, 1], xy[:, 0] * xy[:, 1], xy[:, 1] ** 2, -xy[:, 0]], -1)
+            loss, grads = loss_and_grad(params, x, target)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        state = (params, optimizer.init(params))
+        return jax.jit(lambda s: jax.lax.scan(step, s, jax.random.split(keys[1], 300)))(state)[1]
+
+    losses = np.asarray(train(nn.mlp_loss_and_grad))
+    reference = np.asarray(train(jax.value_and_grad(nn.mlp_loss_reference)))
+    assert losses[-10:].mean() < losses[:10].mean() / 10
+    np.testing.assert_allclose(losses, reference, rtol=1e-3)
+
+
+def test_scan_over_apply():
+    params = nn.mlp_init(jax.random.key(8), (5, 9, 5))
+    x = _draw(jax.random.key(9), (4, 5), "float32")
+
+    def iterate(apply):
+        return jax.lax.scan(lambda h, _: (jnp.tanh(apply(params, h)), None), x, None, length=20)[0]
+
+    assert _relative_error(jax.jit(lambda: iterate(nn.mlp_apply))(), iterate(nn.mlp_apply_reference)) < 1e-5
+
+
+def test_init_shapes_and_range():
+    params = nn.mlp_init(jax.random.key(0), (3, 7, 5), jnp.float16)
+    assert [(p["weight"].shape, p["bias"].shape) for p in params] == [((7, 3), (7,)), ((5, 7), (5,))]
+    assert all(p["weight"].dtype == jnp.float16 for p in params)
+    assert float(jnp.max(jnp.abs(params[0]["weight"]))) <= 1 / np.sqrt(3)
+    assert float(jnp.std(params[0]["weight"])) > 0.1
+
+
+def test_errors_are_specific():
+    params = nn.mlp_init(jax.random.key(0), (3, 7, 5))
+    with pytest.raises(ValueError, match=r"mlp_apply: x must have shape \(\.\.\., 3\); got \(4, 4\)"):
+        nn.mlp_apply(params, jnp.ones((4, 4)))
+    with pytest.raises(TypeError, match="x has dtype float16 but the parameters are float32"):
+        nn.mlp_apply(params, jnp.ones((4, 3), jnp.float16))
+    with pytest.raises(ValueError, match="layer 1 takes 7 inputs but layer 0 gives 6"):
+        nn.mlp_apply(
+            [params[0] | {"weight": jnp.ones((6, 3)), "bias": jnp.ones(6)}, params[1]], jnp.ones((2, 3))
+        )
+    with pytest.raises(ValueError, match=r"target must have shape \(4, 5\)"):
+        nn.mlp_loss_and_grad(params, jnp.ones((4, 3)), jnp.ones((4, 4)))
+    with pytest.raises(TypeError, match="dtype must be float32 or float16"):
+        nn.mlp_init(jax.random.key(0), (3, 4), jnp.int32)
