@@ -6,10 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SHADERS
 
 import slax
-from slax import _compile
+from slax import _compile, examples
 from slax.testing import check_grads
 
 
@@ -20,7 +19,7 @@ def poly():
 
 @pytest.fixture(scope="module")
 def fns():
-    return slax.load_module(SHADERS / "functions.slang")
+    return slax.load_module(examples.MODULE)
 
 
 # --- the SlangPy tutorial polynomial -------------------------------------------------------------
@@ -102,49 +101,15 @@ def test_scan_and_compile_once(poly, rng):
 # --- the test functions against pure-JAX twins -----------------------------------------------------
 
 
-def _wave(x, y):
-    return jnp.sin(x) * jnp.exp(-y * y) + jnp.log(1 + x * x) + jnp.tanh(y) + jnp.sqrt(2 + jnp.cos(x * y))
-
-
-def _twist(a, b, s):
-    return jnp.cross(a, b) * s[..., None] + a * jnp.sum(a * b, -1, keepdims=True)
-
-
-def _energy(particle, velocity):
-    mass = particle["mass"]
-    return 0.5 * mass * jnp.sum(velocity * velocity, -1) + mass * 9.81 * particle["position"][..., 1]
-
-
-def _cases(rng, dtype):
-    def draw(*shape, low=-1.0, high=1.0):
-        return jnp.asarray(rng.uniform(low, high, size=shape), dtype)
-
-    return {
-        "wave": (_wave, (draw(5), draw(3, 5))),
-        "twist": (_twist, (draw(4, 3), draw(4, 3), draw(4))),
-        "energy": (
-            _energy,
-            ({"position": draw(6, 3), "mass": draw(6, low=0.5, high=2.0)}, draw(6, 3)),
-        ),
-        "matvec": (lambda m, v: jnp.einsum("...ij,...j->...i", m, v), (draw(2, 3, 4), draw(4))),
-        "softplus": (jax.nn.softplus, (draw(3, 7, low=-3, high=3),)),
-        "power_of": (
-            lambda e, x: (1.5 + x * x) ** jax.lax.stop_gradient(e),
-            (draw(low=0.5, high=2.0), draw(9)),
-        ),
-        "to_polar": (lambda x, y: (jnp.sqrt(x * x + y * y), jnp.arctan2(y, x)), (draw(8), draw(8))),
-        "accumulate": (lambda t, x: t * x + x * x, (draw(2, 5), draw(5))),
-    }
-
-
-CASES = list(_cases(np.random.default_rng(0), jnp.float32))
+EXAMPLES = {example.name: example for example in examples.EXAMPLES}
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", EXAMPLES)
 @pytest.mark.parametrize("transform", ["eager", "jit", "vmap"])
 def test_against_jax_twin(fns, rng, name, dtype, transform):
-    twin, args = _cases(rng, dtype)[name]
+    example = EXAMPLES[name]
+    twin, args = example.twin, example.draw(rng, dtype)
     slang = getattr(fns, name)
     if transform == "jit":
         slang, twin = jax.jit(slang), jax.jit(twin)

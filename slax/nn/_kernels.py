@@ -114,10 +114,10 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T
 {setup(True)}
     var input = diffPair(loadVec<{n_in}>(x, index));
     MLVec<T, {n_out}> dOut = loadVec<{n_out}>(dy, index);
-    MLVec<T, {n_out}>.Differential dOutDiff;
-    for (int i = 0; i < {n_out}; i++) dOutDiff.vals[i] = reinterpret<T.Differential>(dOut.vals[i]);
-    bwd_diff(networkOutput)(net, input, dOutDiff);
-    for (int i = 0; i < {n_in}; i++) dx[index * {n_in} + i] = reinterpret<T>(input.d.vals[i]);
+    MLGrad<{n_out}> dOutGrad;
+    for (int i = 0; i < {n_out}; i++) dOutGrad.vals[i] = __realCast<float>(dOut.vals[i]);
+    bwd_diff(networkOutput)(net, input, dOutGrad);
+    for (int i = 0; i < {n_in}; i++) dx[index * {n_in} + i] = __realCast<T>(input.d.vals[i]);
 }}
 
 [shader("compute")]

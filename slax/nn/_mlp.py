@@ -111,19 +111,41 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     return jnp.mean(losses), _unflat(grads)
 
 
-def mlp_apply_reference(params: Params, x: jax.Array) -> jax.Array:
-    """The same network in plain jax.numpy, for comparison and as a pure-JAX baseline."""
-    h = x
+def mlp_apply_reference(params: Params, x: jax.Array, storage_dtype: Any = None) -> jax.Array:
+    """The same network in plain jax.numpy, for comparison and as a pure-JAX baseline.
+
+    It follows the kernels' precision policy: arithmetic in float32, activations rounded to
+    ``storage_dtype`` (default: the parameters' dtype) after each affine map and activation, and
+    gradients kept in float32 (the rounding passes gradients straight through, as the kernels'
+    float32 backward pass does). The result has dtype ``storage_dtype``.
+    """
+    storage = jnp.dtype(storage_dtype or params[0]["weight"].dtype)
+    h = _round_to(x.astype(jnp.float32), storage)
     for k, layer in enumerate(params):
-        h = h @ layer["weight"].T + layer["bias"]
+        z = h @ layer["weight"].astype(jnp.float32).T + layer["bias"].astype(jnp.float32)
+        h = _round_to(z, storage)
         slope = OUTPUT_SLOPE if k == len(params) - 1 else HIDDEN_SLOPE
-        h = jnp.where(h > 0, h, slope * h) if slope != 1.0 else h
-    return h
+        if slope != 1.0:
+            h = _round_to(jnp.where(h > 0, h, slope * h), storage)
+    return h.astype(storage)
 
 
-def mlp_loss_reference(params: Params, x: jax.Array, target: jax.Array) -> jax.Array:
-    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss."""
-    error = mlp_apply_reference(params, x).astype(jnp.float32) - target.astype(jnp.float32)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _round_to(values: jax.Array, dtype) -> jax.Array:
+    """Rounds float32 values to ``dtype`` and back; its derivative is the identity."""
+    return values.astype(dtype).astype(values.dtype)
+
+
+@_round_to.defjvp
+def _round_to_jvp(dtype, primals, tangents):
+    return _round_to(primals[0], dtype), tangents[0]
+
+
+def mlp_loss_reference(
+    params: Params, x: jax.Array, target: jax.Array, storage_dtype: Any = None
+) -> jax.Array:
+    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss (``storage_dtype`` as in the reference)."""
+    error = mlp_apply_reference(params, x, storage_dtype).astype(jnp.float32) - target.astype(jnp.float32)
     return jnp.mean(jnp.sum(error * error, axis=-1))
 
 

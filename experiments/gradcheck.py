@@ -1,0 +1,102 @@
+"""Compare every Slang function and network shipped in shaders/ with jax.grad of its JAX twin.
+
+For the example functions (shaders/examples.slang, twins in slax/examples.py) and the tutorial
+polynomial: values, reverse mode and forward mode. For the MLP (shaders/nn/mlp.slang): values and
+reverse mode of mlp_apply, and the fused mlp_loss_and_grad, on samples away from LeakyReLU's kink
+(slax.testing.away_from_kinks). float32 and float16. Prints one table; exits 1 if any check fails.
+
+    python experiments/gradcheck.py [--dtype float32 float16] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import slax
+from slax import examples, nn
+from slax.testing import RELATIVE_TOLERANCE, GradCheckRow, away_from_kinks, check_grads
+
+MLP_SIZES = ((4, 16, 4), (64, 128, 64, 10))
+
+
+def function_rows(dtype: str, rng: np.random.Generator):
+    module = slax.load_module(examples.MODULE)
+    for example in examples.EXAMPLES:
+        args = example.draw(rng, jnp.dtype(dtype))
+        yield example.name, check_grads(getattr(module, example.name), example.twin, *args).rows
+    poly = slax.load_module("poly").polynomial
+    if dtype == "float32":  # polynomial is declared for float only
+        args = tuple(jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(), (), (), (3, 4)])
+        yield "polynomial", check_grads(poly, lambda a, b, c, x: a * x * x + b * x + c, *args).rows
+
+
+def network_rows(dtype: str, seed: int):
+    for sizes in MLP_SIZES:
+        keys = jax.random.split(jax.random.key(seed), 3)
+        params = nn.mlp_init(keys[0], sizes, dtype)
+        x = jax.random.uniform(keys[1], (512, sizes[0]), minval=-1, maxval=1).astype(dtype)
+        x = away_from_kinks(params, x)
+        target = jax.random.uniform(keys[2], (x.shape[0], sizes[-1]), minval=-1, maxval=1).astype(dtype)
+        label = "mlp " + "-".join(map(str, sizes))
+        # The twin runs in float32 but stores activations as the kernels do, so LeakyReLU kinks agree.
+        reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
+        yield label, check_grads(nn.mlp_apply, reference, params, x, modes=("rev",)).rows
+        loss, grads = nn.mlp_loss_and_grad(params, x, target)
+        upcast = jax.tree.map(lambda a: a.astype(jnp.float32), (params, x, target))
+        loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(*upcast, storage_dtype=dtype)
+        tolerance = RELATIVE_TOLERANCE[dtype]
+        rows = [_row("loss", "value", loss, loss_ref, tolerance)]
+        for k, (got, want) in enumerate(zip(grads, grads_ref)):
+            for name in ("weight", "bias"):
+                rows.append(_row("loss grad", f"layer {k} {name}", got[name], want[name], tolerance))
+        yield label + " fused", rows
+
+
+def _row(check, argument, got, want, tolerance):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    error = float(np.max(np.abs(got - want)))
+    return GradCheckRow(check, argument, error, error / max(float(np.max(np.abs(want))), 1e-30), tolerance)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dtype", nargs="+", choices=("float32", "float16"), default=["float32", "float16"])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    table = []
+    for dtype in args.dtype:
+        rng = np.random.default_rng(args.seed)
+        for function, rows in [*function_rows(dtype, rng), *network_rows(dtype, args.seed)]:
+            table += [(function, dtype, row) for row in rows]
+    header = ("function", "dtype", "check", "argument", "max abs err", "max rel err", "tolerance", "pass")
+    lines = [
+        (
+            f,
+            d,
+            r.check,
+            r.argument,
+            f"{r.max_abs_error:.2e}",
+            f"{r.max_rel_error:.2e}",
+            f"{r.tolerance:.1e}",
+            "yes" if r.passed else "NO",
+        )
+        for f, d, r in table
+    ]
+    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
+    for line in [header, tuple("-" * w for w in widths), *lines]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
+    failed = sum(not r.passed for _, _, r in table)
+    print(f"\n{len(table) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

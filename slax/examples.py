@@ -1,0 +1,75 @@
+"""The example Slang functions of ``shaders/examples.slang``, each with a pure-JAX twin and inputs.
+
+The tests and ``experiments/gradcheck.py`` compare each function's Slang derivatives with JAX's
+derivatives of its twin (:func:`slax.testing.check_grads`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MODULE = "examples"
+"""Module name of shaders/examples.slang on slax's include path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """A Slang function name, its JAX twin, and how to draw random arguments for it."""
+
+    name: str
+    twin: Callable[..., Any]
+    draw: Callable[[np.random.Generator, Any], tuple[Any, ...]]
+
+
+def _uniform(rng: np.random.Generator, dtype, *shape: int, low: float = -1.0, high: float = 1.0):
+    return jnp.asarray(rng.uniform(low, high, size=shape), dtype)
+
+
+def _wave(x, y):
+    return jnp.sin(x) * jnp.exp(-y * y) + jnp.log(1 + x * x) + jnp.tanh(y) + jnp.sqrt(2 + jnp.cos(x * y))
+
+
+def _twist(a, b, s):
+    return jnp.cross(a, b) * s[..., None] + a * jnp.sum(a * b, -1, keepdims=True)
+
+
+def _energy(particle, velocity):
+    mass = particle["mass"]
+    return 0.5 * mass * jnp.sum(velocity * velocity, -1) + mass * 9.81 * particle["position"][..., 1]
+
+
+EXAMPLES = (
+    Example("wave", _wave, lambda r, d: (_uniform(r, d, 5), _uniform(r, d, 3, 5))),
+    Example("twist", _twist, lambda r, d: (_uniform(r, d, 4, 3), _uniform(r, d, 4, 3), _uniform(r, d, 4))),
+    Example(
+        "energy",
+        _energy,
+        lambda r, d: (
+            {"position": _uniform(r, d, 6, 3), "mass": _uniform(r, d, 6, low=0.5, high=2.0)},
+            _uniform(r, d, 6, 3),
+        ),
+    ),
+    Example(
+        "matvec",
+        lambda m, v: jnp.einsum("...ij,...j->...i", m, v),
+        lambda r, d: (_uniform(r, d, 2, 3, 4), _uniform(r, d, 4)),
+    ),
+    Example("softplus", jax.nn.softplus, lambda r, d: (_uniform(r, d, 3, 7, low=-3.0, high=3.0),)),
+    Example(
+        "power_of",
+        lambda e, x: (1.5 + x * x) ** jax.lax.stop_gradient(e),
+        lambda r, d: (_uniform(r, d, low=0.5, high=2.0), _uniform(r, d, 9)),
+    ),
+    Example(
+        "to_polar",
+        lambda x, y: (jnp.sqrt(x * x + y * y), jnp.arctan2(y, x)),
+        lambda r, d: (_uniform(r, d, 8), _uniform(r, d, 8)),
+    ),
+    Example("accumulate", lambda t, x: t * x + x * x, lambda r, d: (_uniform(r, d, 2, 5), _uniform(r, d, 5))),
+)
