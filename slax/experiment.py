@@ -40,6 +40,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
     )
 
 
+def describe_platform() -> str:
+    """One line naming JAX's device and the device that runs slax kernels."""
+    platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+    device = jax.devices()[0].device_kind
+    return f"JAX {jax.__version__} on {device}; Slang kernels on {describe_device(platform)}"
+
+
 def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
     """Applies --device, makes the output dir; returns it and a description of the run's devices."""
     if args.device != "auto":

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import jax
 import pytest
 
 import slax
-
-SHADERS = pathlib.Path(__file__).parent / "shaders"
 
 
 def _available_kinds() -> list[str]:

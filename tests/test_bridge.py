@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SHADERS
 
 import slax
 
@@ -20,7 +19,7 @@ SHAPES = [(1,), (7,), (3, 5), (2, 3, 4, 5), (130, 65)]
 
 @pytest.fixture(scope="module")
 def module():
-    return slax.load_module(SHADERS / "bridge.slang")
+    return slax.load_module("kernels/scale_shift.slang")
 
 
 def _draw(rng, shape, dtype):
