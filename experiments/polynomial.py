@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
         step = make_step(fn, optimizer, args.batch)
-        (final, _), losses, seconds = experiment.train_in_chunks(
+        (final, _), losses, seconds, _ = experiment.train_in_chunks(
             step, (params, optimizer.init(params)), data_key, args.steps, args.chunk, name
         )
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference

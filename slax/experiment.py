@@ -66,27 +66,35 @@ def train_in_chunks(
     steps: int,
     chunk: int,
     description: str,
-) -> tuple[Any, np.ndarray, float]:
+    evaluate: Callable[[Any], float] | None = None,
+) -> tuple[Any, np.ndarray, float, list[tuple[int, float]]]:
     """Runs ``steps`` of ``step(state, key) -> (state, loss)`` in jitted ``lax.scan`` chunks.
 
-    A progress bar advances once per chunk with the latest loss. Returns the final state, the loss
-    of every step, and the wall time in seconds (including compilation of the first chunk).
+    A progress bar advances once per chunk with the latest loss (and ``evaluate(state)``, if
+    given, e.g. a test accuracy). Returns the final state, the loss of every step, the wall time in
+    seconds (compilation of the first chunk included, evaluation excluded) and the evaluations as
+    (step, value) pairs.
     """
     from tqdm.auto import tqdm
 
     keys = jax.random.split(key, steps)
     run_chunk = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
-    losses = []
-    start = time.perf_counter()
+    losses, evaluations = [], []
+    seconds = 0.0
     with tqdm(total=steps, desc=description, unit="step") as bar:
         for first in range(0, steps, chunk):
+            start = time.perf_counter()
             state, chunk_losses = run_chunk(state, keys[first : first + chunk])
             chunk_losses = np.asarray(chunk_losses)
+            seconds += time.perf_counter() - start
             losses.append(chunk_losses)
+            postfix = {"loss": f"{chunk_losses[-1]:.3e}"}
+            if evaluate is not None:
+                evaluations.append((first + len(chunk_losses), float(evaluate(state))))
+                postfix["eval"] = f"{evaluations[-1][1]:.4f}"
             bar.update(len(chunk_losses))
-            bar.set_postfix(loss=f"{chunk_losses[-1]:.3e}")
-    jax.block_until_ready(state)
-    return state, np.concatenate(losses), time.perf_counter() - start
+            bar.set_postfix(postfix)
+    return state, np.concatenate(losses), seconds, evaluations
 
 
 def write_metrics(out: pathlib.Path, metrics: dict[str, Any]) -> pathlib.Path:
