@@ -1,6 +1,7 @@
 """slax: differentiable Slang kernels as JAX functions."""
 
 from slax import nn, testing
+from slax._config import config
 from slax._device import DeviceKind, set_device_kind
 from slax._errors import DeviceUnavailableError, SlangCompileError
 from slax._module import (
@@ -19,6 +20,7 @@ __all__ = [
     "SlangCompileError",
     "SlangFunction",
     "SlangKernel",
+    "config",
     "SlangModule",
     "load_module",
     "load_module_from_source",

@@ -19,7 +19,7 @@ import slangpy as spy
 
 from slax._compile import KernelSpec, entry_point_parameters, load_slang_module
 from slax._device import SHADER_DIR, cache_dir, device_kind_for_platform, get_device
-from slax._primitive import FunctionSpec, run_kernel, slang_call_p
+from slax._primitive import FunctionSpec, check_finite, run_kernel, slang_call_p
 from slax._signature import (
     SLANG_SCALAR_FOR_DTYPE,
     Leaf,
@@ -193,7 +193,9 @@ class SlangKernel:
             for name, v in sorted(scalars.items())
         )
         result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
-        return run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
+        outputs = run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
+        check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
+        return outputs
 
 
 class SlangFunction:
@@ -235,6 +237,7 @@ class SlangFunction:
             flat = [jnp.zeros(grid + leaf.shape, leaf.dtype) for leaf in leaves]
         else:
             flat = slang_call_p.bind(*operands, function=FunctionSpec(self.module.path, signature))
+            check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
         return self._unflatten(signature, flat)
 
     def _bind(self, args, kwargs) -> dict[str, Any]:

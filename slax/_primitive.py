@@ -25,6 +25,7 @@ from jax.interpreters import ad, batching, mlir
 from slax._bridge import launcher_for
 from slax._codegen import Mode, entry_point_name, kernel_source, operand_leaves, result_leaves
 from slax._compile import KernelSpec
+from slax._config import config
 from slax._signature import Leaf, Signature
 
 # --- the bridge: one kernel launch ------------------------------------------------------------
@@ -69,6 +70,36 @@ def run_kernel(
     return slang_kernel_p.bind(
         *operands, spec=spec, results=results, scalars=scalars, count=count, aliases=aliases
     )
+
+
+def check_finite(label: str, operands, outputs) -> None:
+    """With ``slax.config.debug_nans`` (or ``jax_debug_nans``): raise at run time if ``outputs``
+    hold NaN/Inf although all ``operands`` were finite. Called by every public entry point after
+    binding its primitive, so eager calls see the current setting and jitted ones the setting at
+    trace time."""
+    if config.debug_nans or jax.config.jax_debug_nans:
+        check = functools.partial(_raise_if_kernel_made_non_finite, label, len(operands))
+        jax.debug.callback(check, *operands, *outputs)
+
+
+def _raise_if_kernel_made_non_finite(label: str, num_operands: int, *arrays) -> None:
+    """Raises if a result is NaN/Inf although every operand was finite (else it came from upstream)."""
+    if not all(_finite(a) for a in arrays[:num_operands]):
+        return
+    for k, output in enumerate(arrays[num_operands:]):
+        output = np.asarray(output)
+        if not _finite(output):
+            first = np.unravel_index(np.flatnonzero(~np.isfinite(output))[0], output.shape)
+            raise FloatingPointError(
+                f"slax: {label} produced a non-finite value ({output[first]}) in result {k} of "
+                f"shape {output.shape}, first at index {tuple(int(i) for i in first)} "
+                "(slax.config.debug_nans)."
+            )
+
+
+def _finite(array) -> bool:
+    array = np.asarray(array)
+    return not np.issubdtype(array.dtype, np.floating) or bool(np.all(np.isfinite(array)))
 
 
 # --- a Slang function over a grid --------------------------------------------------------------
@@ -167,7 +198,11 @@ def _call_jvp(primals, tangents, *, function: FunctionSpec):
     if all(type(t) is ad.Zero for t in live) or not any(out_mask):
         return outputs, [_zero_tangent(o) for o in outputs]
     live = [ad.instantiate_zeros(t) for t in live]
-    diff_tangents = iter(slang_tangent_p.bind(*primals, *live, function=function))
+    computed = slang_tangent_p.bind(*primals, *live, function=function)
+    check_finite(
+        f"fwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *live], computed
+    )
+    diff_tangents = iter(computed)
     out_tangents = [next(diff_tangents) if diff else _zero_tangent(o) for o, diff in zip(outputs, out_mask)]
     return outputs, out_tangents
 
@@ -186,6 +221,9 @@ def _tangent_transpose(cotangents, *operands, function: FunctionSpec):
         )
     cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
     grads = slang_cotangent_p.bind(*primals, *cotangents, function=function)
+    check_finite(
+        f"bwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *cotangents], grads
+    )
     return [None] * num_primals + [
         _sum_to_shape(g, t.aval.shape) if ad.is_undefined_primal(t) else None for g, t in zip(grads, tangents)
     ]

@@ -25,7 +25,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from slax._compile import KernelSpec
-from slax._primitive import run_kernel
+from slax._primitive import check_finite, run_kernel
 from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, mlp_source
 
 Params = list[dict[str, jax.Array]]
@@ -67,7 +67,9 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     derivative, for params and x; composes with jit, vmap and lax.scan.
     """
     sizes, dtype = _architecture("mlp_apply", params, x)
-    return mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype)
+    y = mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype)
+    check_finite("slax.nn.mlp_apply's forward kernel", [x, *_flat(params)], [y])
+    return y
 
 
 def _mlp_apply_fwd(params, x):
@@ -77,9 +79,9 @@ def _mlp_apply_fwd(params, x):
 def _mlp_apply_bwd(residuals, dy):
     params, x = residuals
     sizes, dtype = _architecture("mlp_apply", params, x)
-    dx, *grads = mlp_backward_p.bind(
-        x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0
-    )
+    outputs = mlp_backward_p.bind(x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0)
+    check_finite("slax.nn.mlp_apply's backward kernel", [x, dy, *_flat(params)], outputs)
+    dx, *grads = outputs
     flat = [g.astype(p.dtype) for g, p in zip(grads, _flat(params))]
     return _unflat(flat), dx
 
@@ -108,6 +110,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     losses, *grads = mlp_loss_grad_p.bind(
         x, target, *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, loss_scale=1.0 / max(batch, 1)
     )
+    check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *_flat(params)], [losses, *grads])
     return jnp.mean(losses), _unflat(grads)
 
 

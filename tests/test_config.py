@@ -1,0 +1,59 @@
+"""slax.config.debug_nans: the first Slang kernel that turns finite inputs into NaN/Inf is named."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import slax
+
+
+@pytest.fixture
+def debug_nans():
+    slax.config.debug_nans = True
+    yield
+    slax.config.debug_nans = False
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return slax.load_module("examples")
+
+
+def test_names_the_kernel_that_overflowed(examples, debug_nans):
+    x = jnp.array([0.5, 1.0, 20.0], jnp.float16)  # exp(20) overflows half: softplus gives inf
+
+    def f(x):
+        return examples.wave(examples.softplus(x), x)
+
+    with pytest.raises(Exception, match=r"Slang function 'softplus'.*non-finite value \(inf\).*index \(2,\)"):
+        jax.block_until_ready(jax.jit(f)(x))
+
+
+def test_upstream_nan_is_not_blamed_on_slang(examples, debug_nans):
+    x = jnp.array([1.0, -1.0], jnp.float32)
+    y = examples.wave(jnp.log(x), x)  # log(-1) is NaN before the kernel runs
+    assert np.isnan(np.asarray(y)[1])
+
+
+def test_off_by_default_and_finite_results_pass(examples):
+    assert slax.config.debug_nans is False
+    assert np.isinf(np.asarray(examples.softplus(jnp.array([20.0], jnp.float16))))[0]
+    slax.config.debug_nans = True
+    try:
+        np.testing.assert_allclose(examples.softplus(jnp.array([0.0])), [np.log(2.0)], rtol=1e-6)
+    finally:
+        slax.config.debug_nans = False
+
+
+def test_jax_debug_nans_is_honoured(examples):
+    with jax.debug_nans(True), pytest.raises(Exception, match="softplus"):
+        jax.block_until_ready(examples.softplus(jnp.array([20.0], jnp.float16)))
+
+
+def test_backward_kernel_is_checked(examples, debug_nans):
+    # d/dx sqrt(x^2 + y^2) at the origin: 0/0 in Slang's bwd_diff, from finite inputs.
+    with pytest.raises(Exception, match="bwd_diff of Slang function 'to_polar'"):
+        jax.block_until_ready(jax.grad(lambda x: examples.to_polar(x, 0.0)[0])(0.0))
