@@ -77,7 +77,7 @@ def check_finite(label: str, operands, outputs) -> None:
     hold NaN/Inf although all ``operands`` were finite. Called by every public entry point after
     binding its primitive, so eager calls see the current setting and jitted ones the setting at
     trace time."""
-    if config.debug_nans or jax.config.jax_debug_nans:
+    if config.debug_nans or jax.config.jax_debug_nans:  # type: ignore[attr-defined]
         check = functools.partial(_raise_if_kernel_made_non_finite, label, len(operands))
         jax.debug.callback(check, *operands, *outputs)
 
