@@ -131,7 +131,15 @@ def main(argv: list[str] | None = None) -> int:
             return float(jnp.mean(predict(state[0]) == y_test))
 
         (final, _), losses[name], seconds, accuracy_curves[name] = experiment.train_in_chunks(
-            step, (params, optimizer.init(params)), data_key, args.steps, args.chunk, name, evaluate=accuracy
+            step,
+            (params, optimizer.init(params)),
+            data_key,
+            args.steps,
+            args.chunk,
+            name,
+            evaluate=accuracy,
+            checkpoint=experiment.checkpoint_path(out, args, name),
+            checkpoint_every=args.checkpoint_every,
         )
         predicted = np.asarray(predict(final))
         confusion[name] = np.zeros((10, 10), int)

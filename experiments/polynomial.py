@@ -136,7 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in fns.items():
         step = make_step(fn, optimizer, args.batch)
         (final, _), losses, seconds, _ = experiment.train_in_chunks(
-            step, (params, optimizer.init(params)), data_key, args.steps, args.chunk, name
+            step,
+            (params, optimizer.init(params)),
+            data_key,
+            args.steps,
+            args.chunk,
+            name,
+            checkpoint=experiment.checkpoint_path(out, args, name),
+            checkpoint_every=args.checkpoint_every,
         )
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
         mse = test_mse(predict, final, jnp.dtype(args.dtype), test_key)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from slax._device import describe_device, set_device_kind
@@ -38,6 +40,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="output dir (default runs/<name>/<time>)"
     )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="save params, optimiser state, step and key every N steps",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
 
 
 def describe_platform() -> str:
@@ -51,12 +60,48 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     """Applies --device, makes the output dir; returns it and a description of the run's devices."""
     if args.device != "auto":
         set_device_kind(args.device)
+    if args.resume and args.out is None:
+        raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
     out = args.out or pathlib.Path("runs") / name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
     device = {"jax": str(jax.devices()[0]), "slang": describe_device(platform)}
     print(f"{name}: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
     return out, device
+
+
+def checkpoint_path(out: pathlib.Path, args: argparse.Namespace, model: str) -> pathlib.Path | None:
+    """Where ``model``'s checkpoint lives, if this run checkpoints or resumes; a fresh run that
+    checkpoints into a directory holding old checkpoints refuses rather than silently resuming."""
+    if not (args.checkpoint_every or args.resume):
+        return None
+    path = out / f"checkpoint-{model}.npz"
+    if path.exists() and not args.resume:
+        raise SystemExit(f"{path} exists: pass --resume to continue that run, or another --out.")
+    return path
+
+
+def save_checkpoint(path: pathlib.Path, state: Any, step: int, key: jax.Array, losses: np.ndarray) -> None:
+    """Writes state, step, RNG key and losses so far; atomically (a temp file, then a rename), so
+    an interrupted write leaves the previous checkpoint intact."""
+    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
+    arrays = {f"leaf_{i}": leaf for i, leaf in enumerate(leaves)}
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as f:
+        np.savez(f, step=np.asarray(step), key=np.asarray(jax.random.key_data(key)), losses=losses, **arrays)  # type: ignore[arg-type]
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+def load_checkpoint(path: pathlib.Path, template: Any, key: jax.Array) -> tuple[Any, int, np.ndarray]:
+    """Reads a :func:`save_checkpoint` file into the structure of ``template``."""
+    with np.load(path) as data:
+        if not np.array_equal(data["key"], np.asarray(jax.random.key_data(key))):
+            raise ValueError(f"slax: checkpoint {path} was written by a run with another seed.")
+        leaves, treedef = jax.tree.flatten(template)
+        loaded = [jnp.asarray(data[f"leaf_{i}"], dtype=leaf.dtype) for i, leaf in enumerate(leaves)]
+        return jax.tree.unflatten(treedef, loaded), int(data["step"]), np.array(data["losses"])
 
 
 def train_in_chunks(
@@ -67,26 +112,37 @@ def train_in_chunks(
     chunk: int,
     description: str,
     evaluate: Callable[[Any], float] | None = None,
+    checkpoint: pathlib.Path | None = None,
+    checkpoint_every: int = 0,
 ) -> tuple[Any, np.ndarray, float, list[tuple[int, float]]]:
     """Runs ``steps`` of ``step(state, key) -> (state, loss)`` in jitted ``lax.scan`` chunks.
 
     A progress bar advances once per chunk with the latest loss (and ``evaluate(state)``, if
-    given, e.g. a test accuracy). Returns the final state, the loss of every step, the wall time in
-    seconds (compilation of the first chunk included, evaluation excluded) and the evaluations as
-    (step, value) pairs.
+    given, e.g. a test accuracy). With ``checkpoint``, the state is saved there every
+    ``checkpoint_every`` steps (rounded up to whole chunks) and at the end, and an existing
+    checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
+    to an uninterrupted one. Returns the final state, the loss of every step, the wall time in
+    seconds (compilation included, evaluation excluded) and the evaluations as (step, value) pairs.
     """
     from tqdm.auto import tqdm
 
     keys = jax.random.split(key, steps)
     run_chunk = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
-    losses, evaluations = [], []
+    start = 0
+    losses: list[np.ndarray] = []
+    evaluations: list[tuple[int, float]] = []
+    if checkpoint is not None and checkpoint.exists():
+        state, start, previous = load_checkpoint(checkpoint, state, key)
+        losses.append(previous)
+        print(f"{description}: resuming from step {start} ({checkpoint})")
     seconds = 0.0
-    with tqdm(total=steps, desc=description, unit="step") as bar:
-        for first in range(0, steps, chunk):
-            start = time.perf_counter()
+    last_saved = start
+    with tqdm(total=steps, initial=start, desc=description, unit="step") as bar:
+        for first in range(start, steps, chunk):
+            began = time.perf_counter()
             state, chunk_losses = run_chunk(state, keys[first : first + chunk])
             chunk_losses = np.asarray(chunk_losses)
-            seconds += time.perf_counter() - start
+            seconds += time.perf_counter() - began
             losses.append(chunk_losses)
             postfix = {"loss": f"{chunk_losses[-1]:.3e}"}
             if evaluate is not None:
@@ -94,7 +150,13 @@ def train_in_chunks(
                 postfix["eval"] = f"{evaluations[-1][1]:.4f}"
             bar.update(len(chunk_losses))
             bar.set_postfix(postfix)
-    return state, np.concatenate(losses), seconds, evaluations
+            done = first + len(chunk_losses)
+            if checkpoint is not None and (
+                done == steps or (checkpoint_every and done - last_saved >= checkpoint_every)
+            ):
+                save_checkpoint(checkpoint, state, done, key, np.concatenate(losses))
+                last_saved = done
+    return state, np.concatenate(losses) if losses else np.zeros(0), seconds, evaluations
 
 
 def write_metrics(out: pathlib.Path, metrics: dict[str, Any]) -> pathlib.Path:

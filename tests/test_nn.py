@@ -74,7 +74,7 @@ def test_loss_and_grad_matches_reference(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_large_batch_gradients_are_race_free(dtype):
-    """2^16 samples add into shared gradient buffers; every run must match the reference."""
+    """2^16 samples' gradients summed in thread groups: every run matches the reference, bit for bit."""
     keys = jax.random.split(jax.random.key(3), 4)
     params = nn.mlp_init(keys[0], (4, 16, 4), dtype)
     x, target = _inputs(params, keys[1], 1 << 16, dtype), _draw(keys[2], (1 << 16, 4), dtype)
@@ -85,7 +85,7 @@ def test_large_batch_gradients_are_race_free(dtype):
         for got, want in zip(leaves, jax.tree.leaves(reference)):
             assert _relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
     for first, again in zip(runs[0], runs[1]):
-        assert _relative_error(again, first) < 1e-5, "runs differ by more than float32 rounding"
+        assert np.array_equal(again, first), "the reduction is not deterministic"
 
 
 def test_vmap_gives_per_example_gradients():

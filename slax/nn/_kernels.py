@@ -4,13 +4,16 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
 0.01) on hidden layers, affine output layer (slope 1). Three entry points share one ``Network``:
 
 - ``mlp_forward``: ``x, params -> y``.
-- ``mlp_backward``: ``x, dy, params, grads (in place) -> dx``; ``bwd_diff`` of the network, whose
-  layers' custom derivatives add each sample's weight/bias gradients into the float32 buffers of its
-  group (``index / samples_per_group``).
-- ``mlp_loss_grad``: ``x, target, params, grads (in place) -> loss``; per-sample squared error and
-  ``bwd_diff`` of it scaled by ``loss_scale`` (1/batch for a mean), one pass for a training step.
+- ``mlp_backward``: ``x, dy, params -> partial grads, dx, tapes``; ``bwd_diff`` of the network.
+- ``mlp_loss_grad``: ``x, target, params -> partial grads, loss, tapes``; per-sample squared error
+  and ``bwd_diff`` of it scaled by ``loss_scale`` (1/batch for a mean): a training step's one pass.
 
-All parameters are uniform pointers and scalars (the slax kernel calling convention).
+Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``; each group
+is padded to whole thread groups of SLAX_GROUP_SIZE, so thread ``t`` handles sample
+``t % padded_per_group`` of group ``t / padded_per_group`` when that is below ``samples_per_group``
+(padding threads run with zero cotangents). Each thread group writes one partial weight and bias
+gradient (``outerProductAccumulate``); JAX sums the partials of a group. Tapes are per-thread
+scratch (layer inputs and dZ) that the caller drops.
 """
 
 from __future__ import annotations
@@ -21,40 +24,45 @@ HIDDEN_SLOPE = 0.01
 OUTPUT_SLOPE = 1.0
 
 
+def layer_pairs(sizes: tuple[int, ...]) -> list[tuple[int, int]]:
+    return list(zip(sizes[:-1], sizes[1:]))
+
+
 def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
-    layers = list(zip(sizes[:-1], sizes[1:]))
+    layers = layer_pairs(sizes)
     last = len(layers) - 1
     fields = "\n".join(f"    FeedForwardLayer<T, {i}, {o}> layer{k};" for k, (i, o) in enumerate(layers))
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
-    param_ptrs = ", ".join(f"uniform T* w{k}, uniform T* b{k}" for k in range(len(layers)))
-    grad_ptrs = ", ".join(f"uniform float* dw{k}, uniform float* db{k}" for k in range(len(layers)))
+    params = ", ".join(f"uniform T* w{k}, uniform T* b{k}" for k in range(len(layers)))
+    grads = ", ".join(f"uniform float* dw{k}, uniform float* db{k}" for k in range(len(layers)))
+    tapes = ", ".join(f"uniform float* xt{k}, uniform float* dt{k}" for k in range(len(layers)))
     n_in, n_out = sizes[0], sizes[-1]
 
-    def setup(with_grads: bool) -> str:
+    def setup(with_tapes: bool) -> str:
         lines = []
         for k, (i, o) in enumerate(layers):
-            slope = OUTPUT_SLOPE if k == last else HIDDEN_SLOPE
             lines += [
                 f"    net.layer{k}.weights = w{k};",
                 f"    net.layer{k}.bias = b{k};",
-                f"    net.layer{k}.negativeSlope = {slope};",
+                f"    net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == last else HIDDEN_SLOPE};",
+                f"    net.layer{k}.inputTape = {f'xt{k} + thread * {i}' if with_tapes else 'nullptr'};",
+                f"    net.layer{k}.gradientTape = {f'dt{k} + thread * {o}' if with_tapes else 'nullptr'};",
             ]
-            if with_grads:
-                lines += [
-                    f"    net.layer{k}.weightsGrad = dw{k} + group * {i * o};",
-                    f"    net.layer{k}.biasGrad = db{k} + group * {o};",
-                ]
-            else:
-                lines += [
-                    f"    net.layer{k}.weightsGrad = nullptr;",
-                    f"    net.layer{k}.biasGrad = nullptr;",
-                ]
         return "\n".join(lines)
 
-    head = """
-    uint index = slax_thread_index(thread_id);
-    if (index >= count) return;"""
+    reduce = "\n".join(
+        f"    outerProductAccumulate<{i}, {o}>(dw{k} + block * {i * o}, db{k} + block * {o}, "
+        f"dt{k} + first * {o}, xt{k} + first * {i}, local);"
+        for k, (i, o) in enumerate(layers)
+    )
+    locate = """
+    uint thread = slax_thread_index(thread_id);
+    if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
+    uint inGroup = thread % padded_per_group;
+    bool active = inGroup < samples_per_group;
+    uint sample = (thread / padded_per_group) * samples_per_group + min(inGroup, samples_per_group - 1);
+    uint local = thread % SLAX_GROUP_SIZE, block = thread / SLAX_GROUP_SIZE, first = thread - local;"""
     return f"""import slax.kernel;
 import nn.mlp;
 
@@ -94,45 +102,52 @@ MLVec<T, N> loadVec<let N : int>(T* data, uint index)
 
 [shader("compute")]
 [numthreads(64, 1, 1)]
-void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {param_ptrs},
+void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {params},
                  uniform T* y, uniform uint count)
-{{{head}
-    uint group = 0;
+{{
+    uint thread = slax_thread_index(thread_id);
+    if (thread >= count) return;
     Network net;
 {setup(False)}
-    MLVec<T, {n_out}> out = net.eval(loadVec<{n_in}>(x, index));
-    for (int i = 0; i < {n_out}; i++) y[index * {n_out} + i] = out.vals[i];
+    MLVec<T, {n_out}> out = net.eval(loadVec<{n_in}>(x, thread));
+    for (int i = 0; i < {n_out}; i++) y[thread * {n_out} + i] = out.vals[i];
 }}
 
 [shader("compute")]
 [numthreads(64, 1, 1)]
-void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, {param_ptrs},
-                  {grad_ptrs}, uniform T* dx, uniform uint count, uniform uint samples_per_group)
-{{{head}
-    uint group = index / samples_per_group;
+void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, {params},
+                  {grads}, uniform T* dx, {tapes},
+                  uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group)
+{{{locate}
     Network net;
 {setup(True)}
-    var input = diffPair(loadVec<{n_in}>(x, index));
-    MLVec<T, {n_out}> dOut = loadVec<{n_out}>(dy, index);
-    MLGrad<{n_out}> dOutGrad;
-    for (int i = 0; i < {n_out}; i++) dOutGrad.vals[i] = __realCast<float>(dOut.vals[i]);
-    bwd_diff(networkOutput)(net, input, dOutGrad);
-    for (int i = 0; i < {n_in}; i++) dx[index * {n_in} + i] = __realCast<T>(input.d.vals[i]);
+    var input = diffPair(loadVec<{n_in}>(x, sample));
+    MLGrad<{n_out}> dOut;
+    for (int i = 0; i < {n_out}; i++)
+        dOut.vals[i] = active ? __realCast<float>(dy[sample * {n_out} + i]) : 0.0;
+    bwd_diff(networkOutput)(net, input, dOut);
+    if (active)
+        for (int i = 0; i < {n_in}; i++) dx[sample * {n_in} + i] = __realCast<T>(input.d.vals[i]);
+    AllMemoryBarrierWithGroupSync();
+{reduce}
 }}
 
 [shader("compute")]
 [numthreads(64, 1, 1)]
-void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
-                   {param_ptrs}, {grad_ptrs}, uniform float* loss, uniform uint count,
-                   uniform uint samples_per_group, uniform float loss_scale)
-{{{head}
-    uint group = index / samples_per_group;
+void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target, {params},
+                   {grads}, uniform float* loss, {tapes},
+                   uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group,
+                   uniform float loss_scale)
+{{{locate}
     Network net;
 {setup(True)}
-    MLVec<T, {n_in}> input = loadVec<{n_in}>(x, index);
-    MLVec<T, {n_out}> goal = loadVec<{n_out}>(target, index);
-    loss[index] = sampleLoss(net, input, goal);
+    MLVec<T, {n_in}> input = loadVec<{n_in}>(x, sample);
+    MLVec<T, {n_out}> goal = loadVec<{n_out}>(target, sample);
+    if (active)
+        loss[sample] = sampleLoss(net, input, goal);
     var inputPair = diffPair(input);
-    bwd_diff(sampleLoss)(net, inputPair, goal, loss_scale);
+    bwd_diff(sampleLoss)(net, inputPair, goal, active ? loss_scale : 0.0);
+    AllMemoryBarrierWithGroupSync();
+{reduce}
 }}
 """

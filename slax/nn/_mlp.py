@@ -5,9 +5,13 @@ layers apply LeakyReLU (slope 0.01), the output layer is affine. Kernels come fr
 ``shaders/nn/mlp.slang`` through slax/nn/_kernels.py and run through the slax bridge
 (``slang_kernel_p``), like every slax kernel.
 
+Gradients are summed without atomics: per thread group in a fixed order, then over groups by XLA,
+so they are bit-identical from run to run.
+
 Half precision: parameters and activations are stored as float16, but every dot product is summed in
-float32 inside the kernels and parameter gradients are accumulated in float32 buffers, so there is
-no loss scaling to tune: gradients do not underflow in half. :func:`mlp_loss_and_grad` returns those
+float32 inside the kernels, gradients flow backwards between layers in float32 and parameter
+gradients are accumulated in float32, so there is no loss scaling to tune: gradients do not
+underflow in half. :func:`mlp_loss_and_grad` returns those
 float32 gradients unrounded; for stable half training keep float32 master parameters for the
 optimiser and cast them to float16 for the kernels (see experiments/polynomial.py).
 """
@@ -24,9 +28,10 @@ from jax._src import dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
+from slax._codegen import GROUP_SIZE
 from slax._compile import KernelSpec
 from slax._primitive import check_finite, run_kernel
-from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, mlp_source
+from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, mlp_source
 
 Params = list[dict[str, jax.Array]]
 SUPPORTED_DTYPES = ("float32", "float16")
@@ -240,58 +245,68 @@ def _forward_lowering(x, *params, sizes, dtype):
     return y
 
 
-def _grad_results(x, sizes, group_ndim):
+def _grad_shapes(x, sizes, group_ndim):
     groups = x.shape[:group_ndim]
-    return [(groups + shape, "float32") for shape in _param_shapes(sizes)]
+    return [groups + shape for shape in _param_shapes(sizes)]
 
 
 def _backward_abstract_eval(x, dy, *params, sizes, dtype, group_ndim):
     return [jax.core.ShapedArray(x.shape, x.dtype)] + [
-        jax.core.ShapedArray(shape, jnp.float32) for shape, _ in _grad_results(x, sizes, group_ndim)
+        jax.core.ShapedArray(shape, jnp.float32) for shape in _grad_shapes(x, sizes, group_ndim)
     ]
-
-
-def _per_group(x, group_ndim):
-    count = math.prod(x.shape[:-1])
-    return count, max(1, count // max(1, math.prod(x.shape[:group_ndim])))
-
-
-def _backward_lowering(x, dy, *params, sizes, dtype, group_ndim):
-    count, per_group = _per_group(x, group_ndim)
-    grads = _grad_results(x, sizes, group_ndim)
-    zeros = [jnp.zeros(shape, dtype=jnp.float32) for shape, _ in grads]
-    first = 2 + len(params)
-    outputs = run_kernel(
-        _kernel(sizes, dtype, "mlp_backward"),
-        [x, dy, *params, *zeros],
-        (*grads, (x.shape, dtype)),
-        count,
-        (("count", count), ("samples_per_group", per_group)),
-        tuple((first + k, k) for k in range(len(zeros))),
-    )
-    return [outputs[-1], *outputs[:-1]]
 
 
 def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale):
     return [jax.core.ShapedArray(x.shape[:-1], jnp.float32)] + [
-        jax.core.ShapedArray(shape, jnp.float32) for shape, _ in _grad_results(x, sizes, group_ndim)
+        jax.core.ShapedArray(shape, jnp.float32) for shape in _grad_shapes(x, sizes, group_ndim)
     ]
 
 
-def _loss_grad_lowering(x, target, *params, sizes, dtype, group_ndim, loss_scale):
-    count, per_group = _per_group(x, group_ndim)
-    grads = _grad_results(x, sizes, group_ndim)
-    zeros = [jnp.zeros(shape, dtype=jnp.float32) for shape, _ in grads]
-    first = 2 + len(params)
+def _run_gradient_kernel(entry, operands, extra_result, x, sizes, dtype, group_ndim, scalars=()):
+    """Launches ``mlp_backward`` or ``mlp_loss_grad`` (see slax/nn/_kernels.py for the layout) and
+    sums the per-thread-group partial gradients of each group."""
+    groups = math.prod(x.shape[:group_ndim])
+    per_group = math.prod(x.shape[:-1]) // max(groups, 1)
+    blocks = -(-per_group // GROUP_SIZE)
+    count = groups * blocks * GROUP_SIZE
+    partial = [((groups * blocks,) + shape, "float32") for shape in _param_shapes(sizes)]
+    tapes = [((count, width), "float32") for pair in layer_pairs(sizes) for width in pair]
     outputs = run_kernel(
-        _kernel(sizes, dtype, "mlp_loss_grad"),
-        [x, target, *params, *zeros],
-        (*grads, (x.shape[:-1], "float32")),
+        _kernel(sizes, dtype, entry),
+        operands,
+        (*partial, extra_result, *tapes),
         count,
-        (("count", count), ("samples_per_group", per_group), ("loss_scale", float(loss_scale))),
-        tuple((first + k, k) for k in range(len(zeros))),
+        (
+            ("count", count),
+            ("samples_per_group", per_group),
+            ("padded_per_group", blocks * GROUP_SIZE),
+            *scalars,
+        ),
     )
-    return [outputs[-1], *outputs[:-1]]
+    grads = [
+        g.reshape(x.shape[:group_ndim] + (blocks,) + shape).sum(axis=group_ndim)
+        for g, shape in zip(outputs[: len(partial)], _param_shapes(sizes))
+    ]
+    return [outputs[len(partial)], *grads]
+
+
+def _backward_lowering(x, dy, *params, sizes, dtype, group_ndim):
+    return _run_gradient_kernel(
+        "mlp_backward", [x, dy, *params], (x.shape, dtype), x, sizes, dtype, group_ndim
+    )
+
+
+def _loss_grad_lowering(x, target, *params, sizes, dtype, group_ndim, loss_scale):
+    return _run_gradient_kernel(
+        "mlp_loss_grad",
+        [x, target, *params],
+        (x.shape[:-1], "float32"),
+        x,
+        sizes,
+        dtype,
+        group_ndim,
+        (("loss_scale", float(loss_scale)),),
+    )
 
 
 def _move_to_front(args, dims, size):
