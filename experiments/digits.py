@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out, device = experiment.prepare_run("digits", args)
     dtype = jnp.dtype(args.dtype)
+    if args.batch % args.devices:
+        raise SystemExit(f"--batch {args.batch} must divide evenly over --devices {args.devices}.")
 
     x_train, x_test, y_train, y_test = (jnp.asarray(a) for a in load_split(args.seed))
     init_key, data_key = jax.random.split(jax.random.key(args.seed))
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     results, losses, accuracy_curves, confusion = {}, {}, {}, {}
     for name in ("slax", "jax"):
         logits, loss_and_grad = make_model(name, dtype)
+        loss_and_grad = experiment.data_parallel(loss_and_grad, args.devices)
         predict = jax.jit(lambda params, logits=logits: jnp.argmax(logits(params, x_test), axis=-1))
 
         def step(state, key, loss_and_grad=loss_and_grad):

@@ -125,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     init_key, data_key, test_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
-    fns = loss_and_grad_fns(args.dtype)
+    if args.batch % args.devices:
+        raise SystemExit(f"--batch {args.batch} must divide evenly over --devices {args.devices}.")
+    fns = {
+        name: experiment.data_parallel(fn, args.devices) for name, fn in loss_and_grad_fns(args.dtype).items()
+    }
     disagreement = grad_disagreement(fns, params, grad_key, args.batch)
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs']:.3g}, "

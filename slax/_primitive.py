@@ -35,16 +35,51 @@ slang_kernel_p.multiple_results = True
 slang_kernel_p.def_impl(functools.partial(dispatch.apply_primitive, slang_kernel_p))
 
 
+def result_aval(shape, dtype, operands) -> jax.core.ShapedArray:
+    """An output aval of a slax primitive. Inside ``shard_map`` it varies over the mesh axes any
+    operand varies over (``vma``), as an elementwise or per-sample kernel's results do."""
+    avals = [o for o in operands if isinstance(o, jax.core.ShapedArray)]
+    if not avals:
+        return jax.core.ShapedArray(tuple(shape), np.dtype(dtype))
+    template = max(avals, key=lambda a: len(_varying_axes(a)))
+    sharding = jax.sharding.NamedSharding(template.sharding.mesh, jax.sharding.PartitionSpec())
+    return template.update(shape=tuple(shape), dtype=np.dtype(dtype), weak_type=False, sharding=sharding)
+
+
+def _varying_axes(aval) -> frozenset:
+    """The manual mesh axes an aval varies over (JAX 0.10 keeps them in ``mat``, later in ``vma``)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
+
+
 def _kernel_abstract_eval(*operands, spec, results, scalars, count, aliases):
-    del operands, spec, scalars, count, aliases
-    return [jax.core.ShapedArray(shape, np.dtype(dtype)) for shape, dtype in results]
+    del spec, scalars, count, aliases
+    return [result_aval(shape, dtype, operands) for shape, dtype in results]
 
 
 def _kernel_lowering(ctx, *operands, spec, results, scalars, count, aliases, platform):
+    _require_one_device_per_kernel(ctx.module_context.axis_context, spec)
     callback = launcher_for(platform).callback(spec, scalars, count, aliases)
     shapes = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in results]
     run = buffer_callback(callback, shapes, input_output_aliases=dict(aliases))
     return mlir.lower_fun(lambda *args: run(*args), multiple_results=True)(ctx, *operands)
+
+
+def _require_one_device_per_kernel(axis_context, spec: KernelSpec) -> None:
+    """XLA cannot split a Python callback over devices; under automatic (GSPMD) partitioning it
+    would run the whole kernel on gathered data on every device. Refuse, and say what works."""
+    devices = getattr(axis_context, "num_devices", 1)
+    mesh = getattr(axis_context, "mesh", None)
+    if mesh is not None:
+        manual = set(getattr(axis_context, "manual_axes", ()))
+        devices = math.prod(size for name, size in mesh.shape.items() if name not in manual)
+    if devices > 1:
+        raise ValueError(
+            f"slax: the Slang kernel {spec.entry!r} is being partitioned automatically over {devices} "
+            "devices (jax.jit with sharded inputs), which slax does not support; call it inside "
+            "jax.shard_map so that each device runs it on its own shard (see "
+            "slax.experiment.data_parallel), or place the inputs on one device."
+        )
 
 
 slang_kernel_p.def_abstract_eval(_kernel_abstract_eval)
@@ -135,7 +170,7 @@ def _grid_of(operands_shapes, leaves: list[Leaf]) -> tuple[int, ...]:
 def _function_abstract_eval(*operands, function: FunctionSpec, mode: Mode):
     grid = _grid_of([o.shape for o in operands], operand_leaves(function.signature, mode))
     return [
-        jax.core.ShapedArray(grid + leaf.shape, np.dtype(leaf.dtype))
+        result_aval(grid + leaf.shape, leaf.dtype, operands)
         for leaf in result_leaves(function.signature, mode)
     ]
 

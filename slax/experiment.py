@@ -47,6 +47,31 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
         help="save params, optimiser state, step and key every N steps",
     )
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
+    parser.add_argument(
+        "--devices", type=int, default=1, help="split each batch over this many JAX devices (data parallel)"
+    )
+
+
+def data_parallel(loss_and_grad: Callable, devices: int) -> Callable:
+    """``(params, x, y) -> (loss, grads)`` with the batch split over ``devices`` JAX devices.
+
+    Each device runs the kernels on its shard inside ``jax.shard_map``; losses and gradients are
+    averaged with ``lax.pmean``, so for equal shards the result is the single-device one.
+    """
+    if devices == 1:
+        return loss_and_grad
+    if devices > len(jax.devices()):
+        raise SystemExit(f"--devices {devices}: JAX sees only {len(jax.devices())} device(s).")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+    spec = jax.sharding.PartitionSpec
+
+    def local(params, x, y):
+        loss, grads = loss_and_grad(params, x, y)
+        return jax.lax.pmean(loss, "data"), jax.lax.pmean(grads, "data")
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(spec(), spec("data"), spec("data")), out_specs=(spec(), spec())
+    )
 
 
 def describe_platform() -> str:

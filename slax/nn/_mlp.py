@@ -30,7 +30,7 @@ from jax.interpreters import batching, mlir
 
 from slax._codegen import GROUP_SIZE
 from slax._compile import KernelSpec
-from slax._primitive import check_finite, run_kernel
+from slax._primitive import check_finite, result_aval, run_kernel
 from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, mlp_source
 
 Params = list[dict[str, jax.Array]]
@@ -230,7 +230,7 @@ def _param_shapes(sizes):
 
 
 def _forward_abstract_eval(x, *params, sizes, dtype):
-    return jax.core.ShapedArray(x.shape[:-1] + (sizes[-1],), jnp.dtype(dtype))
+    return result_aval(x.shape[:-1] + (sizes[-1],), dtype, (x, *params))
 
 
 def _forward_lowering(x, *params, sizes, dtype):
@@ -251,14 +251,16 @@ def _grad_shapes(x, sizes, group_ndim):
 
 
 def _backward_abstract_eval(x, dy, *params, sizes, dtype, group_ndim):
-    return [jax.core.ShapedArray(x.shape, x.dtype)] + [
-        jax.core.ShapedArray(shape, jnp.float32) for shape in _grad_shapes(x, sizes, group_ndim)
+    operands = (x, dy, *params)
+    return [result_aval(x.shape, x.dtype, operands)] + [
+        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
     ]
 
 
 def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale):
-    return [jax.core.ShapedArray(x.shape[:-1], jnp.float32)] + [
-        jax.core.ShapedArray(shape, jnp.float32) for shape in _grad_shapes(x, sizes, group_ndim)
+    operands = (x, target, *params)
+    return [result_aval(x.shape[:-1], jnp.float32, operands)] + [
+        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
     ]
 
 
