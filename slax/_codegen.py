@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from slax._signature import SLANG_SCALAR_FOR_DTYPE, Leaf, Signature, Value
+from slax._signature import SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
 
 GROUP_SIZE = 64
 ROW_THREADS = 64 * 32768
@@ -143,7 +143,7 @@ class _KernelWriter:
     def _primal_call(self, primal: dict[str, str]) -> None:
         args = []
         for value in self.sig.params:
-            if value.direction.value == "out":
+            if value.direction is Direction.OUT:
                 self.lines.append(f"{value.slang_type} v_{value.name} = {{}};")
                 args.append(f"v_{value.name}")
             else:
@@ -160,14 +160,14 @@ class _KernelWriter:
         args = []
         for value in self.sig.params:
             if not _is_diff(value):
-                if value.direction.value == "out":
+                if value.direction is Direction.OUT:
                     self.lines.append(f"{value.slang_type} v_{value.name} = {{}};")
                     args.append(f"v_{value.name}")
                 else:
                     args.append(primal[value.name])
                 continue
             pair = f"p_{value.name}"
-            if value.direction.value == "out":
+            if value.direction is Direction.OUT:
                 self.lines.append(f"{value.slang_type} v_{value.name} = {{}};")
                 self.lines.append(f"var {pair} = diffPair(v_{value.name});")
             else:
@@ -193,14 +193,14 @@ class _KernelWriter:
         }
         for value in self.sig.params:
             if not _is_diff(value):
-                if value.direction.value == "out":
+                if value.direction is Direction.OUT:
                     continue
                 args.append(primal[value.name])
-            elif value.direction.value == "out":
+            elif value.direction is Direction.OUT:
                 args.append(cotangents[value.name])
             else:
                 pair = f"p_{value.name}"
-                if value.direction.value == "inout":
+                if value.direction is Direction.INOUT:
                     self.lines.append(
                         f"var {pair} = diffPair({primal[value.name]}, {cotangents[value.name]});"
                     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -17,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import slangpy as spy
 
-from slax._compile import KernelSpec, entry_point_parameters, load_slang_module
+from slax._compile import load_slang_module
 from slax._device import SHADER_DIR, cache_dir, device_kind_for_platform, get_device
-from slax._primitive import FunctionSpec, check_finite, run_kernel, slang_call_p
+from slax._kernel import SlangKernel
+from slax._primitive import FunctionSpec, check_finite, slang_call_p
 from slax._signature import (
     SLANG_SCALAR_FOR_DTYPE,
     Leaf,
@@ -114,88 +115,6 @@ class SlangModule:
 
     def __repr__(self) -> str:
         return f"SlangModule({self.path!r})"
-
-
-class SlangKernel:
-    """A hand-written compute entry point run on JAX arrays through the slax bridge.
-
-    Its parameters are ``uniform``: one pointer per operand, one per result, then scalars. Calls
-    check operand and result dtypes against the pointer types and scalar names against the rest.
-    """
-
-    def __init__(self, module: SlangModule, entry: str):
-        parameters = entry_point_parameters(module._reflection, entry)
-        self.module = module
-        self.entry = entry
-        self._pointers = list(parameters.pointers)
-        self._scalars = dict(parameters.scalars)
-        self._spec = KernelSpec(entry, path=module.path)
-
-    def __repr__(self) -> str:
-        return f"<slax kernel {self.entry} from {self.module.path}>"
-
-    def __call__(
-        self,
-        *operands: jax.Array,
-        results: Sequence[jax.ShapeDtypeStruct],
-        threads: int,
-        in_place: Mapping[int, int] | None = None,
-        **scalars: int | float,
-    ) -> list[jax.Array]:
-        """Runs the kernel with ``threads`` threads; returns new arrays shaped like ``results``.
-
-        Args:
-          *operands: arrays read through the kernel's first pointer parameters, in order.
-          results: shapes and dtypes of the arrays the kernel writes.
-          threads: how many threads to launch (the kernel checks its index against a count).
-          in_place: ``{operand index: result index}``; that result is the operand updated in
-            place through the operand's pointer, e.g. gradient buffers that start at zero.
-          **scalars: the kernel's scalar parameters by name.
-        """
-        arrays = [jnp.asarray(o) for o in operands]
-        aliases = tuple(sorted((in_place or {}).items()))
-        fresh = [r for k, r in enumerate(results) if k not in {j for _, j in aliases}]
-        if len(arrays) + len(fresh) != len(self._pointers):
-            raise TypeError(
-                f"slax: kernel {self.entry!r} has {len(self._pointers)} pointer parameters "
-                f"({', '.join(n for n, _ in self._pointers)}) but got {len(arrays)} operand(s) and "
-                f"{len(fresh)} result(s) not updated in place."
-            )
-        for operand, result in aliases:
-            if (arrays[operand].shape, arrays[operand].dtype) != (
-                tuple(results[result].shape),
-                np.dtype(results[result].dtype),
-            ):
-                raise TypeError(
-                    f"slax: kernel {self.entry!r}: result {result} is operand {operand} updated in "
-                    f"place, so it needs its shape and dtype {arrays[operand].shape} "
-                    f"{arrays[operand].dtype}; got {results[result].shape} {results[result].dtype}."
-                )
-        shapes = [(a.shape, a.dtype) for a in arrays] + [(r.shape, np.dtype(r.dtype)) for r in fresh]
-        for (name, element), (shape, dtype) in zip(self._pointers, shapes):
-            expected = _DTYPE_FOR_SLANG_SCALAR.get(element)
-            if expected != str(dtype):
-                raise TypeError(
-                    f"slax: kernel {self.entry!r} parameter {name!r} points to {element!r} "
-                    f"(dtype {expected}); got an array of dtype {dtype} and shape {shape}."
-                )
-        unknown = sorted(set(scalars) - set(self._scalars))
-        missing = sorted(set(self._scalars) - set(scalars))
-        if unknown or missing:
-            raise TypeError(
-                f"slax: kernel {self.entry!r} takes scalars {sorted(self._scalars)}; unknown: "
-                f"{unknown}, missing: {missing}."
-            )
-        if threads < 0:
-            raise ValueError(f"slax: kernel {self.entry!r} needs threads >= 0, got {threads}.")
-        scalar_args = tuple(
-            (name, float(v) if self._scalars[name] in ("float", "half") else int(v))
-            for name, v in sorted(scalars.items())
-        )
-        result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
-        outputs = run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
-        check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
-        return outputs
 
 
 class SlangFunction:
@@ -389,9 +308,6 @@ class SlangFunction:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-_DTYPE_FOR_SLANG_SCALAR = {name: dtype for dtype, name in SLANG_SCALAR_FOR_DTYPE.items()}
-
-
 def _is_weakly_typed(array: jax.Array) -> bool:
     """Python scalars traced by JAX are weakly typed: they take the Slang parameter's dtype."""
     aval = getattr(array, "aval", None)
@@ -435,4 +351,4 @@ def _check_keys(function: str, value: Value, argument: Mapping, prefix: tuple[st
             _check_keys(function, value, argument[key], prefix + (key,))
 
 
-__all__ = ["SlangFunction", "SlangKernel", "SlangModule", "load_module", "load_module_from_source"]
+__all__ = ["SlangFunction", "SlangModule", "load_module", "load_module_from_source"]
