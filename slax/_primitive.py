@@ -284,7 +284,11 @@ def _tangent_jvp(primals, tangents, *, function: FunctionSpec):
 
 def _cotangent_jvp(primals, tangents, *, function: FunctionSpec):
     return _linear_part_jvp(
-        slang_cotangent_p, "forward-over-reverse (e.g. jax.hessian)", primals, tangents, function
+        slang_cotangent_p,
+        "derivatives of its gradient, e.g. jax.hessian or jax.jacrev(jax.grad(f))",
+        primals,
+        tangents,
+        function,
     )
 
 
@@ -298,6 +302,14 @@ def _linear_part_jvp(primitive, what, primals, tangents, function):
     outputs = primitive.bind(*primals, function=function)
     linear = [ad.instantiate_zeros(t) for t in tangents[num_primals:]]
     return outputs, primitive.bind(*primals[:num_primals], *linear, function=function)
+
+
+def _no_reverse_over_reverse(cotangents, *operands, function: FunctionSpec):
+    raise NotImplementedError(
+        f"slax: second derivatives of Slang function {function.name!r} are not supported "
+        "(reverse-over-reverse, e.g. jax.jacrev(jax.grad(f))); slax differentiates Slang functions "
+        "once, in either mode."
+    )
 
 
 def _function_batch(primitive, args, dims, *, function: FunctionSpec):
@@ -324,5 +336,6 @@ ad.primitive_jvps[slang_call_p] = _call_jvp
 ad.primitive_jvps[slang_tangent_p] = _tangent_jvp
 ad.primitive_jvps[slang_cotangent_p] = _cotangent_jvp
 ad.primitive_transposes[slang_tangent_p] = _tangent_transpose
+ad.primitive_transposes[slang_cotangent_p] = _no_reverse_over_reverse
 for _p in _MODES:
     batching.primitive_batchers[_p] = functools.partial(_function_batch, _p)

@@ -218,3 +218,10 @@ def test_unknown_keyword(poly, fns):
 def test_struct_needs_its_fields(fns):
     with pytest.raises(TypeError, match=r"expected keys \['mass', 'position'\], got \['position'\]"):
         fns.energy({"position": jnp.ones(3)}, jnp.ones(3))
+
+
+def test_reverse_over_reverse_is_a_clear_error(poly):
+    with pytest.raises(
+        NotImplementedError, match="second derivatives of Slang function 'polynomial'.*jax.jacrev\(jax.grad"
+    ):
+        jax.jacrev(jax.grad(lambda x: poly(2.0, 8.0, -1.0, x).sum()))(jnp.ones(3))
