@@ -222,6 +222,6 @@ def test_struct_needs_its_fields(fns):
 
 def test_reverse_over_reverse_is_a_clear_error(poly):
     with pytest.raises(
-        NotImplementedError, match="second derivatives of Slang function 'polynomial'.*jax.jacrev\(jax.grad"
+        NotImplementedError, match=r"second derivatives of Slang function 'polynomial'.*jax.jacrev\(jax.grad"
     ):
         jax.jacrev(jax.grad(lambda x: poly(2.0, 8.0, -1.0, x).sum()))(jnp.ones(3))
