@@ -225,3 +225,17 @@ def test_reverse_over_reverse_is_a_clear_error(poly):
         NotImplementedError, match=r"second derivatives of Slang function 'polynomial'.*jax.jacrev\(jax.grad"
     ):
         jax.jacrev(jax.grad(lambda x: poly(2.0, 8.0, -1.0, x).sum()))(jnp.ones(3))
+
+
+def test_module_from_source_and_item_access(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path))
+    module = slax.load_module_from_source(
+        "cube_for_test", "[Differentiable]\nfloat cube(float x) { return x * x * x; }\n"
+    )
+    x = jnp.array([1.0, 2.0, -3.0])
+    np.testing.assert_array_equal(module["cube"](x), [1.0, 8.0, -27.0])
+    np.testing.assert_array_equal(jax.grad(lambda x: module.cube(x).sum())(x), [3.0, 12.0, 27.0])
+    signature = module.cube.signature(x)
+    assert [p.name for p in signature.inputs] == ["x"] and signature.result is not None
+    with pytest.raises(slax.SlangCompileError, match=r"broken_for_test\.slang[:(]2"):
+        slax.load_module_from_source("broken_for_test", "float ok(float x) { return x; }\nfloat bad( {\n")
