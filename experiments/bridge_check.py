@@ -24,12 +24,9 @@ import numpy as np
 
 import slax
 from slax._bridge import ZeroCopyLauncher, launcher_for
+from slax._device import default_platform
 
 KERNELS = {"float32": "scale_shift_float", "float16": "scale_shift_half", "int32": "scale_shift_int"}
-
-
-def platform() -> str:
-    return "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
 
 
 def scale_shift(module, x, a, b):
@@ -79,14 +76,14 @@ def check_in_place(module) -> bool:
     y = jax.jit(write_into, donate_argnums=1)(x, out)
     same = y.unsafe_buffer_pointer() == address
     exact = np.array_equal(np.asarray(y), 2 * np.arange(1 << 20, dtype=np.float32) + 1)
-    launcher = launcher_for(platform())
+    launcher = launcher_for(default_platform())
     print(
         f"  launcher {type(launcher).__name__}: result at the donated buffer's address: {same}; "
         f"exact: {exact}"
     )
     zero_copy = isinstance(launcher, ZeroCopyLauncher)
     print(f"  kernel reads and writes XLA's device buffers directly (no host copy): {zero_copy}")
-    return same and exact and (zero_copy or platform() == "cpu")
+    return same and exact and (zero_copy or default_platform() == "cpu")
 
 
 def time_per_call(fn, x, steps, repeats) -> float:
@@ -111,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     module = slax.load_module("kernels/scale_shift.slang")
     print(
         f"JAX {jax.__version__} on {jax.devices()[0]}; "
-        f"Slang kernels via {type(launcher_for(platform())).__name__}"
+        f"Slang kernels via {type(launcher_for(default_platform())).__name__}"
     )
     print("results:")
     failures = check_results(module)

@@ -14,6 +14,7 @@ import os
 import pathlib
 import threading
 
+import jax
 import slangpy as spy
 
 from slax._errors import DeviceUnavailableError
@@ -139,6 +140,11 @@ def _missing_device_advice(kind: DeviceKind, error: Exception) -> str:
         "and run `apt-get install -t bookworm-backports mesa-vulkan-drivers libvulkan1` "
         "(Mesa 22 from plain bookworm lacks VK_KHR_shader_non_semantic_info and fails)."
     )
+
+
+def default_platform() -> str:
+    """JAX's default lowering platform in slax's terms: ``"cpu"`` or ``"cuda"``."""
+    return "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
 
 
 def describe_device(platform: str) -> str:

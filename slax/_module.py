@@ -18,7 +18,7 @@ import numpy as np
 import slangpy as spy
 
 from slax._compile import load_slang_module
-from slax._device import SHADER_DIR, cache_dir, device_kind_for_platform, get_device
+from slax._device import SHADER_DIR, cache_dir, default_platform, device_kind_for_platform, get_device
 from slax._kernel import SlangKernel
 from slax._primitive import FunctionSpec, check_finite, slang_call_p
 from slax._signature import (
@@ -73,11 +73,7 @@ def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
 
 
 def _reflection_device() -> spy.Device:
-    return get_device(device_kind_for_platform(_default_platform()))
-
-
-def _default_platform() -> str:
-    return "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+    return get_device(device_kind_for_platform(default_platform()))
 
 
 class SlangModule:

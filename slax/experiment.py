@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from slax._device import describe_device, set_device_kind
+from slax._device import default_platform, describe_device, set_device_kind
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: int, chunk: int) -> None:
@@ -76,7 +76,7 @@ def data_parallel(loss_and_grad: Callable, devices: int) -> Callable:
 
 def describe_platform() -> str:
     """One line naming JAX's device and the device that runs slax kernels."""
-    platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+    platform = default_platform()
     device = jax.devices()[0].device_kind
     return f"JAX {jax.__version__} on {device}; Slang kernels on {describe_device(platform)}"
 
@@ -89,7 +89,7 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
         raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
     out = args.out or pathlib.Path("runs") / name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    platform = "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
+    platform = default_platform()
     device = {"jax": str(jax.devices()[0]), "slang": describe_device(platform)}
     print(f"{name}: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
     return out, device
