@@ -12,6 +12,7 @@ Two launchers share one interface, :meth:`callback`, which returns the function 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -74,10 +75,11 @@ class HostCopyLauncher:
                         buffer.copy_from_numpy(np.ascontiguousarray(array).reshape(-1))
                 pointer_buffers = in_buffers + [b for k, b in enumerate(out_buffers) if k not in aliased]
                 addresses = {name: b.device_address for name, b in zip(names_list, pointer_buffers)}
-                compiled.kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
-                for array, buffer in zip(host_outs, out_buffers):
-                    data = buffer.to_numpy().view(np.uint8)[: array.nbytes]
-                    array[...] = data.view(array.dtype).reshape(array.shape)
+                with _explained_device_errors(self.device, spec):
+                    compiled.kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
+                    for array, buffer in zip(host_outs, out_buffers):
+                        data = buffer.to_numpy().view(np.uint8)[: array.nbytes]
+                        array[...] = data.view(array.dtype).reshape(array.shape)
 
         return run
 
@@ -99,12 +101,13 @@ class ZeroCopyLauncher:
                 return
             fresh = [b for k, b in enumerate(outs) if k not in aliased]
             pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *fresh)]
-            compiled.kernel.dispatch(
-                thread_grid(count),
-                cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
-                **dict(zip(names, pointers)),
-                **scalar_args,
-            )
+            with _explained_device_errors(self.device, spec):
+                compiled.kernel.dispatch(
+                    thread_grid(count),
+                    cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
+                    **dict(zip(names, pointers)),
+                    **scalar_args,
+                )
 
         return run
 
@@ -126,6 +129,21 @@ def launcher_for(platform: str) -> HostCopyLauncher | ZeroCopyLauncher:
                 launcher = HostCopyLauncher(device)
             _launchers[(platform, kind)] = launcher
         return launcher
+
+
+@contextlib.contextmanager
+def _explained_device_errors(device: spy.Device, spec: KernelSpec):
+    """A failing dispatch (device lost, driver reset, out of memory) reaches JAX as a runtime error;
+    say which kernel on which device failed and what to do, with SlangPy's own message."""
+    try:
+        yield
+    except Exception as error:
+        raise RuntimeError(
+            f"slax: running Slang kernel {spec.entry!r} on {device.info.api_name} device "
+            f"{device.info.adapter_name!r} failed: {error}. If the device was lost (driver reset, "
+            "GPU removed or out of memory), its state cannot be recovered in this process: restart "
+            "it, and resume training from the last checkpoint (--resume)."
+        ) from error
 
 
 def _host_array(buffer, role: str) -> np.ndarray:

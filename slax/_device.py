@@ -113,7 +113,8 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
                 f"slax: JAX uses CUDA GPU {ordinal} but SlangPy sees {len(adapters)} CUDA "
                 "adapter(s); check CUDA_VISIBLE_DEVICES is the same for both."
             )
-        adapter_luid = adapters[ordinal].luid
+        # GPU 0 uses SlangPy's default adapter, as verified to share JAX's CUDA context.
+        adapter_luid = adapters[ordinal].luid if ordinal else None
     try:
         return spy.Device(
             type=spy.DeviceType.cuda if kind is DeviceKind.CUDA else spy.DeviceType.vulkan,

@@ -125,3 +125,23 @@ def test_syntax_error_carries_file_and_line(tmp_path):
     source.write_text("float ok(float x) { return x; }\n\nfloat broken(float x) { return x +; }\n")
     with pytest.raises(slax.SlangCompileError, match=r"broken\.slang[:(]3"):
         slax.load_module(source)
+
+
+def test_failing_dispatch_is_explained(module, monkeypatch):
+    """A dispatch that fails (as on a lost device) surfaces with the kernel, device and advice."""
+    from slax import _bridge, _compile
+
+    real = _compile.compile_kernel
+
+    class FailingKernel:
+        def dispatch(self, *args, **kwargs):
+            raise RuntimeError("VK_ERROR_DEVICE_LOST")
+
+    def failing(device, spec):
+        compiled = real(device, spec)
+        return _compile.CompiledKernel(FailingKernel(), compiled.parameters)
+
+    monkeypatch.setattr(_bridge, "compile_kernel", failing)
+    x = jnp.arange(7, dtype=jnp.float32) + 0.5  # a shape no other test compiled
+    with pytest.raises(Exception, match=r"(?s)'scale_shift_float' on .*VK_ERROR_DEVICE_LOST.*restart"):
+        jax.block_until_ready(jax.jit(lambda x: _scale_shift(module, x, 3.0, 1.0))(x))
