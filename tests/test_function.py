@@ -239,3 +239,14 @@ def test_module_from_source_and_item_access(tmp_path, monkeypatch):
     assert [p.name for p in signature.inputs] == ["x"] and signature.result is not None
     with pytest.raises(slax.SlangCompileError, match=r"broken_for_test\.slang[:(]2"):
         slax.load_module_from_source("broken_for_test", "float ok(float x) { return x; }\nfloat bad( {\n")
+
+
+def test_grid_beyond_one_dispatch_row(poly):
+    """More threads than one dispatch row (slax/kernel.slang: SLAX_ROW_THREADS) use a second row."""
+    from slax._codegen import ROW_THREADS
+
+    x = jnp.arange(ROW_THREADS + 77, dtype=jnp.float32) * 1e-6
+    y = np.asarray(poly(1.0, 2.0, 3.0, x))
+    expected = np.asarray(x) ** 2 + 2 * np.asarray(x) + 3
+    np.testing.assert_allclose(y, expected, rtol=1e-6)
+    np.testing.assert_allclose(y[ROW_THREADS:], expected[ROW_THREADS:], rtol=1e-6)
