@@ -20,7 +20,9 @@ import enum
 from slax._signature import SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
 
 GROUP_SIZE = 64
+"""Threads per group: SLAX_GROUP_SIZE in shaders/slax/kernel.slang (tests/test_codegen.py pins both)."""
 ROW_THREADS = 64 * 32768
+"""Threads per dispatch row: SLAX_ROW_THREADS in shaders/slax/kernel.slang."""
 
 
 class Mode(enum.Enum):
@@ -91,7 +93,7 @@ class _KernelWriter:
         joined = ",\n    ".join(params)
         return (
             f'import "{module_path}";\nimport slax.kernel;\n\n'
-            f'[shader("compute")]\n[numthreads({GROUP_SIZE}, 1, 1)]\n'
+            '[shader("compute")]\n[numthreads(SLAX_GROUP_SIZE, 1, 1)]\n'
             f"void {entry_point_name(self.sig, self.mode)}(\n    {joined})\n{{\n{body}\n}}\n"
         )
 

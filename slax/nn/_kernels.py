@@ -101,7 +101,7 @@ MLVec<T, N> loadVec<let N : int>(T* data, uint index)
 }}
 
 [shader("compute")]
-[numthreads(64, 1, 1)]
+[numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {params},
                  uniform T* y, uniform uint count)
 {{
@@ -114,7 +114,7 @@ void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {params},
 }}
 
 [shader("compute")]
-[numthreads(64, 1, 1)]
+[numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, {params},
                   {grads}, uniform T* dx, {tapes},
                   uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group)
@@ -133,7 +133,7 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T
 }}
 
 [shader("compute")]
-[numthreads(64, 1, 1)]
+[numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target, {params},
                    {grads}, uniform float* loss, {tapes},
                    uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group,

@@ -52,7 +52,7 @@ def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -
         raise ValueError(f"slax.nn.mlp_init: sizes must be >= 2 positive widths, got {sizes}.")
     _check_dtype("mlp_init", "dtype", jnp.dtype(dtype))
     params = []
-    for k, (n_in, n_out) in zip(jax.random.split(key, len(sizes) - 1), zip(sizes[:-1], sizes[1:])):
+    for k, (n_in, n_out) in zip(jax.random.split(key, len(sizes) - 1), layer_pairs(sizes)):
         bound = 1.0 / math.sqrt(n_in)
         wkey, bkey = jax.random.split(k)
         params.append(
@@ -226,7 +226,7 @@ def _kernel(sizes: tuple[int, ...], dtype: str, entry: str) -> KernelSpec:
 
 
 def _param_shapes(sizes):
-    return [shape for i, o in zip(sizes[:-1], sizes[1:]) for shape in ((o, i), (o,))]
+    return [shape for i, o in layer_pairs(sizes) for shape in ((o, i), (o,))]
 
 
 def _forward_abstract_eval(x, *params, sizes, dtype):
