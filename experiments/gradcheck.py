@@ -20,7 +20,7 @@ import numpy as np
 
 import slax
 from slax import examples, nn
-from slax.testing import RELATIVE_TOLERANCE, GradCheckRow, away_from_kinks, check_grads
+from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
 MLP_SIZES = ((4, 16, 4), (64, 128, 64, 10))
 
@@ -51,17 +51,11 @@ def network_rows(dtype: str, seed: int):
         upcast = jax.tree.map(lambda a: a.astype(jnp.float32), (params, x, target))
         loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(*upcast, storage_dtype=dtype)
         tolerance = RELATIVE_TOLERANCE[dtype]
-        rows = [_row("loss", "value", loss, loss_ref, tolerance)]
+        rows = [compare("loss", "value", loss, loss_ref, tolerance)]
         for k, (got, want) in enumerate(zip(grads, grads_ref)):
             for name in ("weight", "bias"):
-                rows.append(_row("loss grad", f"layer {k} {name}", got[name], want[name], tolerance))
+                rows.append(compare("loss grad", f"layer {k} {name}", got[name], want[name], tolerance))
         yield label + " fused", rows
-
-
-def _row(check, argument, got, want, tolerance):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    error = float(np.max(np.abs(got - want)))
-    return GradCheckRow(check, argument, error, error / max(float(np.max(np.abs(want))), 1e-30), tolerance)
 
 
 def main(argv: list[str] | None = None) -> int:

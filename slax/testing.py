@@ -188,12 +188,17 @@ def _compare(check, got, want, names, tolerance, only_float=None):
     for name, a, b, is_float in zip(names, got_leaves, want_leaves, floats):
         if not is_float or getattr(a, "dtype", None) == jax.dtypes.float0:
             continue
-        a64 = np.asarray(a, np.float64)
-        b64 = np.asarray(b, np.float64)
-        abs_error = float(np.max(np.abs(a64 - b64), initial=0.0))
-        scale = max(float(np.max(np.abs(b64), initial=0.0)), 1e-30)
-        rows.append(GradCheckRow(check, name, abs_error, abs_error / scale, tolerance))
+        rows.append(compare(check, name, a, b, tolerance))
     return rows
+
+
+def compare(check: str, argument: str, got: Any, want: Any, tolerance: float) -> GradCheckRow:
+    """One report row: the max abs error of ``got`` against ``want`` and that error relative to
+    ``want``'s largest magnitude (a normwise error, meaningful where elements pass through zero)."""
+    got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    abs_error = float(np.max(np.abs(got64 - want64), initial=0.0))
+    scale = max(float(np.max(np.abs(want64), initial=0.0)), 1e-30)
+    return GradCheckRow(check, argument, abs_error, abs_error / scale, tolerance)
 
 
 def _tolerance(args) -> float:
@@ -228,4 +233,11 @@ def _leaf_names_of(tree, prefix) -> list[str]:
     return [prefix + jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-__all__ = ["GradCheckReport", "GradCheckRow", "RELATIVE_TOLERANCE", "away_from_kinks", "check_grads"]
+__all__ = [
+    "GradCheckReport",
+    "GradCheckRow",
+    "RELATIVE_TOLERANCE",
+    "away_from_kinks",
+    "check_grads",
+    "compare",
+]
