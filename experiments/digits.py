@@ -108,8 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out, device = experiment.prepare_run("digits", args)
     dtype = jnp.dtype(args.dtype)
-    if args.batch % args.devices:
-        raise SystemExit(f"--batch {args.batch} must divide evenly over --devices {args.devices}.")
 
     x_train, x_test, y_train, y_test = (jnp.asarray(a) for a in load_split(args.seed))
     init_key, data_key = jax.random.split(jax.random.key(args.seed))
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         def accuracy(state, predict=predict):
             return float(jnp.mean(predict(state[0]) == y_test))
 
-        (final, _), losses[name], seconds, accuracy_curves[name] = experiment.train_in_chunks(
+        run = experiment.train_in_chunks(
             step,
             (params, optimizer.init(params)),
             data_key,
@@ -144,18 +142,18 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint=experiment.checkpoint_path(out, args, name),
             checkpoint_every=args.checkpoint_every,
         )
-        predicted = np.asarray(predict(final))
+        losses[name], accuracy_curves[name] = run.losses, run.evaluations
+        predicted = np.asarray(predict(run.state[0]))
         confusion[name] = np.zeros((10, 10), int)
         np.add.at(confusion[name], (np.asarray(y_test), predicted), 1)
         results[name] = {
             "test_accuracy": float(np.mean(predicted == np.asarray(y_test))),
-            "final_train_loss": float(losses[name][-50:].mean()),
-            "wall_time_s": seconds,
-            "steps_per_s": args.steps / seconds,
-            "samples_per_s": args.steps * args.batch / seconds,
+            "final_train_loss": float(run.losses[-50:].mean()),
+            **run.speed(args.batch),
         }
         print(
-            f"{name}: test accuracy {results[name]['test_accuracy']:.4f}, {args.steps / seconds:.0f} steps/s"
+            f"{name}: test accuracy {results[name]['test_accuracy']:.4f}, "
+            f"{results[name]['steps_per_s'] or 0:.0f} steps/s"
         )
 
     experiment.write_metrics(

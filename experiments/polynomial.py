@@ -125,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     init_key, data_key, test_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
-    if args.batch % args.devices:
-        raise SystemExit(f"--batch {args.batch} must divide evenly over --devices {args.devices}.")
     fns = {
         name: experiment.data_parallel(fn, args.devices) for name, fn in loss_and_grad_fns(args.dtype).items()
     }
@@ -139,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
         step = make_step(fn, optimizer, args.batch)
-        (final, _), losses, seconds, _ = experiment.train_in_chunks(
+        run = experiment.train_in_chunks(
             step,
             (params, optimizer.init(params)),
             data_key,
@@ -150,16 +148,15 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_every=args.checkpoint_every,
         )
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
+        final = run.state[0]
         mse = test_mse(predict, final, jnp.dtype(args.dtype), test_key)
-        trained[name], curves[name] = final, losses
+        trained[name], curves[name] = final, run.losses
         results[name] = {
             "test_mse": mse,
-            "final_train_loss": float(losses[-50:].mean()),
-            "wall_time_s": seconds,
-            "steps_per_s": args.steps / seconds,
-            "samples_per_s": args.steps * args.batch / seconds,
+            "final_train_loss": float(run.losses[-50:].mean()),
+            **run.speed(args.batch),
         }
-        print(f"{name}: held-out MSE {mse:.3e}, {args.steps / seconds:.0f} steps/s")
+        print(f"{name}: held-out MSE {mse:.3e}, {results[name]['steps_per_s'] or 0:.0f} steps/s")
 
     metrics = {
         "config": {k: str(v) if k == "out" else v for k, v in vars(args).items()},

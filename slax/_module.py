@@ -27,7 +27,6 @@ from slax._signature import (
     Signature,
     Value,
     generic_names,
-    is_generic,
     read_signature,
     substitute_generics,
 )
@@ -131,7 +130,11 @@ class SlangFunction:
         self.module = module
         self.name = name
         self._reflection = reflection
-        self._generic = is_generic(reflection, module._reflection.layout)
+        self._generic_uses = [
+            (generic_names(p.type.full_name, module._reflection.layout), p.name)
+            for p in reflection.parameters
+        ]
+        self._generic = any(names for names, _ in self._generic_uses)
         self._param_names = [p.name for p in reflection.parameters]
         self._signatures: dict[tuple[tuple[str, str], ...], Signature] = {}
         self.__doc__ = f"Slang function {name!r} from {module.path}."
@@ -201,14 +204,13 @@ class SlangFunction:
         Arguments given as Python numbers do not decide a type; undecided ones default to float.
         """
         chosen: dict[str, str] = {}
-        for param in self._reflection.parameters:
-            names = generic_names(param.type.full_name, self.module._reflection.layout)
-            dtype = _array_dtype(bound.get(param.name))
+        for names, param in self._generic_uses:
+            dtype = _array_dtype(bound.get(param))
             for name in names:
                 if name not in chosen and dtype in SLANG_SCALAR_FOR_DTYPE:
                     chosen[name] = SLANG_SCALAR_FOR_DTYPE[dtype]
-        for param in self._reflection.parameters:
-            for name in generic_names(param.type.full_name, self.module._reflection.layout):
+        for names, _ in self._generic_uses:
+            for name in names:
                 chosen.setdefault(name, "float")
         return chosen
 

@@ -139,11 +139,6 @@ def substitute_generics(type_name: str, chosen: dict[str, str]) -> str:
     return _IDENTIFIER_NOT_GENERIC_HEAD.sub(lambda m: chosen.get(m.group(0), m.group(0)), type_name)
 
 
-def is_generic(function: spy.FunctionReflection, layout: spy.ProgramLayout) -> bool:
-    """Whether some parameter's type uses a generic parameter left for the call to decide."""
-    return any(generic_names(p.type.full_name, layout) for p in function.parameters)
-
-
 def _read_value(
     name: str, slang_type: spy.TypeReflection, direction: Direction, no_diff: bool, function: str
 ) -> Value:

@@ -7,6 +7,7 @@ Needs the ``experiments`` extra (tqdm, matplotlib).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -85,6 +86,8 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     """Applies --device, makes the output dir; returns it and a description of the run's devices."""
     if args.device != "auto":
         set_device_kind(args.device)
+    if args.batch % args.devices:
+        raise SystemExit(f"{name}: --batch {args.batch} must divide evenly over --devices {args.devices}.")
     if args.resume and args.out is None:
         raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
     out = args.out or pathlib.Path("runs") / name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -129,6 +132,35 @@ def load_checkpoint(path: pathlib.Path, template: Any, key: jax.Array) -> tuple[
         return jax.tree.unflatten(treedef, loaded), int(data["step"]), np.array(data["losses"])
 
 
+@dataclasses.dataclass
+class TrainingRun:
+    """What :func:`train_in_chunks` returns.
+
+    Attributes:
+      state: the final training state.
+      losses: the loss of every step (resumed runs included).
+      seconds: wall time of the steps this process ran (compilation included, evaluation excluded).
+      steps_timed: how many steps that was (fewer than all after ``--resume``).
+      evaluations: ``(step, evaluate(state))`` after each chunk this process ran.
+    """
+
+    state: Any
+    losses: np.ndarray
+    seconds: float
+    steps_timed: int
+    evaluations: list[tuple[int, float]]
+
+    def speed(self, batch: int) -> dict[str, float | None]:
+        """Wall time and throughput for metrics.json (None when nothing ran in this process)."""
+        rate = self.steps_timed / self.seconds if self.seconds else None
+        return {
+            "wall_time_s": self.seconds,
+            "steps_timed": self.steps_timed,
+            "steps_per_s": rate,
+            "samples_per_s": rate * batch if rate else None,
+        }
+
+
 def train_in_chunks(
     step: Callable[[Any, jax.Array], tuple[Any, jax.Array]],
     state: Any,
@@ -139,15 +171,14 @@ def train_in_chunks(
     evaluate: Callable[[Any], float] | None = None,
     checkpoint: pathlib.Path | None = None,
     checkpoint_every: int = 0,
-) -> tuple[Any, np.ndarray, float, list[tuple[int, float]]]:
+) -> TrainingRun:
     """Runs ``steps`` of ``step(state, key) -> (state, loss)`` in jitted ``lax.scan`` chunks.
 
     A progress bar advances once per chunk with the latest loss (and ``evaluate(state)``, if
     given, e.g. a test accuracy). With ``checkpoint``, the state is saved there every
     ``checkpoint_every`` steps (rounded up to whole chunks) and at the end, and an existing
     checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
-    to an uninterrupted one. Returns the final state, the loss of every step, the wall time in
-    seconds (compilation included, evaluation excluded) and the evaluations as (step, value) pairs.
+    to an uninterrupted one.
     """
     from tqdm.auto import tqdm
 
@@ -181,7 +212,7 @@ def train_in_chunks(
             ):
                 save_checkpoint(checkpoint, state, done, key, np.concatenate(losses))
                 last_saved = done
-    return state, np.concatenate(losses) if losses else np.zeros(0), seconds, evaluations
+    return TrainingRun(state, np.concatenate(losses), seconds, steps - start, evaluations)
 
 
 def write_metrics(out: pathlib.Path, metrics: dict[str, Any]) -> pathlib.Path:
