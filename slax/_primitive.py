@@ -208,12 +208,9 @@ for _p, _mode in _MODES.items():
     )
 
 
-def _input_diff_mask(signature: Signature) -> list[bool]:
-    return [not value.no_diff and leaf.differentiable for value in signature.inputs for leaf in value.leaves]
-
-
-def _output_diff_mask(signature: Signature) -> list[bool]:
-    return [not value.no_diff and leaf.differentiable for value in signature.outputs for leaf in value.leaves]
+def _differentiable_mask(values) -> list[bool]:
+    """Per leaf of ``values``: does it take part in differentiation (its kernel operand or result)?"""
+    return [not value.no_diff and leaf.differentiable for value in values for leaf in value.leaves]
 
 
 def _require_differentiable(function: FunctionSpec) -> None:
@@ -227,9 +224,9 @@ def _require_differentiable(function: FunctionSpec) -> None:
 def _call_jvp(primals, tangents, *, function: FunctionSpec):
     _require_differentiable(function)
     outputs = slang_call_p.bind(*primals, function=function)
-    mask = _input_diff_mask(function.signature)
+    mask = _differentiable_mask(function.signature.inputs)
     live = [t for t, diff in zip(tangents, mask) if diff]
-    out_mask = _output_diff_mask(function.signature)
+    out_mask = _differentiable_mask(function.signature.outputs)
     if all(type(t) is ad.Zero for t in live) or not any(out_mask):
         return outputs, [_zero_tangent(o) for o in outputs]
     live = [ad.instantiate_zeros(t) for t in live]
