@@ -4,7 +4,14 @@ Networks: the tutorial's polynomial MLP (4 -> 16 -> 4, squared-error loss; slax 
 mlp_loss_and_grad kernel) and the digits MLP (64 -> 128 -> 64 -> 10, softmax cross-entropy in JAX
 around slax.nn.mlp_apply). One step = sample a batch, forward, backward, Adam update. Each
 configuration runs a jitted lax.scan of --steps steps: one warm-up call, then the median wall time
-of --repeats timed calls with block_until_ready.
+of --repeats timed calls with block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once
+per launch route (slax.config.cuda_launch).
+
+The floor of a step is the larger of its matmul FLOPs at the device's peak FP32 rate (slax's
+kernels compute in float32 in both precisions) and the bytes it must move at the device's memory
+bandwidth: the sampled batch written once and read once. Peaks are known for H100s
+(``PEAKS``) or given with --peak-tflops/--peak-gbps; the table shows each step time as a multiple of
+its floor.
 
     python experiments/benchmark.py --batch 4096 65536 --dtype float32 float16 --json runs/bench.json
 """
@@ -21,10 +28,38 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from slax import nn
+from slax import config, nn
+from slax._config import CUDA_LAUNCHES
+from slax._device import default_platform
 from slax.experiment import describe_platform
 
 NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10)}
+PEAKS = {
+    "H100 80GB HBM3": (67e12, 3.35e12),  # H100 SXM5: FP32 (non-tensor) FLOP/s, HBM3 bytes/s
+    "H100 PCIe": (51e12, 2.0e12),
+    "H100 NVL": (60e12, 3.9e12),
+}
+"""Device kind (as JAX names it, without the vendor) -> (peak FP32 FLOP/s, memory bytes/s)."""
+
+
+def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
+    """(FLOPs, bytes) a training step cannot do without: forward 2*B*n_in*n_out per layer, backward
+    twice that except no input gradient for the first layer; the batch (inputs and targets or int32
+    labels) written by the sampler and read by the model."""
+    sizes = NETWORKS[network]
+    pairs = list(zip(sizes[:-1], sizes[1:]))
+    flops = 6 * batch * sum(a * b for a, b in pairs) - 2 * batch * pairs[0][0] * pairs[0][1]
+    item = jnp.dtype(dtype).itemsize
+    target = sizes[-1] * item if network == "polynomial" else 4
+    return float(flops), float(2 * batch * (sizes[0] * item + target))
+
+
+def device_peaks(tflops: float | None, gbps: float | None) -> tuple[float, float] | None:
+    """(FLOP/s, bytes/s) of the device: the flags, else the table for known GPUs, else None."""
+    if tflops and gbps:
+        return tflops * 1e12, gbps * 1e9
+    kind = jax.devices()[0].device_kind.removeprefix("NVIDIA ").strip()
+    return PEAKS.get(kind)
 
 
 def loss_and_grad(network: str, model: str, dtype):
@@ -88,12 +123,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", nargs="+", choices=("float32", "float16"), default=["float32"])
     parser.add_argument("--steps", type=int, default=50, help="steps per timed call")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--launch",
+        nargs="+",
+        choices=CUDA_LAUNCHES,
+        default=["slangpy"],
+        help="CUDA launch routes to time slax with (ignored on CPU)",
+    )
+    parser.add_argument("--peak-tflops", type=float, default=None, help="device FP32 peak, TFLOP/s")
+    parser.add_argument("--peak-gbps", type=float, default=None, help="device memory bandwidth, GB/s")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    launches = args.launch if default_platform() == "cuda" else ["slangpy"]
+    peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(describe_platform())
+    if peaks:
+        print(f"floor at {peaks[0] / 1e12:.3g} TFLOP/s FP32 and {peaks[1] / 1e9:.4g} GB/s")
     header = (
-        f"{'network':<11} {'dtype':<8} {'batch':>8} {'slax steps/s':>13} {'jax steps/s':>12} "
-        f"{'slax samples/s':>15} {'jax samples/s':>14} {'slax/jax':>9}"
+        f"{'network':<11} {'dtype':<8} {'batch':>8} {'model':<12} {'steps/s':>10} {'samples/s':>10} "
+        f"{'us/step':>10} {'x floor':>8} {'vs jax':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -101,27 +149,46 @@ def main(argv: list[str] | None = None) -> int:
     for network in args.network:
         for dtype in args.dtype:
             for batch in args.batch:
-                rates = {
-                    m: steps_per_second(network, m, dtype, batch, args.steps, args.repeats)
-                    for m in ("slax", "jax")
-                }
-                row = {
-                    "network": network,
-                    "dtype": dtype,
-                    "batch": batch,
-                    **{f"{m}_steps_per_s": r for m, r in rates.items()},
-                    **{f"{m}_samples_per_s": r * batch for m, r in rates.items()},
-                    "speedup": rates["slax"] / rates["jax"],
-                }
-                rows.append(row)
-                print(
-                    f"{network:<11} {dtype:<8} {batch:>8} {rates['slax']:>13.1f} {rates['jax']:>12.1f} "
-                    f"{rates['slax'] * batch:>15.3g} {rates['jax'] * batch:>14.3g} {row['speedup']:>8.2f}x",
-                    flush=True,
-                )
+                flops, nbytes = step_floor(network, dtype, batch)
+                floor = max(flops / peaks[0], nbytes / peaks[1]) if peaks else None
+                jax_rate = steps_per_second(network, "jax", dtype, batch, args.steps, args.repeats)
+                models = [(f"slax/{launch}", launch) for launch in launches] + [("jax", None)]
+                for model, launch in models:
+                    if launch is None:
+                        rate = jax_rate
+                    else:
+                        config.cuda_launch = launch
+                        rate = steps_per_second(network, "slax", dtype, batch, args.steps, args.repeats)
+                        config.cuda_launch = "slangpy"
+                    row = {
+                        "network": network,
+                        "dtype": dtype,
+                        "batch": batch,
+                        "model": model,
+                        "steps_per_s": rate,
+                        "samples_per_s": rate * batch,
+                        "step_us": 1e6 / rate,
+                        "floor_us": floor * 1e6 if floor else None,
+                        "flops": flops,
+                        "bytes": nbytes,
+                        "times_floor": 1 / (rate * floor) if floor else None,
+                        "speedup_vs_jax": rate / jax_rate,
+                    }
+                    rows.append(row)
+                    times_floor = f"{row['times_floor']:>7.1f}x" if floor else f"{'-':>8}"
+                    print(
+                        f"{network:<11} {dtype:<8} {batch:>8} {model:<12} {rate:>10.1f} "
+                        f"{rate * batch:>10.3g} {row['step_us']:>10.1f} {times_floor} "
+                        f"{row['speedup_vs_jax']:>6.2f}x",
+                        flush=True,
+                    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"platform": describe_platform(), "args": vars(args), "rows": rows}, f, indent=2)
+            json.dump(
+                {"platform": describe_platform(), "peaks": peaks, "args": vars(args), "rows": rows},
+                f,
+                indent=2,
+            )
     return 0
 
 

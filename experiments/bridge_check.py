@@ -1,11 +1,18 @@
 """Check the bridge where JAX runs (CPU or CUDA): results, zero-copy, and the cost of a call.
 
+For each launch route (on CUDA both ``slangpy``, SlangPy dispatching from a buffer callback, and
+``ptx``, XLA launching Slang's PTX itself; on CPU the host-copy route):
+
 1. ``y = a * x + b`` through the hand-written kernel shaders/kernels/scale_shift.slang, compared with
    NumPy for float32, float16 and int32.
 2. In place and zero-copy: a kernel writing into a donated buffer returns an array at the very
-   address XLA handed to it; with JAX on CUDA the launcher must be the zero-copy one.
+   address XLA handed to it; with JAX on CUDA no route may copy through the host.
 3. Per-call cost inside a jitted ``lax.fori_loop`` of 1000 steps, at 256 and 2^20 elements, next to
    the same update as a plain XLA op: median of several timed runs after a warm-up.
+
+On CUDA, then: the PTX route against the SlangPy route (the reference) on the Slang functions'
+derivatives and the MLP's fused loss and gradient in float32 and float16; the results must be
+bitwise identical.
 
     python experiments/bridge_check.py [--steps 1000] [--repeats 5] [--json out.json]
 """
@@ -17,12 +24,15 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import slax
+import slax.examples
 from slax._bridge import ZeroCopyLauncher, launcher_for
 from slax._device import default_platform
 
@@ -52,7 +62,7 @@ def check_results(module) -> list[str]:
     return failures
 
 
-def check_in_place(module) -> bool:
+def check_in_place(module, route: str) -> bool:
     """The kernel writes into the buffer XLA hands over: a donated output buffer comes back as the
     result, at the same address, holding the kernel's values. On CUDA the zero-copy launcher passes
     that address to the kernel; on the CPU path the host-copy launcher copies into it."""
@@ -76,12 +86,8 @@ def check_in_place(module) -> bool:
     y = jax.jit(write_into, donate_argnums=1)(x, out)
     same = y.unsafe_buffer_pointer() == address
     exact = np.array_equal(np.asarray(y), 2 * np.arange(1 << 20, dtype=np.float32) + 1)
-    launcher = launcher_for(default_platform())
-    print(
-        f"  launcher {type(launcher).__name__}: result at the donated buffer's address: {same}; "
-        f"exact: {exact}"
-    )
-    zero_copy = isinstance(launcher, ZeroCopyLauncher)
+    print(f"  result at the donated buffer's address: {same}; exact: {exact}")
+    zero_copy = route == "ptx" or isinstance(launcher_for(default_platform()), ZeroCopyLauncher)
     print(f"  kernel reads and writes XLA's device buffers directly (no host copy): {zero_copy}")
     return same and exact and (zero_copy or default_platform() == "cpu")
 
@@ -97,37 +103,102 @@ def time_per_call(fn, x, steps, repeats) -> float:
     return statistics.median(runs)
 
 
+def routes() -> list[str]:
+    """The launch routes where JAX runs: both CUDA routes on a GPU, the host-copy route on CPU."""
+    return ["slangpy", "ptx"] if default_platform() == "cuda" else ["host-copy"]
+
+
+def compare_routes(rng: np.random.Generator) -> list[dict]:
+    """The PTX route against the SlangPy route on derivatives and MLP training: max |difference|."""
+    poly = slax.load_module("poly").polynomial
+    examples = slax.load_module(slax.examples.MODULE)
+    x = jnp.asarray(rng.normal(size=(1 << 16,)), jnp.float32)
+    cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+        "polynomial grad": (jax.grad(lambda v: poly(2.0, 8.0, -1.0, v).sum()), (x,))
+    }
+    for example in slax.examples.EXAMPLES:
+        function = getattr(examples, example.name)
+        args = example.draw(rng, jnp.float32)
+        cases[f"{example.name} vjp"] = (lambda *a, f=function: jax.vjp(f, *a)[1](f(*a)), args)
+        cases[f"{example.name} jvp"] = (lambda *a, f=function: jax.jvp(f, a, a), args)
+    for dtype in (jnp.float32, jnp.float16):
+        params = slax.nn.mlp_init(jax.random.key(0), (4, 16, 16, 4), dtype)
+        data = jnp.asarray(rng.uniform(size=(1 << 16, 4)), dtype)
+        cases[f"mlp loss+grad {jnp.dtype(dtype).name}"] = (slax.nn.mlp_loss_and_grad, (params, data, data))
+    rows: list[dict[str, Any]] = []
+    for name, (function, args) in cases.items():
+        outputs = {}
+        for route in ("slangpy", "ptx"):
+            slax.config.cuda_launch = route
+            jitted = jax.jit(lambda *a, f=function: f(*a))
+            uses_ptx = "triton_kernel_call_ffi" in jitted.lower(*args).as_text()
+            if uses_ptx != (route == "ptx"):  # the route really switched: no cached lowering reused
+                raise RuntimeError(f"{name}: lowered with the wrong launch route for {route!r}")
+            leaves = jax.tree.leaves(jitted(*args))
+            outputs[route] = [np.asarray(leaf, np.float64) for leaf in leaves]
+        slax.config.cuda_launch = "slangpy"
+        diff = max(float(np.max(np.abs(a - b), initial=0.0)) for a, b in zip(*outputs.values()))
+        rows.append({"case": name, "max_abs_diff": diff, "identical": diff == 0.0})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", default=None, help="also write the table here")
+    parser.add_argument("--json", default=None, help="also write the tables here")
     args = parser.parse_args(argv)
     module = slax.load_module("kernels/scale_shift.slang")
-    print(
-        f"JAX {jax.__version__} on {jax.devices()[0]}; "
-        f"Slang kernels via {type(launcher_for(default_platform())).__name__}"
-    )
-    print("results:")
-    failures = check_results(module)
-    print("in place / zero-copy:")
-    in_place = check_in_place(module)
-    rows = []
-    for size in (256, 1 << 20):
-        x = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
-        slang = time_per_call(lambda y: scale_shift(module, y, 0.5, 0.25), x, args.steps, args.repeats)
-        xla = time_per_call(lambda y: 0.5 * y + 0.25, x, args.steps, args.repeats)
-        rows.append({"elements": size, "slax_us": slang * 1e6, "xla_us": xla * 1e6})
-    print(f"\nper call inside jit(fori_loop({args.steps})), median of {args.repeats}:")
-    print(f"{'elements':>10}  {'slax kernel (us)':>16}  {'XLA op (us)':>12}")
+    print(f"JAX {jax.__version__} on {jax.devices()[0]}; launch routes: {', '.join(routes())}")
+    failures: list[str] = []
+    in_place = {}
+    rows: list[dict[str, Any]] = []
+    for route in routes():
+        if route != "host-copy":
+            slax.config.cuda_launch = route
+        print(f"\n[{route}] results:")
+        failures += [f"{route} {dtype}" for dtype in check_results(module)]
+        print(f"[{route}] in place / zero-copy:")
+        in_place[route] = check_in_place(module, route)
+        for size in (256, 1 << 20):
+            x = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
+            slang = time_per_call(lambda y: scale_shift(module, y, 0.5, 0.25), x, args.steps, args.repeats)
+            rows.append({"route": route, "elements": size, "slax_us": slang * 1e6})
+    slax.config.cuda_launch = "slangpy"
+    xla_us = {
+        size: time_per_call(
+            lambda y: 0.5 * y + 0.25,
+            jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32),
+            args.steps,
+            args.repeats,
+        )
+        * 1e6
+        for size in (256, 1 << 20)
+    }
     for row in rows:
-        print(f"{row['elements']:>10}  {row['slax_us']:>16.1f}  {row['xla_us']:>12.2f}")
+        row["xla_us"] = xla_us[row["elements"]]
+    print(f"\nper call inside jit(fori_loop({args.steps})), median of {args.repeats}:")
+    print(f"{'route':>10}  {'elements':>10}  {'slax kernel (us)':>16}  {'XLA op (us)':>12}")
+    for row in rows:
+        print(f"{row['route']:>10}  {row['elements']:>10}  {row['slax_us']:>16.1f}  {row['xla_us']:>12.2f}")
+    parity = []
+    if "ptx" in routes():
+        parity = compare_routes(np.random.default_rng(1))
+        print("\nPTX route vs SlangPy route (reference), bitwise:")
+        print(f"{'case':>28}  {'max |diff|':>11}  identical")
+        for row in parity:
+            print(f"{row['case']:>28}  {row['max_abs_diff']:>11.3g}  {row['identical']}")
+        failures += [row["case"] for row in parity if not row["identical"]]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(jax.devices()[0]), "in_place": in_place, "rows": rows}, f, indent=2)
-    return 1 if failures or not in_place else 0
+            summary = {"device": str(jax.devices()[0]), "jax": jax.__version__, "in_place": in_place}
+            json.dump({**summary, "rows": rows, "parity": parity}, f, indent=2)
+    if failures or not all(in_place.values()):
+        print(f"\nFAILED: {failures or 'in place'}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ Two launchers share one interface, :meth:`callback`, which returns the function 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -85,14 +87,20 @@ class HostCopyLauncher:
 
 
 class ZeroCopyLauncher:
-    """Runs kernels on XLA's CUDA buffers in place, on XLA's stream."""
+    """Runs kernels on XLA's CUDA buffers in place, on XLA's stream.
 
-    def __init__(self, device: spy.Device):
-        self.device = device
+    Each GPU has its own SlangPy CUDA device (sharing JAX's context on that GPU); a launch uses the
+    device of the GPU that holds its buffers, so that under ``shard_map`` every GPU runs its own
+    shard. The kernel is compiled at lowering on GPU 0 (so compile errors surface at trace time)
+    and on first use on any other GPU.
+    """
+
+    def __init__(self, kind: DeviceKind):
+        self.kind = kind
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
-        compiled = compile_kernel(self.device, spec)
-        names = [name for name, _ in compiled.parameters.pointers]
+        compiled = {0: compile_kernel(get_device(self.kind, 0), spec)}
+        names = [name for name, _ in compiled[0].parameters.pointers]
         scalar_args = dict(scalars)
         aliased = {result for _, result in aliases}
 
@@ -101,8 +109,12 @@ class ZeroCopyLauncher:
                 return
             fresh = [b for k, b in enumerate(outs) if k not in aliased]
             pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *fresh)]
-            with _explained_device_errors(self.device, spec):
-                compiled.kernel.dispatch(
+            ordinal = cuda_device_ordinal(pointers[0]) if pointers else 0
+            if ordinal not in compiled:
+                compiled[ordinal] = compile_kernel(get_device(self.kind, ordinal), spec)
+            kernel = compiled[ordinal].kernel
+            with _explained_device_errors(kernel.device, spec):
+                kernel.dispatch(
                     thread_grid(count),
                     cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
                     **dict(zip(names, pointers)),
@@ -110,6 +122,25 @@ class ZeroCopyLauncher:
                 )
 
         return run
+
+
+@functools.cache
+def _cuda_driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def cuda_device_ordinal(pointer: int) -> int:
+    """The ordinal of the GPU whose memory holds device ``pointer`` (CUDA driver API)."""
+    ordinal = ctypes.c_int(-1)
+    status = _cuda_driver().cuPointerGetAttribute(
+        ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_uint64(pointer)
+    )
+    if status != 0:
+        raise RuntimeError(f"slax: cuPointerGetAttribute failed (CUresult {status}) for buffer {pointer:#x}.")
+    return ordinal.value
+
+
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 
 _launchers: dict[tuple[str, DeviceKind], HostCopyLauncher | ZeroCopyLauncher] = {}
@@ -122,11 +153,10 @@ def launcher_for(platform: str) -> HostCopyLauncher | ZeroCopyLauncher:
     with _launchers_lock:
         launcher = _launchers.get((platform, kind))
         if launcher is None:
-            device = get_device(kind)
             if platform == "cuda":
-                launcher = ZeroCopyLauncher(device)
+                launcher = ZeroCopyLauncher(kind)
             else:
-                launcher = HostCopyLauncher(device)
+                launcher = HostCopyLauncher(get_device(kind))
             _launchers[(platform, kind)] = launcher
         return launcher
 

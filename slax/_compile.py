@@ -35,10 +35,20 @@ class KernelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class EntryPointParameters:
-    """An entry point's uniform parameters: pointers in order, with element types, then scalars."""
+    """An entry point's uniform parameters and thread-group size.
+
+    Attributes:
+      pointers: (name, element type) of each pointer parameter, in declaration order.
+      scalars: (name, Slang scalar type) of each scalar parameter, in declaration order.
+      order: the names of all uniform parameters in declaration order: the order of the compiled
+        kernel's own arguments (``extern "C" __global__ void entry(...)`` on CUDA).
+      thread_group_size: ``[numthreads(x, y, z)]``.
+    """
 
     pointers: tuple[tuple[str, str], ...]
     scalars: tuple[tuple[str, str], ...]
+    order: tuple[str, ...] = ()
+    thread_group_size: tuple[int, int, int] = (1, 1, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +66,32 @@ def entry_point_parameters(module: spy.SlangModule, entry: str) -> EntryPointPar
             f"slax: Slang module {module.name!r} has no entry point {entry!r}; kernels are "
             '[shader("compute")] functions with uniform pointer and scalar parameters.'
         ) from None
-    pointers, scalars = [], []
+    if len(module.layout.parameters):
+        names = [p.name for p in module.layout.parameters]
+        raise ValueError(
+            f"slax: Slang module {module.name!r} declares global shader parameters {names}; slax "
+            f"kernels such as {entry!r} receive all data through their own uniform pointer and "
+            "scalar parameters (see shaders/slax/kernel.slang)."
+        )
+    pointers, scalars, order = [], [], []
     for param in layout.parameters:
+        if param.type_layout.size == 0:
+            continue  # varying (a system value such as SV_DispatchThreadID), not an argument
         slang_type = param.type_layout.type
         if slang_type.kind == spy.TypeReflection.Kind.pointer:
             element = slang_type.full_name.removeprefix("Ptr<").split(",")[0].strip()
             pointers.append((param.name, element))
         elif slang_type.kind == spy.TypeReflection.Kind.scalar:
             scalars.append((param.name, slang_type.full_name))
-    return EntryPointParameters(tuple(pointers), tuple(scalars))
+        else:
+            raise ValueError(
+                f"slax: parameter {param.name!r} of entry point {entry!r} has type "
+                f"{slang_type.full_name!r}; slax kernels take uniform pointers and scalars only "
+                "(see shaders/slax/kernel.slang)."
+            )
+        order.append(param.name)
+    x, y, z = layout.compute_thread_group_size
+    return EntryPointParameters(tuple(pointers), tuple(scalars), tuple(order), (int(x), int(y), int(z)))
 
 
 _lock = threading.Lock()
@@ -90,14 +117,7 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
         kernel = _kernels.get(key)
         if kernel is not None:
             return kernel
-    if spec.source is not None:
-        source = spec.source
-        module = _compile(
-            lambda: device.load_module_from_source(spec.module_name, source),
-            what=f"the kernel slax generated for {spec.entry}",
-        )
-    else:
-        module = load_slang_module(device, spec.path or "")
+    module = _module_for(device, spec)
     parameters = entry_point_parameters(module, spec.entry)
     kernel = CompiledKernel(
         _compile(
@@ -110,6 +130,29 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
     )
     with _lock:
         return _kernels.setdefault(key, kernel)
+
+
+def kernel_parameters(device: spy.Device, spec: KernelSpec) -> EntryPointParameters:
+    """The parameters of ``spec``'s entry point, read from ``device``'s reflection of its module
+    (without building a pipeline: for launch paths that compile the code themselves)."""
+    return entry_point_parameters(_module_for(device, spec), spec.entry)
+
+
+def _module_for(device: spy.Device, spec: KernelSpec) -> spy.SlangModule:
+    if spec.source is None:
+        return load_slang_module(device, spec.path or "")
+    key = (id(device), spec.module_name)
+    with _lock:
+        module = _modules.get(key)
+    if module is None:
+        source = spec.source
+        module = _compile(
+            lambda: device.load_module_from_source(spec.module_name, source),
+            what=f"the kernel slax generated for {spec.entry}",
+        )
+        with _lock:
+            module = _modules.setdefault(key, module)
+    return module
 
 
 def _compile(action, *, what: str):

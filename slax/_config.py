@@ -5,18 +5,40 @@ from __future__ import annotations
 import dataclasses
 import os
 
+CUDA_LAUNCHES = ("slangpy", "ptx")
+
 
 @dataclasses.dataclass
 class Config:
-    """``debug_nans``: check every Slang kernel's floating results and raise
-    ``FloatingPointError`` naming the first kernel (and Slang function) that produced a NaN or Inf.
-    Off by default: it copies results to the host. Also on when ``SLAX_DEBUG_NANS=1`` or when
-    JAX's own ``jax_debug_nans`` is set. Read when a computation is traced.
+    """Switches read when a computation is traced and lowered (a jitted function already compiled
+    keeps the setting it was compiled with).
+
+    Attributes:
+      debug_nans: check every Slang kernel's floating results and raise ``FloatingPointError``
+        naming the first kernel (and Slang function) that produced a NaN or Inf. Off by default: it
+        copies results to the host. Also on when ``SLAX_DEBUG_NANS=1`` or when JAX's own
+        ``jax_debug_nans`` is set.
+      cuda_launch: how kernels run when JAX runs on a CUDA GPU. ``"slangpy"`` (the default and the
+        reference): SlangPy dispatches each kernel from a ``buffer_callback`` on XLA's buffers and
+        stream. ``"ptx"``: Slang compiles the kernel to PTX and XLA launches it through jaxlib's
+        Triton kernel launcher, with no Python per call (see ``slax/_ptx_launch.py``). Also set by
+        ``SLAX_CUDA_LAUNCH``.
     """
 
     debug_nans: bool = dataclasses.field(
         default_factory=lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0")
     )
+    cuda_launch: str = dataclasses.field(
+        default_factory=lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "slangpy"
+    )
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "cuda_launch" and value not in CUDA_LAUNCHES:
+            raise ValueError(
+                f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
+                f"SLAX_CUDA_LAUNCH); got {value!r}."
+            )
+        super().__setattr__(name, value)
 
 
 config = Config()

@@ -148,6 +148,12 @@ def default_platform() -> str:
     return "cuda" if jax.default_backend() == "gpu" else jax.default_backend()
 
 
+def reflection_device() -> spy.Device:
+    """The device whose Slang reflection describes modules (types, signatures, entry points):
+    the device of JAX's default platform, which every process using slax has."""
+    return get_device(device_kind_for_platform(default_platform()))
+
+
 def describe_device(platform: str) -> str:
     """Which device runs slax kernels for ``platform``, for logs: ``"vulkan (llvmpipe ...)"``."""
     kind = device_kind_for_platform(platform)

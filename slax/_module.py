@@ -18,7 +18,7 @@ import numpy as np
 import slangpy as spy
 
 from slax._compile import load_slang_module
-from slax._device import SHADER_DIR, cache_dir, default_platform, device_kind_for_platform, get_device
+from slax._device import SHADER_DIR, cache_dir, reflection_device
 from slax._kernel import SlangKernel
 from slax._primitive import FunctionSpec, check_finite, slang_call_p
 from slax._signature import (
@@ -44,7 +44,7 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
       slax.SlangCompileError: Slang rejected the module; carries its diagnostics with file:line.
     """
     path = _resolve(path_or_name)
-    reflection = load_slang_module(_reflection_device(), str(path))
+    reflection = load_slang_module(reflection_device(), str(path))
     return SlangModule(str(path), reflection)
 
 
@@ -69,10 +69,6 @@ def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
         f"slax.load_module: no Slang module {str(path_or_name)!r} in the working directory or on "
         f"the include path ({SHADER_DIR})."
     )
-
-
-def _reflection_device() -> spy.Device:
-    return get_device(device_kind_for_platform(default_platform()))
 
 
 class SlangModule:

@@ -26,6 +26,7 @@ from slax._bridge import launcher_for
 from slax._codegen import Mode, entry_point_name, kernel_source, operand_leaves, result_leaves
 from slax._compile import KernelSpec
 from slax._config import config
+from slax._ptx_launch import lower_kernel_call
 from slax._signature import Leaf, Signature
 
 # --- the bridge: one kernel launch ------------------------------------------------------------
@@ -59,6 +60,8 @@ def _kernel_abstract_eval(*operands, spec, results, scalars, count, aliases):
 
 def _kernel_lowering(ctx, *operands, spec, results, scalars, count, aliases, platform):
     _require_one_device_per_kernel(ctx.module_context.axis_context, spec)
+    if platform == "cuda" and config.cuda_launch == "ptx":
+        return lower_kernel_call(ctx, *operands, spec=spec, scalars=scalars, count=count, aliases=aliases)
     callback = launcher_for(platform).callback(spec, scalars, count, aliases)
     shapes = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in results]
     run = buffer_callback(callback, shapes, input_output_aliases=dict(aliases))

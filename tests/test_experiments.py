@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -108,7 +110,12 @@ def test_bridge_check_runs(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "bridge.json").read_text())
-    assert report["in_place"] is True and [row["elements"] for row in report["rows"]] == [256, 1 << 20]
+    assert report["in_place"] == {"host-copy": True}
+    assert [(row["route"], row["elements"]) for row in report["rows"]] == [
+        ("host-copy", 256),
+        ("host-copy", 1 << 20),
+    ]
+    assert report["parity"] == []  # the PTX route exists on CUDA only
 
 
 def test_benchmark_runs(tmp_path):
@@ -122,6 +129,10 @@ def test_benchmark_runs(tmp_path):
             "3",
             "--repeats",
             "1",
+            "--peak-tflops",
+            "1",
+            "--peak-gbps",
+            "10",
             "--json",
             str(tmp_path / "bench.json"),
         ],
@@ -132,5 +143,16 @@ def test_benchmark_runs(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
-    assert {(r["network"], r["batch"]) for r in rows} == {("polynomial", 64), ("digits", 64)}
-    assert all(r["slax_steps_per_s"] > 0 and r["jax_steps_per_s"] > 0 for r in rows)
+    assert [(r["network"], r["batch"], r["model"]) for r in rows] == [
+        ("polynomial", 64, "slax/slangpy"),
+        ("polynomial", 64, "jax"),
+        ("digits", 64, "slax/slangpy"),
+        ("digits", 64, "jax"),
+    ]
+    polynomial = rows[0]
+    # 4 -> 16 -> 4 at batch 64: 6*64*(64+64) - 2*64*64 FLOPs; inputs and targets written and read,
+    # 2*64*(4+4)*4 bytes; at 1 TFLOP/s and 10 GB/s the bytes bound: 0.4096 us.
+    assert (polynomial["flops"], polynomial["bytes"]) == (40960, 4096)
+    assert polynomial["floor_us"] == pytest.approx(0.4096)
+    assert polynomial["times_floor"] == pytest.approx(polynomial["step_us"] / 0.4096)
+    assert all(r["steps_per_s"] > 0 for r in rows)

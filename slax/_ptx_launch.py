@@ -1,0 +1,201 @@
+"""The PTX launch path on CUDA: a slax kernel compiled by Slang to PTX, launched by XLA itself.
+
+The default CUDA path (:class:`slax._bridge.ZeroCopyLauncher`) calls back into Python on every
+launch so that SlangPy can dispatch. Here the kernel becomes a custom call that jaxlib's Triton
+kernel launcher runs (the ``triton_kernel_call_ffi`` target that jax-triton and Pallas use): XLA
+launches the PTX on its own stream, with its own buffers, on whichever GPU runs the computation,
+and no Python runs per call.
+
+It relies on the slax calling convention (``shaders/slax/kernel.slang``): an entry point whose
+parameters are all uniform pointers and scalars compiles for CUDA to
+``extern "C" __global__ void entry(T*..., scalars...)``, which the launcher fills with one array
+parameter per buffer (operands, then fresh results) and one scalar parameter per scalar, in the
+entry point's own order. The PTX's ``.entry`` signature is checked against that list before any
+launch, so a kernel that does not follow the convention fails at trace time, not with wrong numbers.
+
+jaxlib's Triton launcher is private JAX API; slax pins JAX to the versions it tested
+(``pyproject.toml``) and tests this lowering on every version it supports (tests/test_ptx_launch.py).
+Select it with ``slax.config.cuda_launch = "ptx"`` or ``SLAX_CUDA_LAUNCH=ptx``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import re
+import zlib
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.interpreters import mlir
+
+from slax._codegen import ROW_THREADS
+from slax._compile import EntryPointParameters, KernelSpec, kernel_parameters
+from slax._device import reflection_device
+from slax._slang_c import CodeTarget, compile_entry_point
+
+WARP_SIZE = 32
+_TRITON_SCALAR_TYPE = {
+    "float": "fp32",
+    "double": "fp64",
+    "int": "i32",
+    "uint": "u32",
+    "int64_t": "i64",
+    "uint64_t": "u64",
+}
+"""Slang scalar type -> the launcher's scalar parameter type."""
+_PTX_PARAM_TYPE = {
+    "fp32": "f32",
+    "fp64": "f64",
+    "i32": "u32",
+    "u32": "u32",
+    "i64": "u64",
+    "u64": "u64",
+    "array": "u64",
+}
+"""The launcher's parameter type -> the ``.param`` type NVRTC gives it in the PTX entry signature
+(NVRTC declares ``int`` as ``.u32``)."""
+
+
+class PtxLaunchError(ValueError):
+    """A kernel the PTX launch path cannot run (and why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """How to launch one kernel: its PTX, warps per group, groups, and parameters in order."""
+
+    ptx: str
+    num_warps: int
+    grid: tuple[int, int, int]
+    parameters: tuple[tuple[str, str, int | float | None], ...]
+    """(name, launcher type or ``"array"``, scalar value or None) per kernel argument."""
+
+
+def launch_plan(spec: KernelSpec, scalars: Sequence[tuple[str, int | float]], count: int) -> LaunchPlan:
+    """The launch of ``spec`` with ``count`` threads and ``scalars`` by name; raises
+    :class:`PtxLaunchError` for kernels outside the calling convention."""
+    entry = kernel_parameters(reflection_device(), spec)
+    group_x, group_y, group_z = entry.thread_group_size
+    if group_y != 1 or group_z != 1 or group_x % WARP_SIZE or group_x > 1024:
+        raise PtxLaunchError(
+            f"slax: kernel {spec.entry!r} has [numthreads({group_x}, {group_y}, {group_z})]; the PTX "
+            f"launch path runs thread groups of whole warps in x only: numthreads(32*k, 1, 1), "
+            "k <= 32. Use the SlangPy launch (slax.config.cuda_launch = 'slangpy')."
+        )
+    arguments = _arguments(spec, entry, dict(scalars))
+    ptx = _checked_ptx(spec, tuple(_PTX_PARAM_TYPE[kind] for _, kind, _ in arguments))
+    rows = max(1, math.ceil(count / ROW_THREADS))
+    grid = (math.ceil(min(count, ROW_THREADS) / group_x), rows, 1)
+    return LaunchPlan(ptx, group_x // WARP_SIZE, grid, arguments)
+
+
+def _arguments(spec: KernelSpec, entry: EntryPointParameters, values: dict) -> tuple:
+    pointers = dict(entry.pointers)
+    scalar_types = dict(entry.scalars)
+    arguments: list[tuple[str, str, int | float | None]] = []
+    for name in entry.order:
+        if name in pointers:
+            arguments.append((name, "array", None))
+            continue
+        launcher_type = _TRITON_SCALAR_TYPE.get(scalar_types[name])
+        if launcher_type is None:
+            raise PtxLaunchError(
+                f"slax: kernel {spec.entry!r} scalar {name!r} has Slang type {scalar_types[name]!r}, "
+                f"which the PTX launch path cannot pass; use one of {sorted(_TRITON_SCALAR_TYPE)}."
+            )
+        value = float(values[name]) if launcher_type.startswith("fp") else int(values[name])
+        arguments.append((name, launcher_type, value))
+    return tuple(arguments)
+
+
+@functools.cache
+def _checked_ptx(spec: KernelSpec, expected: tuple[str, ...]) -> str:
+    """``spec``'s PTX, compiled once, after checking its entry signature is ``expected``."""
+    ptx = compile_entry_point(spec, CodeTarget.PTX)
+    found = tuple(ptx_entry_parameter_types(ptx, spec.entry))
+    if found != expected:
+        raise PtxLaunchError(
+            f"slax: the PTX of kernel {spec.entry!r} takes parameters {list(found)}, but its uniform "
+            f"parameters call for {list(expected)}. Kernels for the PTX launch path take uniform "
+            "pointers and scalars only (no global shader parameters); see shaders/slax/kernel.slang."
+        )
+    return ptx
+
+
+def ptx_entry_parameter_types(ptx: str, entry: str) -> list[str]:
+    """The ``.param`` types of ``.entry entry(...)`` in ``ptx``, in order."""
+    match = re.search(r"\.entry\s+" + re.escape(entry) + r"\s*\(([^)]*)\)", ptx)
+    if match is None:
+        raise PtxLaunchError(f"slax: the PTX Slang produced has no entry point {entry!r}.")
+    return re.findall(r"\.param\s+\.(\w+)", match.group(1))
+
+
+def compute_capability() -> int:
+    """The GPU's compute capability as the launcher wants it (90 for sm_90): from
+    ``SLAX_CUDA_COMPUTE_CAPABILITY`` when set (to lower for a GPU this process does not see),
+    else from GPU 0."""
+    explicit = os.environ.get("SLAX_CUDA_COMPUTE_CAPABILITY")
+    if explicit:
+        return int(explicit)
+    return int(_gpu_triton().get_compute_capability(0))
+
+
+def _gpu_triton():
+    from jax._src.lib import gpu_triton
+
+    if not hasattr(gpu_triton, "TritonKernelCall"):
+        raise PtxLaunchError(
+            "slax: the PTX launch path needs jaxlib's CUDA plugin (pip install 'jax[cuda12]'), "
+            "which provides the Triton kernel launcher; it is not installed."
+        )
+    return gpu_triton
+
+
+def kernel_call_opaque(spec: KernelSpec, plan: LaunchPlan) -> bytes:
+    """The serialised kernel call that ``triton_kernel_call_ffi`` runs."""
+    triton = _gpu_triton()
+    kernel = triton.TritonKernel(spec.entry, plan.num_warps, 1, 0, plan.ptx, "", compute_capability())
+    parameters = [
+        triton.create_array_parameter(0, 16)
+        if kind == "array"
+        else triton.create_scalar_parameter(value, kind)
+        for _, kind, value in plan.parameters
+    ]
+    call = triton.TritonKernelCall(kernel, *plan.grid, parameters)
+    return zlib.compress(call.to_proto(spec.entry, b""))
+
+
+def lower_kernel_call(ctx, *operands, spec: KernelSpec, scalars, count: int, aliases):
+    """Lowers one ``slang_kernel`` launch to a ``triton_kernel_call_ffi`` custom call.
+
+    The launcher hands array parameters the custom call's buffers in order, operands then
+    results. A result updated in place has no pointer of its own, so the custom call returns the
+    fresh results first and the in-place ones after them (never read by the kernel), then the
+    lowering puts them back in the primitive's order.
+    """
+    in_place = {result: operand for operand, result in aliases}
+    if count == 0:  # nothing to launch: in-place results stay as they were, fresh ones are zero
+        avals = ctx.avals_out
+
+        def unchanged_or_zero(*arrays):
+            return [
+                arrays[in_place[k]] if k in in_place else jnp.zeros(a.shape, a.dtype)
+                for k, a in enumerate(avals)
+            ]
+
+        return mlir.lower_fun(unchanged_or_zero, multiple_results=True)(ctx, *operands)
+    plan = launch_plan(spec, scalars, count)
+    order = [k for k in range(len(ctx.avals_out)) if k not in in_place] + sorted(in_place)
+    call_ctx = ctx.replace(avals_out=[ctx.avals_out[k] for k in order])
+    lowering = jax.ffi.ffi_lowering(
+        "triton_kernel_call_ffi",
+        api_version=4,
+        operand_output_aliases={in_place[k]: position for position, k in enumerate(order) if k in in_place},
+    )
+    outputs = lowering(call_ctx, *operands, opaque=kernel_call_opaque(spec, plan))
+    by_result = dict(zip(order, outputs))
+    return [by_result[k] for k in range(len(ctx.avals_out))]

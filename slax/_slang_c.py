@@ -1,0 +1,170 @@
+"""Slang's C compile API, from SlangPy's own ``libslang-compiler``, through ctypes.
+
+SlangPy compiles for the devices it drives and keeps the code to itself. The PTX launch path
+(:mod:`slax._ptx_launch`) needs the code: the PTX text of one entry point, which jaxlib's kernel
+launcher then loads. The same compiler library does it through Slang's C API, so the PTX comes
+from the very Slang that SlangPy runs, with SlangPy's defaults (row-major matrices, default
+optimisation) and ``shaders/`` on the include path.
+
+PTX goes through NVRTC, which Slang loads at run time: it is found in the ``nvidia-cuda-nvrtc``
+wheel that JAX's CUDA packages install, in a CUDA toolkit, or at ``SLAX_NVRTC`` (a path to
+``libnvrtc.so*``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import functools
+import glob
+import importlib.util
+import os
+import pathlib
+import threading
+
+import slangpy as spy
+
+from slax._compile import KernelSpec
+from slax._device import SHADER_DIR
+from slax._errors import SlangCompileError
+
+_SOURCE_LANGUAGE_SLANG = 1
+_STAGE_COMPUTE = 6
+
+
+class CodeTarget(enum.IntEnum):
+    """Slang's ``SlangCompileTarget`` values used by slax."""
+
+    CUDA_SOURCE = 17
+    PTX = 18
+
+
+class NvrtcNotFoundError(RuntimeError):
+    """No NVRTC library to turn Slang's CUDA output into PTX."""
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    package = pathlib.Path(spy.__file__).parent
+    candidates = sorted(glob.glob(str(package / "libslang-compiler.so*")))
+    if not candidates:
+        raise RuntimeError(f"slax: SlangPy at {package} ships no libslang-compiler library.")
+    lib = ctypes.CDLL(candidates[0])
+    p, i, s = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+    signatures = {
+        "spCreateSession": (p, [s]),
+        "spCreateCompileRequest": (p, [p]),
+        "spDestroyCompileRequest": (None, [p]),
+        "spAddCodeGenTarget": (i, [p, i]),
+        "spAddSearchPath": (None, [p, s]),
+        "spProcessCommandLineArguments": (ctypes.c_int32, [p, ctypes.POINTER(s), i]),
+        "spAddTranslationUnit": (i, [p, i, s]),
+        "spAddTranslationUnitSourceFile": (None, [p, i, s]),
+        "spAddTranslationUnitSourceString": (None, [p, i, s, s]),
+        "spAddEntryPoint": (i, [p, i, s, i]),
+        "spCompile": (ctypes.c_int32, [p]),
+        "spGetDiagnosticOutput": (s, [p]),
+        "spGetEntryPointCode": (p, [p, i, ctypes.POINTER(ctypes.c_size_t)]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    return lib
+
+
+_lock = threading.Lock()
+"""Slang sessions are not thread-safe; one compile at a time."""
+_session: int | None = None
+
+
+def _global_session() -> int:
+    global _session
+    if _session is None:
+        _session = _library().spCreateSession(None)
+        if not _session:
+            raise RuntimeError("slax: Slang's spCreateSession failed.")
+    return _session
+
+
+def nvrtc_library() -> str | None:
+    """Path of an NVRTC library Slang can load, or None.
+
+    Looks at ``SLAX_NVRTC``, then the NVIDIA wheels JAX's CUDA packages install
+    (``nvidia-cuda-nvrtc-cu12``, ``nvidia-cuda-nvrtc`` for CUDA 13), then ``CUDA_HOME``/``CUDA_PATH``
+    and ``/usr/local/cuda``.
+    """
+    explicit = os.environ.get("SLAX_NVRTC")
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise NvrtcNotFoundError(f"slax: SLAX_NVRTC={explicit!r} is not a file.")
+        return explicit
+    directories = []
+    for package in ("nvidia.cuda_nvrtc", "nvidia.cu13", "nvidia"):
+        try:
+            found = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            found = None
+        for location in (found.submodule_search_locations or []) if found else []:
+            directories += [os.path.join(location, "lib"), os.path.join(location, "cuda_nvrtc", "lib")]
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(variable):
+            directories.append(os.path.join(os.environ[variable], "lib64"))
+    directories.append("/usr/local/cuda/lib64")
+    for directory in directories:
+        matches = sorted(glob.glob(os.path.join(directory, "libnvrtc.so*")))
+        matches = [m for m in matches if "builtins" not in m and ".alt." not in m]
+        if matches:
+            return min(matches, key=len)
+    return None
+
+
+def compile_entry_point(spec: KernelSpec, target: CodeTarget) -> str:
+    """The code of ``spec``'s entry point for ``target`` (PTX or CUDA source), as text.
+
+    Raises:
+      SlangCompileError: Slang rejected the module; the message carries its diagnostics (file:line).
+      NvrtcNotFoundError: PTX was asked for and no NVRTC library was found.
+    """
+    arguments = ["-matrix-layout-row-major"]
+    if target is CodeTarget.PTX:
+        nvrtc = nvrtc_library()
+        if nvrtc is None:
+            raise NvrtcNotFoundError(
+                "slax: compiling Slang to PTX needs NVRTC, which was not found. Install JAX's CUDA "
+                "packages (pip install 'jax[cuda12]' brings nvidia-cuda-nvrtc-cu12) or a CUDA "
+                "toolkit, or point SLAX_NVRTC at libnvrtc.so."
+            )
+        arguments += ["-nvrtc-path", nvrtc]
+    lib = _library()
+    with _lock:
+        request = lib.spCreateCompileRequest(_global_session())
+        try:
+            argv = (ctypes.c_char_p * len(arguments))(*[a.encode() for a in arguments])
+            if lib.spProcessCommandLineArguments(request, argv, len(arguments)) < 0:
+                raise RuntimeError(f"slax: Slang rejected the options {arguments}.")
+            lib.spAddCodeGenTarget(request, int(target))
+            lib.spAddSearchPath(request, str(SHADER_DIR).encode())
+            unit = lib.spAddTranslationUnit(request, _SOURCE_LANGUAGE_SLANG, None)
+            if spec.source is not None:
+                name = f"{spec.module_name}.slang"
+                lib.spAddTranslationUnitSourceString(request, unit, name.encode(), spec.source.encode())
+            else:
+                path = pathlib.Path(spec.path or "")
+                lib.spAddSearchPath(request, str(path.parent).encode())
+                lib.spAddTranslationUnitSourceFile(request, unit, str(path).encode())
+            entry = lib.spAddEntryPoint(request, unit, spec.entry.encode(), _STAGE_COMPUTE)
+            failed = lib.spCompile(request) < 0
+            diagnostics = (lib.spGetDiagnosticOutput(request) or b"").decode(errors="replace")
+            if failed:
+                raise SlangCompileError(
+                    f"slax: Slang failed to compile entry point {spec.entry!r} to "
+                    f"{target.name}:\n{diagnostics}"
+                )
+            size = ctypes.c_size_t()
+            code = lib.spGetEntryPointCode(request, entry, ctypes.byref(size))
+            if not code:
+                raise SlangCompileError(f"slax: Slang produced no {target.name} for {spec.entry!r}.")
+            return ctypes.string_at(code, size.value).decode().rstrip("\0")
+        finally:
+            lib.spDestroyCompileRequest(request)

@@ -1,0 +1,197 @@
+"""Lowers slax programs for CUDA with the PTX launch path, on a machine without a GPU, and reports
+every kernel launch in the lowered StableHLO as JSON (tests/test_ptx_launch.py checks the report).
+
+Run by the test in a subprocess whose PYTHONPATH carries jaxlib's CUDA plugin (its Triton kernel
+launcher serialises the calls), with ``SLAX_NVRTC`` and ``SLAX_CUDA_COMPUTE_CAPABILITY`` set.
+Each custom call's serialised kernel call is decoded from its protobuf wire format, so the report
+shows what XLA would launch: kernel name, warps, grid, parameters, the PTX itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import slax
+import slax.examples
+from slax._ptx_launch import ptx_entry_parameter_types
+
+ACCUMULATE = """
+import slax.kernel;
+[shader("compute")]
+[numthreads(64, 1, 1)]
+void accumulate_and_double(uint3 tid : SV_DispatchThreadID, uniform float* x, uniform float* acc,
+                           uniform float* doubled, uniform uint count, uniform float a)
+{
+    uint i = slax_thread_index(tid);
+    if (i >= count) return;
+    acc[i] += a * x[i];
+    doubled[i] = 2 * x[i];
+}
+"""
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def _fields(data: bytes) -> list[tuple[int, int, object]]:
+    """Protobuf wire format: (field number, wire type, value) in order."""
+    i, out = 0, []
+    while i < len(data):
+        key, i = _varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(data, i)
+        elif wire == 1:
+            value, i = data[i : i + 8], i + 8
+        elif wire == 5:
+            value, i = data[i : i + 4], i + 4
+        elif wire == 2:
+            n, i = _varint(data, i)
+            value, i = data[i : i + n], i + n
+        else:
+            raise ValueError(f"wire type {wire}")
+        out.append((number, wire, value))
+    return out
+
+
+def _decode_parameter(data: bytes) -> list:
+    ((number, _, value),) = _fields(data)
+    if number == 1:
+        return ["array", dict((n, v) for n, _, v in _fields(value)).get(2, 0)]
+    kinds = {2: "i1", 3: "i32", 4: "u32", 5: "i64", 6: "u64", 7: "fp32", 8: "fp64"}
+    if kinds[number] == "fp32":
+        return ["fp32", float(np.frombuffer(value, "<f4")[0])]
+    if kinds[number] == "fp64":
+        return ["fp64", float(np.frombuffer(value, "<f8")[0])]
+    if kinds[number] in ("i32", "i64") and value >= 1 << 63:  # negative: sign-extended varint
+        value -= 1 << 64
+    return [kinds[number], value]
+
+
+def decode_kernel_call(opaque: bytes) -> dict:
+    """TritonAnyKernelCall{kernel_call=1{kernel=1{name=1, num_warps=2, ptx=4, cc=6}, grid=2,3,4,
+    parameters=5}, name=4} as jaxlib's triton.proto defines it."""
+    top = {n: v for n, _, v in _fields(zlib.decompress(opaque))}
+    call = _fields(top[1])
+    kernel = {n: v for n, _, v in _fields(next(v for n, _, v in call if n == 1))}
+    scalars = {n: v for n, _, v in call if n in (2, 3, 4)}
+    return {
+        "name": kernel[1].decode(),
+        "num_warps": kernel[2],
+        "compute_capability": kernel[6],
+        "ptx": kernel[4].decode(),
+        "grid": [scalars.get(2, 0), scalars.get(3, 0), scalars.get(4, 0)],
+        "parameters": [_decode_parameter(v) for n, _, v in call if n == 5],
+    }
+
+
+def _operations(op):
+    for region in op.regions:
+        for block in region:
+            for inner in block.operations:
+                yield inner
+                yield from _operations(inner)
+
+
+def launches(function, *args) -> list[dict]:
+    """Every ``triton_kernel_call_ffi`` custom call of ``function`` lowered for CUDA."""
+    module = jax.jit(function).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+    found = []
+    for op in _operations(module.operation):
+        if op.operation.name != "stablehlo.custom_call":
+            continue
+        attributes = op.operation.attributes
+        target = attributes["call_target_name"].value
+        if target != "triton_kernel_call_ffi":
+            found.append({"target": target})
+            continue
+        config = attributes["mhlo.backend_config"]
+        launch = decode_kernel_call(config["opaque"].value_bytes)
+        aliases = str(attributes["output_operand_aliases"]) if "output_operand_aliases" in attributes else ""
+        launch.update(
+            target=target,
+            operands=len(op.operation.operands),
+            results=len(op.operation.results),
+            aliases=[
+                [int(a) for a in re.findall(r"\d+", m)]
+                for m in re.findall(r"output_tuple_indices = \[[^\]]*\], operand_index = \d+", aliases)
+            ],
+            ptx_parameters=ptx_entry_parameter_types(launch["ptx"], launch["name"]),
+        )
+        found.append(launch)
+    return found
+
+
+def main() -> None:
+    slax.config.cuda_launch = "ptx"
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=300), jnp.float32)
+    shift = slax.load_module("kernels/scale_shift.slang")
+    poly = slax.load_module("poly").polynomial
+    examples = slax.load_module(slax.examples.MODULE)
+    accumulate = slax.load_module_from_source("ptx_lowering_accumulate", ACCUMULATE)
+
+    def scale_shift(entry, **scalars):
+        kernel = shift.kernel(entry)
+        result = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
+        return lambda a: kernel(a, results=[result(a)], threads=a.size, count=a.size, **scalars)[0]
+
+    cases = {
+        "scale_shift_float": (scale_shift("scale_shift_float", a=2.5, b=-1.0), x),
+        "scale_shift_half": (scale_shift("scale_shift_half", a=2.5, b=-1.0), x.astype(jnp.float16)),
+        "scale_shift_int": (scale_shift("scale_shift_int", a=3, b=-7), (x * 10).astype(jnp.int32)),
+        "empty": (scale_shift("scale_shift_float", a=2.5, b=-1.0), jnp.zeros((0,), jnp.float32)),
+        "in_place": (
+            lambda a, acc: accumulate.kernel("accumulate_and_double")(
+                a,
+                acc,
+                results=[jax.ShapeDtypeStruct(acc.shape, acc.dtype), jax.ShapeDtypeStruct(a.shape, a.dtype)],
+                threads=a.size,
+                in_place={1: 0},
+                count=a.size,
+                a=0.5,
+            ),
+            x,
+            x * 3,
+        ),
+        "poly_grad": (jax.grad(lambda v: poly(2.0, 8.0, -1.0, v).sum()), x),
+        "poly_jvp": (lambda v: jax.jvp(lambda u: poly(2.0, 8.0, -1.0, u), (v,), (v,)), x),
+        "poly_vmap_grid": (jax.vmap(lambda v: poly(2.0, 8.0, -1.0, v)), x.reshape(30, 10)),
+    }
+    for example in slax.examples.EXAMPLES:
+        function = getattr(examples, example.name)
+        args = example.draw(rng, jnp.float32)
+        cases[f"{example.name}_vjp"] = (
+            lambda *a, f=function: jax.vjp(f, *a)[1](f(*a)),
+            *args,
+        )
+    for dtype in (jnp.float32, jnp.float16):
+        params = slax.nn.mlp_init(jax.random.key(0), (4, 16, 16, 4), dtype)
+        data = jnp.asarray(rng.uniform(size=(1000, 4)), dtype)
+        cases[f"mlp_loss_and_grad_{jnp.dtype(dtype).name}"] = (slax.nn.mlp_loss_and_grad, params, data, data)
+        cases[f"mlp_apply_grad_{jnp.dtype(dtype).name}"] = (
+            jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).astype(jnp.float32).sum()),
+            params,
+            data,
+        )
+    report = {name: launches(function, *args) for name, (function, *args) in cases.items()}
+    json.dump(report, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

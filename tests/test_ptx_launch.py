@@ -1,0 +1,217 @@
+"""The PTX launch path (``slax.config.cuda_launch = "ptx"``), checked without a GPU.
+
+What runs here: Slang compiles every kind of slax kernel to PTX through NVRTC; NVIDIA's ``ptxas``
+assembles each for sm_90 (the H100); slax programs lower for CUDA to ``triton_kernel_call_ffi``
+custom calls whose serialised launches (decoded by tests/scripts/ptx_lowering.py) carry the right
+PTX, grid, warps and arguments, in the order the PTX entry point declares them. What cannot run
+here is the launch itself: experiments/bridge_check.py compares the two CUDA launch paths on a GPU.
+
+The CUDA tools (NVRTC, ptxas, jaxlib's CUDA plugin) are installed by scripts/test.sh into
+``.venv/cuda-tools``, outside the test environment's site-packages, so they are only loaded by
+the processes here that ask for them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import slax
+import slax.examples
+from slax._codegen import ROW_THREADS
+from slax._compile import KernelSpec
+from slax._device import SHADER_DIR
+from slax._errors import SlangCompileError
+from slax._ptx_launch import PtxLaunchError, launch_plan, ptx_entry_parameter_types
+from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
+NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
+PTXAS = TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
+PTX_TYPE = {"array": "u64", "u32": "u32", "i32": "u32", "fp32": "f32"}
+
+needs_tools = pytest.mark.skipif(
+    not (NVRTC.exists() and PTXAS.exists()), reason=f"CUDA tools not in {TOOLS}; run scripts/test.sh"
+)
+
+
+@pytest.fixture
+def nvrtc(monkeypatch):
+    monkeypatch.setenv("SLAX_NVRTC", str(NVRTC))
+
+
+@functools.cache
+def _report() -> dict:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TOOLS), str(ROOT)]),
+        "SLAX_NVRTC": str(NVRTC),
+        "SLAX_CUDA_COMPUTE_CAPABILITY": "90",
+        "JAX_PLATFORMS": "cpu",
+    }
+    result = subprocess.run(
+        [sys.executable, "tests/scripts/ptx_lowering.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def report() -> dict:
+    return _report()
+
+
+def _launches(report, case):
+    return [launch for launch in report[case] if launch["target"] == "triton_kernel_call_ffi"]
+
+
+@needs_tools
+def test_hand_written_kernel_launch_is_exactly_the_call(report):
+    (launch,) = report["scale_shift_float"]
+    assert launch["name"] == "scale_shift_float"
+    assert launch["num_warps"] == 2  # numthreads(64, 1, 1)
+    assert launch["compute_capability"] == 90
+    assert launch["grid"] == [5, 1, 1]  # 300 threads in groups of 64
+    assert launch["parameters"] == [["array", 16], ["array", 16], ["u32", 300], ["fp32", 2.5], ["fp32", -1.0]]
+    assert (launch["operands"], launch["results"], launch["aliases"]) == (1, 1, [])
+    (int_launch,) = report["scale_shift_int"]
+    assert int_launch["parameters"][2:] == [["u32", 300], ["i32", 3], ["i32", -7]]
+
+
+@needs_tools
+def test_every_launch_passes_what_its_ptx_entry_declares(report):
+    for case, launches in report.items():
+        for launch in launches:
+            assert launch["target"] == "triton_kernel_call_ffi", (case, launch["target"])
+            kinds = [PTX_TYPE[kind] for kind, _ in launch["parameters"]]
+            assert kinds == launch["ptx_parameters"], case
+            arrays = sum(kind == "array" for kind, _ in launch["parameters"])
+            assert arrays == launch["operands"] + launch["results"] - len(launch["aliases"]), case
+
+
+@needs_tools
+def test_in_place_results_come_last_and_alias_their_operand(report):
+    (launch,) = report["in_place"]
+    # operands (x, acc); results (acc updated in place, doubled): the custom call returns
+    # doubled first, then acc (aliasing operand 1), so the three pointers are x, acc, doubled.
+    assert (launch["operands"], launch["results"]) == (2, 2)
+    assert launch["aliases"] == [[1, 1]]
+    assert [kind for kind, _ in launch["parameters"]] == ["array"] * 3 + ["u32", "fp32"]
+
+
+@needs_tools
+def test_empty_grid_launches_nothing(report):
+    assert report["empty"] == []
+
+
+@needs_tools
+def test_slang_functions_and_their_derivatives_lower_to_their_kernels(report):
+    assert [x["name"] for x in _launches(report, "poly_grad")] == ["slax_cotangent_polynomial"]
+    assert [x["name"] for x in _launches(report, "poly_jvp")] == [
+        "slax_primal_polynomial",
+        "slax_tangent_polynomial",
+    ]
+    (vmapped,) = _launches(report, "poly_vmap_grid")
+    assert vmapped["parameters"][5:8] == [["u32", 300], ["u32", 30], ["u32", 10]]  # count, grid
+    for example in slax.examples.EXAMPLES:
+        names = [x["name"] for x in _launches(report, f"{example.name}_vjp")]
+        assert names == [f"slax_primal_{example.name}", f"slax_cotangent_{example.name}"]
+
+
+@needs_tools
+def test_mlp_kernels_lower_in_both_precisions(report):
+    for dtype in ("float32", "float16"):
+        (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
+        assert fused["name"] == "mlp_loss_grad"
+        assert fused["grid"] == [16, 1, 1]  # 1000 samples padded to groups of 64
+        (backward,) = _launches(report, f"mlp_apply_grad_{dtype}")
+        assert backward["name"] == "mlp_backward"
+
+
+@needs_tools
+def test_all_ptx_assembles_for_the_h100(report, tmp_path):
+    programs = {launch["ptx"] for launches in report.values() for launch in launches}
+    assert len(programs) >= 20
+    for k, ptx in enumerate(sorted(programs)):
+        path = tmp_path / f"kernel{k}.ptx"
+        path.write_text(ptx)
+        result = subprocess.run(
+            [str(PTXAS), "-arch=sm_90", "-o", os.devnull, str(path)], capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+
+
+@needs_tools
+def test_grids_beyond_one_row_use_the_y_dimension(nvrtc):
+    spec = KernelSpec("scale_shift_float", path=str(SHADER_DIR / "kernels" / "scale_shift.slang"))
+    count = 2 * ROW_THREADS + 5
+    plan = launch_plan(spec, [("count", count), ("a", 1.0), ("b", 0.0)], count)
+    assert plan.grid == (ROW_THREADS // 64, 3, 1)
+    assert ptx_entry_parameter_types(plan.ptx, "scale_shift_float") == ["u64", "u64", "u32", "f32", "f32"]
+
+
+def _spec(tmp_path, name, source, entry):
+    path = tmp_path / f"{name}.slang"
+    path.write_text(source)
+    return KernelSpec(entry, path=str(path))
+
+
+@needs_tools
+def test_kernels_outside_the_convention_are_refused(nvrtc, tmp_path):
+    square = _spec(
+        tmp_path,
+        "square_groups",
+        '[shader("compute")]\n[numthreads(8, 8, 1)]\n'
+        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count) { x[t.x] = 1; }\n",
+        "k",
+    )
+    with pytest.raises(PtxLaunchError, match=r"numthreads\(8, 8, 1\).*numthreads\(32\*k, 1, 1\)"):
+        launch_plan(square, [("count", 10)], 10)
+    half_scalar = _spec(
+        tmp_path,
+        "half_scalar",
+        '[shader("compute")]\n[numthreads(32, 1, 1)]\n'
+        "void k(uint3 t : SV_DispatchThreadID, uniform half* x, uniform half a) { x[t.x] = a; }\n",
+        "k",
+    )
+    with pytest.raises(PtxLaunchError, match="scalar 'a' has Slang type 'half'"):
+        launch_plan(half_scalar, [("a", 1.0)], 10)
+
+
+@needs_tools
+def test_compile_errors_carry_file_and_line(nvrtc, tmp_path):
+    broken = _spec(tmp_path, "broken", "// line 1\nvoid k( {\n", "k")
+    with pytest.raises(SlangCompileError, match=r"broken\.slang:2:"):
+        compile_entry_point(broken, CodeTarget.PTX)
+
+
+def test_cuda_source_is_the_plain_kernel_signature():
+    spec = KernelSpec("scale_shift_int", path=str(SHADER_DIR / "kernels" / "scale_shift.slang"))
+    source = compile_entry_point(spec, CodeTarget.CUDA_SOURCE)
+    assert 'extern "C" __global__ void scale_shift_int(int * ' in source
+
+
+def test_missing_nvrtc_is_explained(monkeypatch):
+    monkeypatch.setenv("SLAX_NVRTC", "/nonexistent/libnvrtc.so")
+    spec = KernelSpec("scale_shift_float", path=str(SHADER_DIR / "kernels" / "scale_shift.slang"))
+    with pytest.raises(NvrtcNotFoundError, match="SLAX_NVRTC"):
+        compile_entry_point(spec, CodeTarget.PTX)
+
+
+@pytest.mark.parametrize("value", ["cuda", "", "PTX"])
+def test_unknown_cuda_launch_is_rejected(value):
+    with pytest.raises(ValueError, match=r"cuda_launch must be one of \('slangpy', 'ptx'\)"):
+        slax.config.cuda_launch = value
+    assert slax.config.cuda_launch == "slangpy"
