@@ -119,15 +119,14 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
             return kernel
     module = _module_for(device, spec)
     parameters = entry_point_parameters(module, spec.entry)
-    kernel = CompiledKernel(
-        _compile(
-            lambda: device.create_compute_kernel(
-                device.link_program([module], [module.entry_point(spec.entry)])
-            ),
-            what=f"entry point {spec.entry!r}",
-        ),
-        parameters,
-    )
+
+    def build() -> spy.ComputeKernel:
+        kernel = device.create_compute_kernel(device.link_program([module], [module.entry_point(spec.entry)]))
+        kernel.pipeline  # noqa: B018 -- builds the pipeline now: code generation errors (e.g. a loop
+        # that cannot be unrolled) surface here, at trace time, not at the first launch
+        return kernel
+
+    kernel = CompiledKernel(_compile(build, what=f"entry point {spec.entry!r}"), parameters)
     with _lock:
         return _kernels.setdefault(key, kernel)
 

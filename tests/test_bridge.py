@@ -127,6 +127,26 @@ def test_syntax_error_carries_file_and_line(tmp_path):
         slax.load_module(source)
 
 
+def test_code_generation_error_surfaces_at_trace_time_with_file_and_line(tmp_path):
+    """Some errors appear only when the pipeline is built (here a loop that cannot be unrolled):
+    they too raise SlangCompileError when the call is traced, not at its first launch."""
+    source = tmp_path / "unrollable.slang"
+    source.write_text(
+        '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count)\n{\n"
+        "    [ForceUnroll]\n    for (uint i = 0; i < count; i++) x[i] = 0;\n}\n"
+    )
+    kernel = slax.load_module(source).kernel("k")
+    x = jnp.ones(4)
+    call = jax.jit(
+        lambda x: kernel(
+            x, results=[jax.ShapeDtypeStruct((4,), x.dtype)], threads=1, in_place={0: 0}, count=4
+        )
+    )
+    with pytest.raises(slax.SlangCompileError, match=r"(?s)unroll.*unrollable\.slang[:(]6"):
+        call.trace(x).lower()
+
+
 def test_failing_dispatch_is_explained(module, monkeypatch):
     """A dispatch that fails (as on a lost device) surfaces with the kernel, device and advice."""
     from slax import _bridge, _compile

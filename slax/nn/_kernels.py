@@ -4,24 +4,34 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
 0.01) on hidden layers, affine output layer (slope 1). Three entry points share one ``Network``:
 
 - ``mlp_forward``: ``x, params -> y``.
-- ``mlp_backward``: ``x, dy, params -> partial grads, dx, tapes``; ``bwd_diff`` of the network.
-- ``mlp_loss_grad``: ``x, target, params -> partial grads, loss, tapes``; per-sample squared error
+- ``mlp_backward``: ``x, dy, params -> partial grads, dx``; ``bwd_diff`` of the network.
+- ``mlp_loss_grad``: ``x, target, params -> partial grads, loss``; per-sample squared error
   and ``bwd_diff`` of it scaled by ``loss_scale`` (1/batch for a mean): a training step's one pass.
 
 Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``; each group
 is padded to whole thread groups of SLAX_GROUP_SIZE, so thread ``t`` handles sample
 ``t % padded_per_group`` of group ``t / padded_per_group`` when that is below ``samples_per_group``
 (padding threads run with zero cotangents). Each thread group writes one partial weight and bias
-gradient (``outerProductAccumulate``); JAX sums the partials of a group. Tapes are per-thread
-scratch (layer inputs and dZ) that the caller drops.
+gradient per layer (``groupOuterProductSum``, through ``SCRATCH_FLOATS`` of group-shared memory);
+JAX sums the partials of a group.
 """
 
 from __future__ import annotations
 
+from slax._codegen import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 
 HIDDEN_SLOPE = 0.01
 OUTPUT_SLOPE = 1.0
+SCRATCH_BUDGET_FLOATS = 4096
+"""Group-shared floats a kernel may use: 16 KiB, the least any Vulkan device offers
+(maxComputeSharedMemorySize); CUDA allows 48 KiB of static shared memory."""
+
+
+def scratch_floats(sizes: tuple[int, ...]) -> int:
+    """Group-shared floats for the gradient sums: a whole group's (x, dZ) of the widest layer, or
+    the budget (wider layers then pass their samples through it in chunks)."""
+    return min(SCRATCH_BUDGET_FLOATS, GROUP_SIZE * max(i + o for i, o in layer_pairs(sizes)))
 
 
 def layer_pairs(sizes: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -32,41 +42,50 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
     layers = layer_pairs(sizes)
     last = len(layers) - 1
-    fields = "\n".join(f"    FeedForwardLayer<T, {i}, {o}> layer{k};" for k, (i, o) in enumerate(layers))
+    fields = "\n".join(
+        f"    FeedForwardLayer<T, {i}, {o}, GroupScratch> layer{k};" for k, (i, o) in enumerate(layers)
+    )
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
     params = ", ".join(f"uniform T* w{k}, uniform T* b{k}" for k in range(len(layers)))
     grads = ", ".join(f"uniform float* dw{k}, uniform float* db{k}" for k in range(len(layers)))
-    tapes = ", ".join(f"uniform float* xt{k}, uniform float* dt{k}" for k in range(len(layers)))
     n_in, n_out = sizes[0], sizes[-1]
 
-    def setup(with_tapes: bool) -> str:
+    def setup(with_gradients: bool) -> str:
         lines = []
         for k, (i, o) in enumerate(layers):
+            dw, db = (
+                (f"dw{k} + block * {i * o}", f"db{k} + block * {o}") if with_gradients else ("nullptr",) * 2
+            )
             lines += [
                 f"    net.layer{k}.weights = w{k};",
                 f"    net.layer{k}.bias = b{k};",
                 f"    net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == last else HIDDEN_SLOPE};",
-                f"    net.layer{k}.inputTape = {f'xt{k} + thread * {i}' if with_tapes else 'nullptr'};",
-                f"    net.layer{k}.gradientTape = {f'dt{k} + thread * {o}' if with_tapes else 'nullptr'};",
+                f"    net.layer{k}.weightGradient = {dw};",
+                f"    net.layer{k}.biasGradient = {db};",
+                f"    net.layer{k}.local = {'local' if with_gradients else '0'};",
             ]
         return "\n".join(lines)
 
-    reduce = "\n".join(
-        f"    outerProductAccumulate<{i}, {o}>(dw{k} + block * {i * o}, db{k} + block * {o}, "
-        f"dt{k} + first * {o}, xt{k} + first * {i}, local);"
-        for k, (i, o) in enumerate(layers)
-    )
     locate = """
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
     uint inGroup = thread % padded_per_group;
     bool active = inGroup < samples_per_group;
     uint sample = (thread / padded_per_group) * samples_per_group + min(inGroup, samples_per_group - 1);
-    uint local = thread % SLAX_GROUP_SIZE, block = thread / SLAX_GROUP_SIZE, first = thread - local;"""
+    uint local = thread % SLAX_GROUP_SIZE, block = thread / SLAX_GROUP_SIZE;"""
     return f"""import slax.kernel;
 import nn.mlp;
 
 typealias T = {scalar};
+
+groupshared float scratch[{scratch_floats(sizes)}];
+
+struct GroupScratch : IGroupScratch
+{{
+    static const uint capacity = {scratch_floats(sizes)};
+    static void store(uint index, float value) {{ scratch[index] = value; }}
+    static float load(uint index) {{ return scratch[index]; }}
+}}
 
 struct Network
 {{
@@ -116,7 +135,7 @@ void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {params},
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, {params},
-                  {grads}, uniform T* dx, {tapes},
+                  {grads}, uniform T* dx,
                   uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group)
 {{{locate}
     Network net;
@@ -128,14 +147,12 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T
     bwd_diff(networkOutput)(net, input, dOut);
     if (active)
         for (int i = 0; i < {n_in}; i++) dx[sample * {n_in} + i] = __realCast<T>(input.d.vals[i]);
-    AllMemoryBarrierWithGroupSync();
-{reduce}
 }}
 
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target, {params},
-                   {grads}, uniform float* loss, {tapes},
+                   {grads}, uniform float* loss,
                    uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group,
                    uniform float loss_scale)
 {{{locate}
@@ -147,7 +164,5 @@ void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform 
         loss[sample] = sampleLoss(net, input, goal);
     var inputPair = diffPair(input);
     bwd_diff(sampleLoss)(net, inputPair, goal, active ? loss_scale : 0.0);
-    AllMemoryBarrierWithGroupSync();
-{reduce}
 }}
 """

@@ -272,11 +272,10 @@ def _run_gradient_kernel(entry, operands, extra_result, x, sizes, dtype, group_n
     blocks = -(-per_group // GROUP_SIZE)
     count = groups * blocks * GROUP_SIZE
     partial = [((groups * blocks,) + shape, "float32") for shape in _param_shapes(sizes)]
-    tapes = [((count, width), "float32") for pair in layer_pairs(sizes) for width in pair]
     outputs = run_kernel(
         _kernel(sizes, dtype, entry),
         operands,
-        (*partial, extra_result, *tapes),
+        (*partial, extra_result),
         count,
         (
             ("count", count),
