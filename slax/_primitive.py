@@ -60,12 +60,28 @@ def _kernel_abstract_eval(*operands, spec, results, scalars, count, aliases):
 
 def _kernel_lowering(ctx, *operands, spec, results, scalars, count, aliases, platform):
     _require_one_device_per_kernel(ctx.module_context.axis_context, spec)
+    if count == 0:
+        return _lower_empty_launch(ctx, *operands, aliases=aliases)
     if platform == "cuda" and config.cuda_launch == "ptx":
         return lower_kernel_call(ctx, *operands, spec=spec, scalars=scalars, count=count, aliases=aliases)
     callback = launcher_for(platform).callback(spec, scalars, count, aliases)
     shapes = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in results]
     run = buffer_callback(callback, shapes, input_output_aliases=dict(aliases))
     return mlir.lower_fun(lambda *args: run(*args), multiple_results=True)(ctx, *operands)
+
+
+def _lower_empty_launch(ctx, *operands, aliases):
+    """No threads, no launch, on every route: results updated in place are their operands
+    unchanged, fresh results are zeros (never uninitialised memory)."""
+    in_place = {result: operand for operand, result in aliases}
+    avals = ctx.avals_out
+
+    def unchanged_or_zero(*arrays):
+        return [
+            arrays[in_place[k]] if k in in_place else jnp.zeros(a.shape, a.dtype) for k, a in enumerate(avals)
+        ]
+
+    return mlir.lower_fun(unchanged_or_zero, multiple_results=True)(ctx, *operands)
 
 
 def _require_one_device_per_kernel(axis_context, spec: KernelSpec) -> None:

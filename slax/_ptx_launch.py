@@ -29,8 +29,6 @@ import zlib
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
-from jax.interpreters import mlir
 
 from slax._codegen import ROW_THREADS
 from slax._compile import EntryPointParameters, KernelSpec, kernel_parameters
@@ -170,7 +168,7 @@ def kernel_call_opaque(spec: KernelSpec, plan: LaunchPlan) -> bytes:
 
 
 def lower_kernel_call(ctx, *operands, spec: KernelSpec, scalars, count: int, aliases):
-    """Lowers one ``slang_kernel`` launch to a ``triton_kernel_call_ffi`` custom call.
+    """Lowers one ``slang_kernel`` launch (``count > 0``) to a ``triton_kernel_call_ffi`` custom call.
 
     The launcher hands array parameters the custom call's buffers in order, operands then
     results. A result updated in place has no pointer of its own, so the custom call returns the
@@ -178,16 +176,6 @@ def lower_kernel_call(ctx, *operands, spec: KernelSpec, scalars, count: int, ali
     lowering puts them back in the primitive's order.
     """
     in_place = {result: operand for operand, result in aliases}
-    if count == 0:  # nothing to launch: in-place results stay as they were, fresh ones are zero
-        avals = ctx.avals_out
-
-        def unchanged_or_zero(*arrays):
-            return [
-                arrays[in_place[k]] if k in in_place else jnp.zeros(a.shape, a.dtype)
-                for k, a in enumerate(avals)
-            ]
-
-        return mlir.lower_fun(unchanged_or_zero, multiple_results=True)(ctx, *operands)
     plan = launch_plan(spec, scalars, count)
     order = [k for k in range(len(ctx.avals_out)) if k not in in_place] + sorted(in_place)
     call_ctx = ctx.replace(avals_out=[ctx.avals_out[k] for k in order])

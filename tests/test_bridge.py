@@ -87,6 +87,21 @@ def test_empty_launch_returns_empty(module):
     assert _scale_shift(module, x, 1.0, 1.0).shape == (0,)
 
 
+def test_no_threads_gives_zeros_or_the_operand_in_place(module, rng):
+    """A launch of zero threads writes nothing: fresh results are zeros, never uninitialised
+    memory, and results updated in place are their operands unchanged (on every launch route)."""
+    kernel = module.kernel("scale_shift_float")
+    x = jnp.asarray(rng.normal(size=6), jnp.float32)
+    result = jax.ShapeDtypeStruct((6,), jnp.float32)
+    (fresh,) = jax.jit(lambda x: kernel(x, results=[result], threads=0, count=0, a=2.0, b=1.0))(x)
+    np.testing.assert_array_equal(np.asarray(fresh), np.zeros(6, np.float32))
+    y = x + 1
+    (kept,) = jax.jit(
+        lambda x, y: kernel(x, y, results=[result], threads=0, in_place={1: 0}, count=0, a=2.0, b=1.0)
+    )(x, y)
+    np.testing.assert_array_equal(np.asarray(kept), np.asarray(y))
+
+
 def test_wrong_dtype_names_parameter(module):
     kernel = module.kernel("scale_shift_float")
     x = jnp.ones(4, jnp.float16)
