@@ -145,13 +145,9 @@ class SlangFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         bound = self._bind(args, kwargs)
         signature, operands = self._resolve(bound)
-        grid = self._grid(signature, operands)
-        leaves = [leaf for value in signature.outputs for leaf in value.leaves]
-        if 0 in grid:
-            flat = [jnp.zeros(grid + leaf.shape, leaf.dtype) for leaf in leaves]
-        else:
-            flat = slang_call_p.bind(*operands, function=FunctionSpec(self.module.path, signature))
-            check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
+        self._require_one_grid(signature, operands)
+        flat = slang_call_p.bind(*operands, function=FunctionSpec(self.module.path, signature))
+        check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
         return self._unflatten(signature, flat)
 
     def _bind(self, args, kwargs) -> dict[str, Any]:
@@ -269,7 +265,8 @@ class SlangFunction:
             )
         return array
 
-    def _grid(self, signature: Signature, operands: list[jax.Array]) -> tuple[int, ...]:
+    def _require_one_grid(self, signature: Signature, operands: list[jax.Array]) -> None:
+        """Raises ValueError, naming each argument's grid, if the arguments do not broadcast."""
         labelled = []
         shapes = []
         leaves = [(v, leaf) for v in signature.inputs for leaf in v.leaves]
@@ -278,7 +275,7 @@ class SlangFunction:
             shapes.append(grid)
             labelled.append(f"{value.name}{'.' + '.'.join(leaf.path) if leaf.path else ''}: {grid}")
         try:
-            return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+            np.broadcast_shapes(*shapes)
         except ValueError:
             raise ValueError(
                 f"slax: the arguments of {self.name}() do not broadcast to one call grid; their "

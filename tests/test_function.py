@@ -168,6 +168,8 @@ def test_second_order_is_a_clear_error(poly):
 
 def test_empty_grid_returns_empty(poly):
     assert poly(1.0, 2.0, 3.0, jnp.zeros((0, 4))).shape == (0, 4)
+    assert jax.jit(poly)(1.0, 2.0, 3.0, jnp.zeros((0, 4))).shape == (0, 4)
+    assert jax.grad(lambda x: poly(1.0, 2.0, 3.0, x).sum())(jnp.zeros((0, 4))).shape == (0, 4)
 
 
 # --- errors ---------------------------------------------------------------------------------------
