@@ -99,14 +99,13 @@ def nvrtc_library() -> str | None:
         if not os.path.isfile(explicit):
             raise NvrtcNotFoundError(f"slax: SLAX_NVRTC={explicit!r} is not a file.")
         return explicit
-    directories = []
-    for package in ("nvidia.cuda_nvrtc", "nvidia.cu13", "nvidia"):
-        try:
-            found = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            found = None
-        for location in (found.submodule_search_locations or []) if found else []:
-            directories += [os.path.join(location, "lib"), os.path.join(location, "cuda_nvrtc", "lib")]
+    wheels = importlib.util.find_spec("nvidia")  # the namespace package NVIDIA's wheels share
+    locations = (wheels.submodule_search_locations or []) if wheels else []
+    directories = [
+        os.path.join(location, wheel_lib)
+        for location in locations
+        for wheel_lib in ("cuda_nvrtc/lib", "cu13/lib")
+    ]
     for variable in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(variable):
             directories.append(os.path.join(os.environ[variable], "lib64"))

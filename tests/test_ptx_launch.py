@@ -203,6 +203,19 @@ def test_cuda_source_is_the_plain_kernel_signature():
     assert 'extern "C" __global__ void scale_shift_int(int * ' in source
 
 
+@needs_tools
+def test_nvrtc_is_found_in_nvidias_wheel():
+    """Without SLAX_NVRTC, the NVRTC that JAX's CUDA packages install (nvidia-cuda-nvrtc) is found."""
+    env = {k: v for k, v in os.environ.items() if k != "SLAX_NVRTC"}
+    env["PYTHONPATH"] = os.pathsep.join([str(TOOLS), str(ROOT)])
+    script = "from slax._slang_c import nvrtc_library; print(nvrtc_library())"
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == str(NVRTC)
+
+
 def test_missing_nvrtc_is_explained(monkeypatch):
     monkeypatch.setenv("SLAX_NVRTC", "/nonexistent/libnvrtc.so")
     spec = KernelSpec("scale_shift_float", path=str(SHADER_DIR / "kernels" / "scale_shift.slang"))
