@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Installs what slax needs on a fresh Debian 12 machine: a Vulkan driver when no GPU driver is
 # present (Mesa 25's lavapipe from bookworm-backports; bookworm's Mesa 22 cannot run SlangPy), and
-# a virtual environment .venv with slax and its Python dependencies. Idempotent; sourced by the
-# other scripts.
+# a virtual environment .venv with slax and its Python dependencies. Idempotent; the other scripts
+# source it and run Python from $venv.
+#
+# Another interpreter or JAX release (CI checks the GPU machine's Python 3.12 and JAX 0.11.2 this way):
+#   SLAX_PYTHON=python3.12 SLAX_VENV=.venv-312 SLAX_JAX_VERSION=0.11.2 bash scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${SLAX_VENV:-$root/.venv}"
+case "$venv" in /*) ;; *) venv="$root/$venv" ;; esac
+jax_pin=()
+[ -z "${SLAX_JAX_VERSION:-}" ] || jax_pin=("jax==$SLAX_JAX_VERSION" "jaxlib==$SLAX_JAX_VERSION")
 
 have_vulkan_driver() {
   { compgen -G '/usr/share/vulkan/icd.d/*.json' || compgen -G '/etc/vulkan/icd.d/*.json'; } >/dev/null &&
@@ -36,12 +43,12 @@ elif ! have_vulkan_driver || ! lavapipe_is_recent; then
   fi
 fi
 
-if [ ! -x "$root/.venv/bin/python" ]; then
-  python3 -m venv "$root/.venv"
+if [ ! -x "$venv/bin/python" ]; then
+  "${SLAX_PYTHON:-python3}" -m venv "$venv"
 fi
-stamp="$root/.venv/.slax-installed"
+stamp="$venv/.slax-installed${SLAX_JAX_VERSION:+-jax-$SLAX_JAX_VERSION}"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
-  "$root/.venv/bin/python" -m pip install -q --upgrade pip
-  "$root/.venv/bin/python" -m pip install -q -e "$root[test,experiments,dev]"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -e "${root}[test,experiments,dev]" "${jax_pin[@]}"
   touch "$stamp"
 fi

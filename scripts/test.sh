@@ -2,21 +2,21 @@
 # Installs what is needed (scripts/setup.sh), then runs the slax test suite. Extra args go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/setup.sh"
+source "$root/scripts/setup.sh"   # sets $venv
 cd "$root"
 
 # CUDA tools for the PTX launch path's tests on a machine without a GPU (tests/test_ptx_launch.py):
 # NVRTC (Slang -> PTX), ptxas (assembles the PTX for sm_90) and jaxlib's CUDA plugin (serialises
-# kernel launches), matching the installed jaxlib. They go to .venv/cuda-tools, not into the
+# kernel launches), matching the installed jaxlib. They go to $venv/cuda-tools, not into the
 # environment's site-packages, so that JAX there stays the plain CPU JAX users have.
-tools="$root/.venv/cuda-tools"
-jax_version="$(.venv/bin/python -c 'import jaxlib; print(jaxlib.__version__)')"
+tools="$venv/cuda-tools"
+jax_version="$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')"
 if [ ! -f "$tools/.installed-$jax_version" ]; then
   rm -rf "$tools"
-  .venv/bin/python -m pip install -q --no-deps --target "$tools" "jax-cuda12-plugin==$jax_version" \
+  "$venv/bin/python" -m pip install -q --no-deps --target "$tools" "jax-cuda12-plugin==$jax_version" \
     "nvidia-cuda-nvrtc-cu12==12.9.*" "nvidia-cuda-nvcc-cu12==12.9.*"
   touch "$tools/.installed-$jax_version"
 fi
 export SLAX_TEST_CUDA_TOOLS="$tools"
 
-exec .venv/bin/python -m pytest "$@"
+exec "$venv/bin/python" -m pytest "$@"

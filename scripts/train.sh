@@ -3,6 +3,6 @@
 # JAX on whatever device is there. Extra args go to experiments/polynomial.py (see --help).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/setup.sh"
+source "$root/scripts/setup.sh"   # sets $venv
 cd "$root"
-exec .venv/bin/python experiments/polynomial.py "$@"
+exec "$venv/bin/python" experiments/polynomial.py "$@"
