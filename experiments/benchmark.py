@@ -91,7 +91,9 @@ def make_batch(network, key, batch):
     return x, jax.random.randint(key, (batch,), 0, sizes[-1])
 
 
-def steps_per_second(network, model, dtype, batch, steps, repeats) -> float:
+def training_run(network: str, model: str, dtype: str, batch: int):
+    """(run, state): ``run(state, keys) -> (state, losses)`` is a jitted lax.scan of one training
+    step per key (sample a batch, forward, backward, Adam update), from the initial ``state``."""
     params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
     optimizer = optax.adam(1e-3)
     fn = loss_and_grad(network, model, jnp.dtype(dtype))
@@ -103,7 +105,11 @@ def steps_per_second(network, model, dtype, batch, steps, repeats) -> float:
         return (optax.apply_updates(params, updates), opt_state), loss
 
     run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
-    state = (params, optimizer.init(params))
+    return run, (params, optimizer.init(params))
+
+
+def steps_per_second(network, model, dtype, batch, steps, repeats) -> float:
+    run, state = training_run(network, model, dtype, batch)
     keys = jax.random.split(jax.random.key(1), steps)
     jax.block_until_ready(run(state, keys))
     times = []

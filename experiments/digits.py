@@ -25,8 +25,14 @@ SIZES = (64, 128, 64, 10)
 
 
 def load_split(seed: int):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as error:
+        raise SystemExit(
+            "digits: the data set comes with scikit-learn, which is not installed "
+            f"({experiment.EXTRAS_HINT})."
+        ) from error
 
     digits = load_digits()
     images = (digits.data / 16.0).astype(np.float32)
@@ -166,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             **results,
         },
     )
-    experiment.plot_loss_curves(out, {f"{k} ({args.dtype})": v for k, v in losses.items()}, "cross-entropy")
-    plot_accuracy(out, accuracy_curves)
-    plot_confusion(out, confusion)
+    if experiment.can_plot():
+        experiment.plot_loss_curves(
+            out, {f"{k} ({args.dtype})": v for k, v in losses.items()}, "cross-entropy"
+        )
+        plot_accuracy(out, accuracy_curves)
+        plot_confusion(out, confusion)
     if results["slax"]["test_accuracy"] < args.target_accuracy:
         print(f"slax test accuracy {results['slax']['test_accuracy']:.4f} is below {args.target_accuracy}")
         return 1

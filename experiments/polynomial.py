@@ -165,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     experiment.write_metrics(out, metrics)
-    experiment.plot_loss_curves(
-        out, {f"{k} ({args.dtype})": v for k, v in curves.items()}, "loss (squared error)"
-    )
-    plot_surfaces(out, trained, jnp.dtype(args.dtype))
+    if experiment.can_plot():
+        experiment.plot_loss_curves(
+            out, {f"{k} ({args.dtype})": v for k, v in curves.items()}, "loss (squared error)"
+        )
+        plot_surfaces(out, trained, jnp.dtype(args.dtype))
     if results["slax"]["test_mse"] > args.target_mse:
         print(f"slax test MSE {results['slax']['test_mse']:.3e} is above --target-mse {args.target_mse}")
         return 1

@@ -1,7 +1,9 @@
 """What every slax experiment script shares: flags, jitted training chunks with a progress bar,
 run directories, metrics and loss plots. The scripts in experiments/ stay thin on top of this.
 
-Needs the ``experiments`` extra (tqdm, matplotlib).
+Uses the ``experiments`` extra (tqdm, matplotlib) where it is installed. Without it (a machine with
+only JAX, such as the GPU machine) training still runs and writes metrics: progress comes as one
+line per chunk, and plots are skipped with a note saying what to install.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -80,6 +83,37 @@ def describe_platform() -> str:
     platform = default_platform()
     device = jax.devices()[0].device_kind
     return f"JAX {jax.__version__} on {device}; Slang kernels on {describe_device(platform)}"
+
+
+EXTRAS_HINT = "pip install 'slax[experiments]' for tqdm, matplotlib and scikit-learn"
+
+
+def can_plot() -> bool:
+    """Whether matplotlib is installed to draw the plots; if not, says so (the run goes on)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print(f"matplotlib is not installed: no plots ({EXTRAS_HINT})")
+        return False
+    return True
+
+
+class _ChunkLines:
+    """Progress as one printed line per chunk, where tqdm is not installed (tqdm's interface)."""
+
+    def __init__(self, total: int, initial: int, desc: str, unit: str):
+        self.total, self.n, self.desc, self.unit = total, initial, desc, unit
+
+    def __enter__(self) -> _ChunkLines:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        self.n += n
+
+    def set_postfix(self, postfix: dict[str, str]) -> None:
+        fields = ", ".join(f"{k} {v}" for k, v in postfix.items())
+        print(f"{self.desc}: {self.n}/{self.total} {self.unit}s, {fields}", flush=True)
 
 
 def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
@@ -180,7 +214,10 @@ def train_in_chunks(
     checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
     to an uninterrupted one.
     """
-    from tqdm.auto import tqdm
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        tqdm = _ChunkLines
 
     keys = jax.random.split(key, steps)
     run_chunk = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))

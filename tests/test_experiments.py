@@ -83,6 +83,35 @@ def test_digits_trains_and_writes_outputs(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+def _run_without_extras(script: str, *flags: str) -> subprocess.CompletedProcess:
+    """Runs an experiment as on a machine with JAX but without the experiments extra (tqdm,
+    matplotlib, scikit-learn), like the GPU machine: those imports fail."""
+    blocked = ("tqdm", "tqdm.auto", "matplotlib", "matplotlib.pyplot", "sklearn", "sklearn.datasets")
+    program = (
+        f"import runpy, sys; sys.modules.update(dict.fromkeys({blocked!r})); "
+        f"sys.argv = {[script, *flags]!r}; runpy.run_path({script!r}, run_name='__main__')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_polynomial_trains_without_the_experiments_extra(tmp_path):
+    flags = ["--steps", "200", "--chunk", "100", "--target-mse", "1", "--out", str(tmp_path)]
+    result = _run_without_extras("experiments/polynomial.py", *flags)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "slax: 200/200 steps, loss" in result.stdout  # progress lines instead of a tqdm bar
+    assert "matplotlib is not installed: no plots (pip install 'slax[experiments]'" in result.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["slax"]["test_mse"] < 1
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_digits_without_scikit_learn_says_what_to_install(tmp_path):
+    result = _run_without_extras("experiments/digits.py", "--out", str(tmp_path))
+    assert result.returncode == 1
+    assert "digits: the data set comes with scikit-learn, which is not installed" in result.stderr
+
+
 def test_gradcheck_passes_everything():
     result = subprocess.run(
         [sys.executable, "experiments/gradcheck.py"], cwd=ROOT, capture_output=True, text=True, timeout=900
@@ -156,3 +185,38 @@ def test_benchmark_runs(tmp_path):
     assert polynomial["floor_us"] == pytest.approx(0.4096)
     assert polynomial["times_floor"] == pytest.approx(polynomial["step_us"] / 0.4096)
     assert all(r["steps_per_s"] > 0 for r in rows)
+
+
+def _soak(tmp_path, *flags):
+    return subprocess.run(
+        [
+            sys.executable,
+            "experiments/soak.py",
+            "--batch",
+            "256",
+            "--json",
+            str(tmp_path / "soak.json"),
+            *flags,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_soak_reads_memory_after_every_chunk(tmp_path):
+    result = _soak(tmp_path, "--steps", "2000", "--chunk", "500")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "soak.json").read_text())
+    assert [r["step"] for r in report["readings"]] == [0, 500, 1000, 1500, 2000]
+    # On the CPU path only host memory has a reading (lavapipe's device memory is host memory).
+    assert set(report["growth_mb"]) == {"host_rss_mb"}
+    assert report["growth_mb"]["host_rss_mb"] < 16 and report["finite"]
+    assert report["readings"][-1]["loss"] < report["readings"][0]["loss"]
+
+
+def test_soak_fails_on_growth_over_the_limit(tmp_path):
+    """A limit below any possible reading makes the run fail: the check is live."""
+    result = _soak(tmp_path, "--steps", "100", "--chunk", "100", "--max-growth-mb=-1e6")
+    assert result.returncode == 1 and "FAIL: grew more than" in result.stdout, result.stdout + result.stderr

@@ -1,0 +1,160 @@
+"""Long runs hold their memory: thousands of jitted slax training steps, memory read throughout.
+
+Trains a network of benchmark.py (default: the polynomial MLP with the fused Slang loss-and-gradient
+kernel and optax Adam) in jitted lax.scan chunks of --chunk steps, and after a warm-up chunk and
+after every chunk reads:
+
+- host: the process's resident memory (/proc/self/statm);
+- JAX: device bytes in use by XLA's allocator (``Device.memory_stats()``; absent on the CPU, where
+  lavapipe's device memory is host memory and the RSS covers it);
+- CUDA: memory in use on the GPU as its driver counts it (``cuMemGetInfo``), which also sees what
+  SlangPy allocates outside XLA's allocator.
+
+Prints one row per reading and the growth of each since warm-up; writes JSON; exits 1 if any
+grew by more than --max-growth-mb.
+
+    python experiments/soak.py [--steps 10000] [--chunk 1000] [--batch 1024] [--launch slangpy|ptx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+from benchmark import NETWORKS, training_run
+
+from slax import config
+from slax._config import CUDA_LAUNCHES
+from slax._device import default_platform
+from slax.experiment import describe_platform
+
+
+def host_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        resident_pages = int(f.read().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def jax_device_mb() -> float | None:
+    stats = jax.devices()[0].memory_stats()
+    return stats["bytes_in_use"] / 2**20 if stats and "bytes_in_use" in stats else None
+
+
+def cuda_used_mb(ordinal: int = 0) -> float:
+    """Total minus free memory of GPU ``ordinal``, read in its primary context (the one JAX and
+    SlangPy share)."""
+    from slax._bridge import _cuda_driver
+
+    cuda = _cuda_driver()
+
+    def check(status: int, call: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"soak: {call} failed with CUresult {status}")
+
+    device, context, popped = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    check(cuda.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+    try:
+        check(cuda.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
+        try:
+            check(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
+        finally:
+            cuda.cuCtxPopCurrent_v2(ctypes.byref(popped))
+    finally:
+        cuda.cuDevicePrimaryCtxRelease_v2(device)
+    return (total.value - free.value) / 2**20
+
+
+def reading(step: int, loss: float) -> dict:
+    on_cuda = default_platform() == "cuda"
+    return {
+        "step": step,
+        "loss": loss,
+        "host_rss_mb": host_rss_mb(),
+        "jax_device_mb": jax_device_mb(),
+        "cuda_used_mb": cuda_used_mb() if on_cuda else None,
+    }
+
+
+MEASURES = ("host_rss_mb", "jax_device_mb", "cuda_used_mb")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--network", choices=tuple(NETWORKS), default="polynomial")
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10_000, help="steps after the warm-up chunk")
+    parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call")
+    parser.add_argument(
+        "--launch",
+        choices=CUDA_LAUNCHES,
+        default=config.cuda_launch,
+        help="CUDA launch route (slax.config.cuda_launch); ignored on CPU",
+    )
+    parser.add_argument("--max-growth-mb", type=float, default=16.0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.steps % args.chunk:
+        parser.error(f"--steps {args.steps} is not a multiple of --chunk {args.chunk}")
+    config.cuda_launch = args.launch
+    route = f"; CUDA launch route: {args.launch}" if default_platform() == "cuda" else ""
+    print(describe_platform() + route)
+
+    run, state = training_run(args.network, "slax", args.dtype, args.batch)
+    key = jax.random.key(1)
+
+    def chunk(state, key):
+        key, sub = jax.random.split(key)
+        state, losses = run(state, jax.random.split(sub, args.chunk))
+        return jax.block_until_ready(state), float(np.asarray(losses)[-1]), key
+
+    state, loss, key = chunk(state, key)  # compiles, allocates, warms caches
+    readings = [reading(0, loss)]
+    header = f"{'step':>8} {'loss':>10} {'host RSS MB':>12} {'JAX device MB':>14} {'CUDA used MB':>13}"
+    print(header + "\n" + "-" * len(header))
+
+    def show(r: dict) -> None:
+        cells = [f"{r[m]:.1f}" if r[m] is not None else "-" for m in MEASURES]
+        print(f"{r['step']:>8} {r['loss']:>10.3e} {cells[0]:>12} {cells[1]:>14} {cells[2]:>13}", flush=True)
+
+    show(readings[0])
+    for done in range(args.chunk, args.steps + 1, args.chunk):
+        state, loss, key = chunk(state, key)
+        readings.append(reading(done, loss))
+        show(readings[-1])
+
+    growth = {m: readings[-1][m] - readings[0][m] for m in MEASURES if readings[0][m] is not None}
+    grown = {m: g for m, g in growth.items() if g > args.max_growth_mb}
+    print("\ngrowth over", args.steps, "steps:", ", ".join(f"{m} {g:+.1f} MB" for m, g in growth.items()))
+    finite = bool(np.isfinite([r["loss"] for r in readings]).all())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "platform": describe_platform(),
+                    "args": vars(args),
+                    "readings": readings,
+                    "growth_mb": growth,
+                    "finite": finite,
+                },
+                f,
+                indent=2,
+            )
+    if grown or not finite:
+        print(f"FAIL: grew more than {args.max_growth_mb} MB: {grown}" if grown else "FAIL: non-finite loss")
+        return 1
+    print(f"ok: nothing grew more than {args.max_growth_mb} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
