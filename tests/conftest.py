@@ -8,6 +8,14 @@ import pytest
 import slax
 
 
+def pytest_report_header(config) -> str:
+    """The versions under test, for CI logs that run the suite on more than one JAX."""
+    import jaxlib
+    import slangpy
+
+    return f"slax under JAX {jax.__version__} (jaxlib {jaxlib.__version__}), SlangPy {slangpy.__version__}"
+
+
 def _available_kinds() -> list[str]:
     kinds = ["vulkan"]
     if any(d.platform == "gpu" for d in jax.devices()):
