@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from slax._compile import KernelSpec, entry_point_parameters
-from slax._primitive import check_finite, run_kernel
+from slax._primitive import check_finite, run_kernel, vary_alike
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 
 _DTYPE_FOR_SLANG_SCALAR = {name: dtype for dtype, name in SLANG_SCALAR_FOR_DTYPE.items()}
@@ -93,6 +93,7 @@ class SlangKernel:
             for name, v in sorted(scalars.items())
         )
         result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
+        arrays = vary_alike(list(arrays))
         outputs = run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
         check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
         return outputs

@@ -20,7 +20,7 @@ import slangpy as spy
 from slax._compile import load_slang_module
 from slax._device import SHADER_DIR, cache_dir, reflection_device
 from slax._kernel import SlangKernel
-from slax._primitive import FunctionSpec, check_finite, slang_call_p
+from slax._primitive import FunctionSpec, check_finite, slang_call_p, vary_alike
 from slax._signature import (
     SLANG_SCALAR_FOR_DTYPE,
     Leaf,
@@ -146,6 +146,7 @@ class SlangFunction:
         bound = self._bind(args, kwargs)
         signature, operands = self._resolve(bound)
         self._require_one_grid(signature, operands)
+        operands = vary_alike(operands)
         flat = slang_call_p.bind(*operands, function=FunctionSpec(self.module.path, signature))
         check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
         return self._unflatten(signature, flat)

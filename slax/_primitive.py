@@ -53,6 +53,25 @@ def _varying_axes(aval) -> frozenset:
     return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
+def vary_alike(operands: list) -> list:
+    """``operands``, each cast to vary over every manual mesh axis that any of them varies over.
+
+    Inside ``jax.shard_map`` a replicated argument (weights, say) meets per-device data in a slax
+    kernel. JAX's own primitives first cast it to varying (``jax.lax.pcast(..., to="varying")``),
+    whose transpose sums the cotangent over the axis; slax's entry points do the same, so that
+    ``jax.grad`` with respect to a replicated argument is the all-device sum, as for any JAX
+    function, and custom VJPs return cotangents of their arguments' types.
+    """
+    varying = [_varying_axes(jax.typeof(o)) for o in operands]
+    axes = frozenset().union(*varying)
+    if not axes:
+        return list(operands)
+    return [
+        jax.lax.pcast(o, tuple(sorted(axes - own, key=str)), to="varying") if axes - own else o
+        for o, own in zip(operands, varying)
+    ]
+
+
 def _kernel_abstract_eval(*operands, spec, results, scalars, count, aliases):
     del spec, scalars, count, aliases
     return [result_aval(shape, dtype, operands) for shape, dtype in results]

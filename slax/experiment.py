@@ -52,24 +52,35 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
     )
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
     parser.add_argument(
-        "--devices", type=int, default=1, help="split each batch over this many JAX devices (data parallel)"
+        "--devices",
+        type=int,
+        default=None,
+        help="split each batch over a mesh of this many JAX devices with shard_map (data parallel; "
+        "1 is a one-device mesh); default: no mesh",
     )
 
 
-def data_parallel(loss_and_grad: Callable, devices: int) -> Callable:
+def data_parallel(loss_and_grad: Callable, devices: int | None) -> Callable:
     """``(params, x, y) -> (loss, grads)`` with the batch split over ``devices`` JAX devices.
 
     Each device runs the kernels on its shard inside ``jax.shard_map``; losses and gradients are
     averaged with ``lax.pmean``, so for equal shards the result is the single-device one.
+    ``devices=None`` returns ``loss_and_grad`` itself; 1 runs it inside a one-device mesh.
     """
-    if devices == 1:
+    if devices is None:
         return loss_and_grad
-    if devices > len(jax.devices()):
-        raise SystemExit(f"--devices {devices}: JAX sees only {len(jax.devices())} device(s).")
+    if not 1 <= devices <= len(jax.devices()):
+        raise SystemExit(
+            f"--devices {devices}: expected 1 to {len(jax.devices())}, the JAX devices there are."
+        )
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
     spec = jax.sharding.PartitionSpec
 
     def local(params, x, y):
+        # Each device differentiates its own shard's loss: params cast to varying outside the
+        # gradient, so that jax.grad inside gives the local gradient (not already summed over the
+        # mesh, as for replicated params), the same as a fused slax kernel's; pmean averages both.
+        params = jax.lax.pcast(params, "data", to="varying")
         loss, grads = loss_and_grad(params, x, y)
         return jax.lax.pmean(loss, "data"), jax.lax.pmean(grads, "data")
 
@@ -120,7 +131,7 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     """Applies --device, makes the output dir; returns it and a description of the run's devices."""
     if args.device != "auto":
         set_device_kind(args.device)
-    if args.batch % args.devices:
+    if args.devices and args.batch % args.devices:
         raise SystemExit(f"{name}: --batch {args.batch} must divide evenly over --devices {args.devices}.")
     if args.resume and args.out is None:
         raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
@@ -213,6 +224,10 @@ def train_in_chunks(
     ``checkpoint_every`` steps (rounded up to whole chunks) and at the end, and an existing
     checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
     to an uninterrupted one.
+
+    ``evaluate`` sees, and the result holds, the state on JAX's first device: after data-parallel
+    steps it is replicated over a mesh, and a slax kernel called on it under plain ``jax.jit``
+    would be refused (XLA would partition it automatically).
     """
     try:
         from tqdm.auto import tqdm
@@ -239,7 +254,7 @@ def train_in_chunks(
             losses.append(chunk_losses)
             postfix = {"loss": f"{chunk_losses[-1]:.3e}"}
             if evaluate is not None:
-                evaluations.append((first + len(chunk_losses), float(evaluate(state))))
+                evaluations.append((first + len(chunk_losses), float(evaluate(_on_first_device(state)))))
                 postfix["eval"] = f"{evaluations[-1][1]:.4f}"
             bar.update(len(chunk_losses))
             bar.set_postfix(postfix)
@@ -249,7 +264,11 @@ def train_in_chunks(
             ):
                 save_checkpoint(checkpoint, state, done, key, np.concatenate(losses))
                 last_saved = done
-    return TrainingRun(state, np.concatenate(losses), seconds, steps - start, evaluations)
+    return TrainingRun(_on_first_device(state), np.concatenate(losses), seconds, steps - start, evaluations)
+
+
+def _on_first_device(tree: Any) -> Any:
+    return jax.device_put(tree, jax.devices()[0])
 
 
 def write_metrics(out: pathlib.Path, metrics: dict[str, Any]) -> pathlib.Path:

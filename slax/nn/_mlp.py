@@ -30,7 +30,7 @@ from jax.interpreters import batching, mlir
 
 from slax._codegen import GROUP_SIZE
 from slax._compile import KernelSpec
-from slax._primitive import check_finite, result_aval, run_kernel
+from slax._primitive import check_finite, result_aval, run_kernel, vary_alike
 from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, mlp_source
 
 Params = list[dict[str, jax.Array]]
@@ -64,13 +64,26 @@ def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -
     return params
 
 
-@jax.custom_vjp
 def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     """The network on a batch, in Slang kernels: ``x (..., in) -> (..., out)``.
 
     Differentiable in reverse mode (``jax.grad``/``jax.vjp``) through the layers' Slang backward
-    derivative, for params and x; composes with jit, vmap and lax.scan.
+    derivative, for params and x; composes with jit, vmap, lax.scan and shard_map (gradients of
+    replicated params are summed over the mesh, as JAX does).
     """
+    _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
+    params, x = _vary_alike(params, x)
+    return _mlp_apply(params, x)
+
+
+def _vary_alike(params: Params, *arrays: jax.Array) -> tuple:
+    leaves, tree = jax.tree.flatten(params)
+    cast = vary_alike([*leaves, *arrays])
+    return (jax.tree.unflatten(tree, cast[: len(leaves)]), *cast[len(leaves) :])
+
+
+@jax.custom_vjp
+def _mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     sizes, dtype = _architecture("mlp_apply", params, x)
     y = mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype)
     check_finite("slax.nn.mlp_apply's forward kernel", [x, *_flat(params)], [y])
@@ -78,7 +91,7 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
 
 
 def _mlp_apply_fwd(params, x):
-    return mlp_apply(params, x), (params, x)
+    return _mlp_apply(params, x), (params, x)
 
 
 def _mlp_apply_bwd(residuals, dy):
@@ -91,7 +104,7 @@ def _mlp_apply_bwd(residuals, dy):
     return _unflat(flat), dx
 
 
-mlp_apply.defvjp(_mlp_apply_fwd, _mlp_apply_bwd)
+_mlp_apply.defvjp(_mlp_apply_fwd, _mlp_apply_bwd)
 
 
 def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[jax.Array, Params]:
@@ -112,6 +125,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
         )
     batch = math.prod(x.shape[:-1])
+    params, x, target = _vary_alike(params, x, target)
     losses, *grads = mlp_loss_grad_p.bind(
         x, target, *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, loss_scale=1.0 / max(batch, 1)
     )
