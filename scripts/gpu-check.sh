@@ -44,6 +44,10 @@ step environment 120 bash -c '
   "$PY" -c "import jax; print(\"jax\", jax.__version__, jax.devices())"
   "$PY" -c "import slangpy; print(\"slangpy\", slangpy.__file__)"
   "$PY" -c "from slax._slang_c import nvrtc_library; print(\"nvrtc\", nvrtc_library())"
+  "$PY" -c "import importlib.metadata as m
+for d in (\"jax-cuda12-plugin\", \"nvidia-cuda-nvrtc-cu12\", \"nvidia-cuda-nvcc-cu12\"):
+    try: print(d, m.version(d))
+    except m.PackageNotFoundError: print(d, \"missing\")"
   for m in optax tqdm matplotlib sklearn pytest hypothesis; do
     "$PY" -c "import $m" 2>/dev/null && echo "$m: yes" || echo "$m: missing"
   done'
