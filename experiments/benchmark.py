@@ -163,9 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                     if launch is None:
                         rate = jax_rate
                     else:
-                        config.cuda_launch = launch
-                        rate = steps_per_second(network, "slax", dtype, batch, args.steps, args.repeats)
-                        config.cuda_launch = "slangpy"
+                        with config.override(cuda_launch=launch):
+                            rate = steps_per_second(network, "slax", dtype, batch, args.steps, args.repeats)
                     row = {
                         "network": network,
                         "dtype": dtype,

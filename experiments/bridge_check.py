@@ -129,14 +129,13 @@ def compare_routes(rng: np.random.Generator) -> list[dict]:
     for name, (function, args) in cases.items():
         outputs = {}
         for route in ("slangpy", "ptx"):
-            slax.config.cuda_launch = route
-            jitted = jax.jit(lambda *a, f=function: f(*a))
-            uses_ptx = "triton_kernel_call_ffi" in jitted.lower(*args).as_text()
-            if uses_ptx != (route == "ptx"):  # the route really switched: no cached lowering reused
-                raise RuntimeError(f"{name}: lowered with the wrong launch route for {route!r}")
-            leaves = jax.tree.leaves(jitted(*args))
+            with slax.config.override(cuda_launch=route):
+                jitted = jax.jit(lambda *a, f=function: f(*a))
+                uses_ptx = "triton_kernel_call_ffi" in jitted.lower(*args).as_text()
+                if uses_ptx != (route == "ptx"):  # the route really switched: no cached lowering reused
+                    raise RuntimeError(f"{name}: lowered with the wrong launch route for {route!r}")
+                leaves = jax.tree.leaves(jitted(*args))
             outputs[route] = [np.asarray(leaf, np.float64) for leaf in leaves]
-        slax.config.cuda_launch = "slangpy"
         diff = max(float(np.max(np.abs(a - b), initial=0.0)) for a, b in zip(*outputs.values()))
         rows.append({"case": name, "max_abs_diff": diff, "identical": diff == 0.0})
     return rows
@@ -156,17 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     in_place = {}
     rows: list[dict[str, Any]] = []
     for route in routes():
-        if route != "host-copy":
-            slax.config.cuda_launch = route
-        print(f"\n[{route}] results:")
-        failures += [f"{route} {dtype}" for dtype in check_results(module)]
-        print(f"[{route}] in place / zero-copy:")
-        in_place[route] = check_in_place(module, route)
-        for size in (256, 1 << 20):
-            x = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
-            slang = time_per_call(lambda y: scale_shift(module, y, 0.5, 0.25), x, args.steps, args.repeats)
-            rows.append({"route": route, "elements": size, "slax_us": slang * 1e6})
-    slax.config.cuda_launch = "slangpy"
+        launch = {} if route == "host-copy" else {"cuda_launch": route}
+        with slax.config.override(**launch):
+            print(f"\n[{route}] results:")
+            failures += [f"{route} {dtype}" for dtype in check_results(module)]
+            print(f"[{route}] in place / zero-copy:")
+            in_place[route] = check_in_place(module, route)
+            for size in (256, 1 << 20):
+                x = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
+                slang = time_per_call(
+                    lambda y: scale_shift(module, y, 0.5, 0.25), x, args.steps, args.repeats
+                )
+                rows.append({"route": route, "elements": size, "slax_us": slang * 1e6})
     xla_us = {
         size: time_per_call(
             lambda y: 0.5 * y + 0.25,

@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import slax
-from slax import examples, nn
-from slax._config import CUDA_LAUNCHES
+from slax import examples, experiment, nn
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
 MLP_SIZES = ((4, 16, 4), (64, 128, 64, 10))
@@ -65,12 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dtype", nargs="+", choices=("float32", "float16"), default=["float32", "float16"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--launch",
-        choices=CUDA_LAUNCHES,
-        default=slax.config.cuda_launch,
-        help="how kernels launch when JAX runs on CUDA (slax.config.cuda_launch); ignored on CPU",
-    )
+    experiment.add_launch_argument(parser)
     args = parser.parse_args(argv)
     slax.config.cuda_launch = args.launch
     print(f"JAX on {jax.devices()[0].platform}; CUDA launch route: {args.launch}")

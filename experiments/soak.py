@@ -28,10 +28,8 @@ import jax
 import numpy as np
 from benchmark import NETWORKS, training_run
 
-from slax import config
-from slax._config import CUDA_LAUNCHES
+from slax import config, experiment
 from slax._device import default_platform
-from slax.experiment import describe_platform
 
 
 def host_rss_mb() -> float:
@@ -94,12 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10_000, help="steps after the warm-up chunk")
     parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call")
-    parser.add_argument(
-        "--launch",
-        choices=CUDA_LAUNCHES,
-        default=config.cuda_launch,
-        help="CUDA launch route (slax.config.cuda_launch); ignored on CPU",
-    )
+    experiment.add_launch_argument(parser)
     parser.add_argument("--max-growth-mb", type=float, default=16.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -107,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps {args.steps} is not a multiple of --chunk {args.chunk}")
     config.cuda_launch = args.launch
     route = f"; CUDA launch route: {args.launch}" if default_platform() == "cuda" else ""
-    print(describe_platform() + route)
+    print(experiment.describe_platform() + route)
 
     run, state = training_run(args.network, "slax", args.dtype, args.batch)
     key = jax.random.key(1)
@@ -140,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(
                 {
-                    "platform": describe_platform(),
+                    "platform": experiment.describe_platform(),
                     "args": vars(args),
                     "readings": readings,
                     "growth_mb": growth,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -39,6 +40,19 @@ class Config:
                 f"SLAX_CUDA_LAUNCH); got {value!r}."
             )
         super().__setattr__(name, value)
+
+    @contextlib.contextmanager
+    def override(self, **changes):
+        """Sets ``changes`` (validated as above) for the ``with`` block, then restores the previous
+        values, also on error: ``with slax.config.override(cuda_launch="ptx"): ...``."""
+        previous = {name: getattr(self, name) for name in changes}
+        try:
+            for name, value in changes.items():
+                setattr(self, name, value)
+            yield self
+        finally:
+            for name, value in previous.items():
+                setattr(self, name, value)
 
 
 config = Config()

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from slax._config import CUDA_LAUNCHES, config
 from slax._device import default_platform, describe_device, set_device_kind
 
 
@@ -57,6 +58,16 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
         default=None,
         help="split each batch over a mesh of this many JAX devices with shard_map (data parallel; "
         "1 is a one-device mesh); default: no mesh",
+    )
+
+
+def add_launch_argument(parser: argparse.ArgumentParser) -> None:
+    """``--launch``: the CUDA launch route (``slax.config.cuda_launch``) a script runs with."""
+    parser.add_argument(
+        "--launch",
+        choices=CUDA_LAUNCHES,
+        default=config.cuda_launch,
+        help="how kernels launch when JAX runs on CUDA (slax.config.cuda_launch); ignored on CPU",
     )
 
 

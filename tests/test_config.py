@@ -1,4 +1,5 @@
-"""slax.config.debug_nans: the first Slang kernel that turns finite inputs into NaN/Inf is named."""
+"""slax.config: debug_nans names the first Slang kernel that turns finite inputs into NaN/Inf;
+override sets switches for a block and restores them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,23 @@ import slax
 
 @pytest.fixture
 def debug_nans():
-    slax.config.debug_nans = True
-    yield
-    slax.config.debug_nans = False
+    with slax.config.override(debug_nans=True):
+        yield
+
+
+def test_override_restores_the_previous_values_also_on_error():
+    with pytest.raises(RuntimeError, match="inside"):
+        with slax.config.override(cuda_launch="ptx", debug_nans=True) as config:
+            assert (config.cuda_launch, config.debug_nans) == ("ptx", True)
+            raise RuntimeError("inside")
+    assert (slax.config.cuda_launch, slax.config.debug_nans) == ("slangpy", False)
+
+
+def test_override_validates_like_assignment():
+    with pytest.raises(ValueError, match="cuda_launch must be one of"):
+        with slax.config.override(debug_nans=True, cuda_launch="cuda"):
+            pass
+    assert (slax.config.cuda_launch, slax.config.debug_nans) == ("slangpy", False)
 
 
 @pytest.fixture(scope="module")
