@@ -93,7 +93,7 @@ class SlangKernel:
             for name, v in sorted(scalars.items())
         )
         result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
-        arrays = vary_alike(list(arrays))
+        arrays = vary_alike(arrays)
         outputs = run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
         check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
         return outputs

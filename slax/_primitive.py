@@ -53,8 +53,8 @@ def _varying_axes(aval) -> frozenset:
     return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
-def vary_alike(operands: list) -> list:
-    """``operands``, each cast to vary over every manual mesh axis that any of them varies over.
+def vary_alike(operands):
+    """``operands`` (a pytree), each leaf cast to vary over every manual mesh axis any leaf varies over.
 
     Inside ``jax.shard_map`` a replicated argument (weights, say) meets per-device data in a slax
     kernel. JAX's own primitives first cast it to varying (``jax.lax.pcast(..., to="varying")``),
@@ -62,14 +62,16 @@ def vary_alike(operands: list) -> list:
     ``jax.grad`` with respect to a replicated argument is the all-device sum, as for any JAX
     function, and custom VJPs return cotangents of their arguments' types.
     """
-    varying = [_varying_axes(jax.typeof(o)) for o in operands]
+    leaves, tree = jax.tree.flatten(operands)
+    varying = [_varying_axes(jax.typeof(leaf)) for leaf in leaves]
     axes = frozenset().union(*varying)
     if not axes:
-        return list(operands)
-    return [
-        jax.lax.pcast(o, tuple(sorted(axes - own, key=str)), to="varying") if axes - own else o
-        for o, own in zip(operands, varying)
+        return operands
+    cast = [
+        jax.lax.pcast(leaf, tuple(sorted(axes - own, key=str)), to="varying") if axes - own else leaf
+        for leaf, own in zip(leaves, varying)
     ]
+    return jax.tree.unflatten(tree, cast)
 
 
 def _kernel_abstract_eval(*operands, spec, results, scalars, count, aliases):

@@ -72,14 +72,7 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     replicated params are summed over the mesh, as JAX does).
     """
     _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
-    params, x = _vary_alike(params, x)
-    return _mlp_apply(params, x)
-
-
-def _vary_alike(params: Params, *arrays: jax.Array) -> tuple:
-    leaves, tree = jax.tree.flatten(params)
-    cast = vary_alike([*leaves, *arrays])
-    return (jax.tree.unflatten(tree, cast[: len(leaves)]), *cast[len(leaves) :])
+    return _mlp_apply(*vary_alike((params, x)))
 
 
 @jax.custom_vjp
@@ -125,7 +118,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
         )
     batch = math.prod(x.shape[:-1])
-    params, x, target = _vary_alike(params, x, target)
+    params, x, target = vary_alike((params, x, target))
     losses, *grads = mlp_loss_grad_p.bind(
         x, target, *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, loss_scale=1.0 / max(batch, 1)
     )
