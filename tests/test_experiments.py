@@ -12,23 +12,24 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def _run(*command: str, timeout: int) -> subprocess.CompletedProcess:
+    """``python *command`` from the repository root, its output captured."""
+    return subprocess.run(
+        [sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_polynomial_trains_and_writes_outputs(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "experiments/polynomial.py",
-            "--steps",
-            "400",
-            "--chunk",
-            "100",
-            "--target-mse",
-            "0.05",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "experiments/polynomial.py",
+        "--steps",
+        "400",
+        "--chunk",
+        "100",
+        "--target-mse",
+        "0.05",
+        "--out",
+        str(tmp_path),
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -45,33 +46,21 @@ def test_polynomial_trains_and_writes_outputs(tmp_path):
 
 
 def test_polynomial_help():
-    result = subprocess.run(
-        [sys.executable, "experiments/polynomial.py", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run("experiments/polynomial.py", "--help", timeout=120)
     assert result.returncode == 0 and "--dtype" in result.stdout and "--out" in result.stdout
 
 
 def test_digits_trains_and_writes_outputs(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "experiments/digits.py",
-            "--steps",
-            "300",
-            "--chunk",
-            "100",
-            "--target-accuracy",
-            "0.9",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "experiments/digits.py",
+        "--steps",
+        "300",
+        "--chunk",
+        "100",
+        "--target-accuracy",
+        "0.9",
+        "--out",
+        str(tmp_path),
         timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -91,9 +80,7 @@ def _run_without_extras(script: str, *flags: str) -> subprocess.CompletedProcess
         f"import runpy, sys; sys.modules.update(dict.fromkeys({blocked!r})); "
         f"sys.argv = {[script, *flags]!r}; runpy.run_path({script!r}, run_name='__main__')"
     )
-    return subprocess.run(
-        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return _run("-c", program, timeout=600)
 
 
 def test_polynomial_trains_without_the_experiments_extra(tmp_path):
@@ -113,28 +100,20 @@ def test_digits_without_scikit_learn_says_what_to_install(tmp_path):
 
 
 def test_gradcheck_passes_everything():
-    result = subprocess.run(
-        [sys.executable, "experiments/gradcheck.py"], cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
+    result = _run("experiments/gradcheck.py", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 failed" in result.stdout and "mlp 64-128-64-10 fused" in result.stdout
 
 
 def test_bridge_check_runs(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "experiments/bridge_check.py",
-            "--steps",
-            "20",
-            "--repeats",
-            "1",
-            "--json",
-            str(tmp_path / "bridge.json"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "experiments/bridge_check.py",
+        "--steps",
+        "20",
+        "--repeats",
+        "1",
+        "--json",
+        str(tmp_path / "bridge.json"),
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -148,26 +127,20 @@ def test_bridge_check_runs(tmp_path):
 
 
 def test_benchmark_runs(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "experiments/benchmark.py",
-            "--batch",
-            "64",
-            "--steps",
-            "3",
-            "--repeats",
-            "1",
-            "--peak-tflops",
-            "1",
-            "--peak-gbps",
-            "10",
-            "--json",
-            str(tmp_path / "bench.json"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "experiments/benchmark.py",
+        "--batch",
+        "64",
+        "--steps",
+        "3",
+        "--repeats",
+        "1",
+        "--peak-tflops",
+        "1",
+        "--peak-gbps",
+        "10",
+        "--json",
+        str(tmp_path / "bench.json"),
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -188,20 +161,8 @@ def test_benchmark_runs(tmp_path):
 
 
 def _soak(tmp_path, *flags):
-    return subprocess.run(
-        [
-            sys.executable,
-            "experiments/soak.py",
-            "--batch",
-            "256",
-            "--json",
-            str(tmp_path / "soak.json"),
-            *flags,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return _run(
+        "experiments/soak.py", "--batch", "256", "--json", str(tmp_path / "soak.json"), *flags, timeout=600
     )
 
 
