@@ -4,12 +4,15 @@
 values, reverse-mode cotangents (``jax.vjp``) for every floating argument, forward-mode tangents
 (``jax.jvp``) for every output and, with ``order=2``, Hessian-vector products. Random cotangents and
 tangents come from a fixed seed. Float16 inputs are compared against the twin evaluated in float32 on
-the same (rounded) inputs, so the error measured is slax's own.
+the same (rounded) inputs, so the error measured is slax's own. The twin runs at full float32
+precision (``jax.default_matmul_precision("highest")``): on GPUs with tensor cores JAX's default lets
+XLA multiply float32 matrices in TF32, whose ~5e-4 relative error would be the reference's, not slax's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,6 +105,7 @@ def check_grads(
     if unknown:
         raise ValueError(f"slax.testing.check_grads: unknown modes {sorted(unknown)}; use fwd, rev.")
     args = jax.tree.map(jnp.asarray, args)
+    jax_fn = _at_full_precision(jax_fn)
     tolerance = rtol if rtol is not None else _tolerance(args)
     reference_args = jax.tree.map(_upcast, args)
     names = _leaf_names(args)
@@ -140,6 +144,18 @@ def check_grads(
     if raises:
         report.assert_passed()
     return report
+
+
+def _at_full_precision(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` traced with float32 matrix products in full float32, not TF32 (see the module doc);
+    the precision is recorded in the traced products, so their transposes keep it."""
+
+    @functools.wraps(fn)
+    def full_precision(*args):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args)
+
+    return full_precision
 
 
 def away_from_kinks(params: list[dict[str, jax.Array]], x: jax.Array, margin: float = 3e-3) -> jax.Array:
@@ -201,6 +217,29 @@ def compare(check: str, argument: str, got: Any, want: Any, tolerance: float) ->
     return GradCheckRow(check, argument, abs_error, abs_error / scale, tolerance)
 
 
+def multiply_add_results(a: float | int, x: np.ndarray, b: float | int) -> tuple[np.ndarray, ...]:
+    """Every value ``a * x + b`` may correctly take in ``x``'s dtype, elementwise, with the scalars
+    ``a`` and ``b`` first rounded to that dtype (as a kernel taking them as ``T`` does): rounded after
+    the product and after the sum (as NumPy computes it), or rounded once (a fused multiply-add, which
+    CUDA compilers and XLA contract it to), or for half, computed in float32 and rounded on store.
+
+    A kernel's result matches NumPy exactly on Vulkan/lavapipe but not on a CUDA GPU, where ~5% of
+    elements differ by one ulp; a result is right where it equals any of these.
+    float64 holds the product of two float32s exactly, so the fused value is float64's sum rounded
+    once more (for float32, off only where that sum lands on a float32 tie, with odds ~2^-29).
+    """
+    x = np.asarray(x)
+    scale, shift = np.asarray(a, x.dtype), np.asarray(b, x.dtype)
+    rounded_twice = (scale * x + shift).astype(x.dtype)
+    if not np.issubdtype(x.dtype, np.floating):
+        return (rounded_twice,)
+
+    def computed_in(dtype) -> np.ndarray:
+        return (scale.astype(dtype) * x.astype(dtype) + shift.astype(dtype)).astype(x.dtype)
+
+    return rounded_twice, computed_in(np.float64), computed_in(np.float32)
+
+
 def _tolerance(args) -> float:
     dtypes = {str(leaf.dtype) for leaf in jax.tree.leaves(args)}
     return max((RELATIVE_TOLERANCE.get(d, 0.0) for d in dtypes), default=0.0) or RELATIVE_TOLERANCE["float32"]
@@ -240,4 +279,5 @@ __all__ = [
     "away_from_kinks",
     "check_grads",
     "compare",
+    "multiply_add_results",
 ]

@@ -167,3 +167,17 @@ def test_errors_are_specific():
         nn.mlp_loss_and_grad(params, jnp.ones((4, 3)), jnp.ones((4, 4)))
     with pytest.raises(TypeError, match="dtype must be float32 or float16"):
         nn.mlp_init(jax.random.key(0), (3, 4), jnp.int32)
+
+
+def test_reference_multiplies_at_the_requested_precision():
+    """The twin is the reference: full float32 by default (not TF32, JAX's default on tensor-core
+    GPUs); ``precision=None`` gives JAX's default, for benchmarks of plain JAX."""
+    params = nn.mlp_init(jax.random.key(0), (4, 16, 4))
+    x = jnp.ones((8, 4))
+
+    def precisions(**kwargs):
+        jaxpr = jax.make_jaxpr(functools.partial(nn.mlp_apply_reference, **kwargs))(params, x)
+        return {str(e.params["precision"]) for e in jaxpr.eqns if e.primitive.name == "dot_general"}
+
+    assert precisions() == {"(Precision.HIGHEST, Precision.HIGHEST)"}
+    assert precisions(precision=None) == {"None"}

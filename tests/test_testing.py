@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import slax
-from slax.testing import RELATIVE_TOLERANCE, check_grads
+from slax.testing import RELATIVE_TOLERANCE, check_grads, multiply_add_results
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,36 @@ def test_order_two_on_pure_jax(rng):
     report = check_grads(lambda x: jnp.sin(x) * x, lambda x: jnp.sin(x) * x, x, order=2)
     assert report.passed and {"hvp fwd", "hvp rev"} <= {row.check for row in report.rows}
     np.testing.assert_array_equal([row.max_abs_error for row in report.rows], 0.0)
+
+
+def test_twins_are_traced_at_full_float32_precision(poly, rng):
+    """On GPUs with tensor cores JAX's default precision multiplies float32 matrices in TF32; the
+    twin is the reference, so check_grads traces it at 'highest' in every mode."""
+    seen = []
+
+    def twin(a, b, c, x):
+        seen.append(jax.config.jax_default_matmul_precision)
+        return _twin(a, b, c, x)
+
+    x = jnp.asarray(rng.normal(size=(5,)), jnp.float32)
+    assert check_grads(poly, twin, 2.0, 8.0, -1.0, x).passed
+    assert len(seen) >= 3 and set(seen) == {"highest"}
+    assert jax.config.jax_default_matmul_precision is None  # restored afterwards
+
+
+def test_multiply_add_results_are_numpys_and_the_fused_rounding(rng):
+    """For float16, float64 holds a * x + b exactly, so the fused result is that value rounded once
+    (computed here through exact rationals); the scalars are rounded to float16 first."""
+    from fractions import Fraction
+
+    x = rng.uniform(-4, 4, size=4096).astype(np.float16)
+    a, b = 0.999, -0.3  # neither is a float16
+    twice, once, in_float32 = multiply_add_results(a, x, b)
+    a16, b16 = np.float16(a), np.float16(b)
+    np.testing.assert_array_equal(twice, (a16 * x + b16).astype(np.float16))
+    exact = [np.float16(float(Fraction(float(a16)) * Fraction(float(v)) + Fraction(float(b16)))) for v in x]
+    np.testing.assert_array_equal(once, np.array(exact, np.float16))
+    assert np.any(once != twice), "the two roundings should differ somewhere on 4096 draws"
+    assert in_float32.dtype == np.float16
+    (only,) = multiply_add_results(3, np.arange(5, dtype=np.int32), -7)
+    np.testing.assert_array_equal(only, 3 * np.arange(5) - 7)

@@ -126,18 +126,29 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     return jnp.mean(losses), _unflat(grads)
 
 
-def mlp_apply_reference(params: Params, x: jax.Array, storage_dtype: Any = None) -> jax.Array:
+def mlp_apply_reference(
+    params: Params,
+    x: jax.Array,
+    storage_dtype: Any = None,
+    precision: jax.lax.Precision | None = jax.lax.Precision.HIGHEST,
+) -> jax.Array:
     """The same network in plain jax.numpy, for comparison and as a pure-JAX baseline.
 
     It follows the kernels' precision policy: arithmetic in float32, activations rounded to
     ``storage_dtype`` (default: the parameters' dtype) after each affine map and activation, and
     gradients kept in float32 (the rounding passes gradients straight through, as the kernels'
     float32 backward pass does). The result has dtype ``storage_dtype``.
+
+    Its products are full float32 (``precision=Precision.HIGHEST``), as the kernels' are: JAX's
+    default precision (``precision=None``) lets XLA multiply float32 matrices in TF32 on GPUs with
+    tensor cores (relative error ~5e-4), which would make the reference, not the kernels, the less
+    exact of the two. Benchmarks pass ``None`` to time what a plain JAX program gets by default.
     """
     storage = jnp.dtype(storage_dtype or params[0]["weight"].dtype)
     h = _round_to(x.astype(jnp.float32), storage)
     for k, layer in enumerate(params):
-        z = h @ layer["weight"].astype(jnp.float32).T + layer["bias"].astype(jnp.float32)
+        weight = layer["weight"].astype(jnp.float32)
+        z = jnp.matmul(h, weight.T, precision=precision) + layer["bias"].astype(jnp.float32)
         h = _round_to(z, storage)
         slope = OUTPUT_SLOPE if k == len(params) - 1 else HIDDEN_SLOPE
         if slope != 1.0:
@@ -157,10 +168,16 @@ def _round_to_jvp(dtype, primals, tangents):
 
 
 def mlp_loss_reference(
-    params: Params, x: jax.Array, target: jax.Array, storage_dtype: Any = None
+    params: Params,
+    x: jax.Array,
+    target: jax.Array,
+    storage_dtype: Any = None,
+    precision: jax.lax.Precision | None = jax.lax.Precision.HIGHEST,
 ) -> jax.Array:
-    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss (``storage_dtype`` as in the reference)."""
-    error = mlp_apply_reference(params, x, storage_dtype).astype(jnp.float32) - target.astype(jnp.float32)
+    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss (``storage_dtype`` and ``precision`` as
+    in :func:`mlp_apply_reference`)."""
+    prediction = mlp_apply_reference(params, x, storage_dtype, precision)
+    error = prediction.astype(jnp.float32) - target.astype(jnp.float32)
     return jnp.mean(jnp.sum(error * error, axis=-1))
 
 
