@@ -106,11 +106,11 @@ class ZeroCopyLauncher:
             fresh = [b for k, b in enumerate(outs) if k not in aliased]
             pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *fresh)]
             ordinal = cuda_device_ordinal(pointers[0]) if pointers else 0
+            device = get_device(self.kind, ordinal)
             if ordinal not in compiled:
-                compiled[ordinal] = compile_kernel(get_device(self.kind, ordinal), spec)
-            kernel = compiled[ordinal].kernel
-            with _explained_device_errors(kernel.device, spec):
-                kernel.dispatch(
+                compiled[ordinal] = compile_kernel(device, spec)
+            with _explained_device_errors(device, spec):
+                compiled[ordinal].kernel.dispatch(
                     thread_grid(count),
                     cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
                     **dict(zip(names, pointers)),

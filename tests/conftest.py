@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
+import sys
+
 import jax
 import pytest
 
@@ -29,6 +34,32 @@ def device_kind(request):
     slax.set_device_kind(request.param if request.param != "cuda" else None)
     yield request.param
     slax.set_device_kind(None)
+
+
+@functools.cache
+def _cpu_path_missing() -> str | None:
+    """Why CPU-placed JAX cannot run Slang kernels here, or None if it can. Only asked on machines
+    with a GPU (elsewhere the whole suite runs on the CPU path): they may have no Vulkan driver, so
+    a fresh process tries to create the Vulkan device that CPU-placed JAX would use."""
+    if "vulkan" in _available_kinds():
+        return None
+    probe = "import slax._device as d; d.get_device(d.DeviceKind.VULKAN)"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    if result.returncode == 0:
+        return None
+    return "no Vulkan device on this machine: " + (result.stderr.strip().splitlines() or ["?"])[-1][:300]
+
+
+@pytest.fixture
+def cpu_path():
+    """For tests of CPU-placed JAX (host devices, cross-lowering) in a subprocess: skips, saying
+    why, on a GPU machine without the Vulkan driver that path runs its kernels on."""
+    missing = _cpu_path_missing()
+    if missing:
+        pytest.skip(f"tests slax with JAX on the CPU, which needs a Vulkan device; {missing}")
 
 
 @pytest.fixture

@@ -17,19 +17,26 @@ def debug_nans():
         yield
 
 
+def _switches():
+    return slax.config.cuda_launch, slax.config.debug_nans
+
+
 def test_override_restores_the_previous_values_also_on_error():
+    before = _switches()  # the suite may run under SLAX_CUDA_LAUNCH=ptx
+    other = "slangpy" if before[0] == "ptx" else "ptx"
     with pytest.raises(RuntimeError, match="inside"):
-        with slax.config.override(cuda_launch="ptx", debug_nans=True) as config:
-            assert (config.cuda_launch, config.debug_nans) == ("ptx", True)
+        with slax.config.override(cuda_launch=other, debug_nans=not before[1]) as config:
+            assert (config.cuda_launch, config.debug_nans) == (other, not before[1])
             raise RuntimeError("inside")
-    assert (slax.config.cuda_launch, slax.config.debug_nans) == ("slangpy", False)
+    assert _switches() == before
 
 
 def test_override_validates_like_assignment():
+    before = _switches()
     with pytest.raises(ValueError, match="cuda_launch must be one of"):
-        with slax.config.override(debug_nans=True, cuda_launch="cuda"):
+        with slax.config.override(debug_nans=not before[1], cuda_launch="cuda"):
             pass
-    assert (slax.config.cuda_launch, slax.config.debug_nans) == ("slangpy", False)
+    assert _switches() == before
 
 
 @pytest.fixture(scope="module")

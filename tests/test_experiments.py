@@ -105,7 +105,7 @@ def test_gradcheck_passes_everything():
     assert " 0 failed" in result.stdout and "mlp 64-128-64-10 fused" in result.stdout
 
 
-def test_bridge_check_runs(tmp_path):
+def test_bridge_check_runs(device_kind, tmp_path):
     result = _run(
         "experiments/bridge_check.py",
         "--steps",
@@ -118,12 +118,15 @@ def test_bridge_check_runs(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "bridge.json").read_text())
-    assert report["in_place"] == {"host-copy": True}
+    routes = ["slangpy", "ptx"] if device_kind == "cuda" else ["host-copy"]
+    assert report["in_place"] == dict.fromkeys(routes, True)
     assert [(row["route"], row["elements"]) for row in report["rows"]] == [
-        ("host-copy", 256),
-        ("host-copy", 1 << 20),
+        (route, size) for route in routes for size in (256, 1 << 20)
     ]
-    assert report["parity"] == []  # the PTX route exists on CUDA only
+    if device_kind == "cuda":  # the PTX route against the SlangPy route, bitwise
+        assert report["parity"] and all(row["identical"] for row in report["parity"])
+    else:
+        assert report["parity"] == []  # the PTX route exists on CUDA only
 
 
 def test_benchmark_runs(tmp_path):
@@ -146,10 +149,9 @@ def test_benchmark_runs(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert [(r["network"], r["batch"], r["model"]) for r in rows] == [
-        ("polynomial", 64, "slax/slangpy"),
-        ("polynomial", 64, "jax"),
-        ("digits", 64, "slax/slangpy"),
-        ("digits", 64, "jax"),
+        (network, 64, model)
+        for network in ("polynomial", "digits")
+        for model in ("slax/slangpy", "jax", "jax-f32")
     ]
     polynomial = rows[0]
     # 4 -> 16 -> 4 at batch 64: 6*64*(64+64) - 2*64*64 FLOPs; inputs and targets written and read,
@@ -166,14 +168,19 @@ def _soak(tmp_path, *flags):
     )
 
 
-def test_soak_reads_memory_after_every_chunk(tmp_path):
+@pytest.mark.whole_device
+def test_soak_reads_memory_after_every_chunk(device_kind, tmp_path):
     result = _soak(tmp_path, "--steps", "2000", "--chunk", "500")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "soak.json").read_text())
     assert [r["step"] for r in report["readings"]] == [0, 500, 1000, 1500, 2000]
-    # On the CPU path only host memory has a reading (lavapipe's device memory is host memory).
-    assert set(report["growth_mb"]) == {"host_rss_mb"}
-    assert report["growth_mb"]["host_rss_mb"] < 16 and report["finite"]
+    # On the CPU path only host memory has a reading (lavapipe's device memory is host memory); on
+    # CUDA also XLA's bytes in use and the driver's count of the whole GPU's memory.
+    if device_kind == "cuda":
+        assert set(report["growth_mb"]) == {"host_rss_mb", "jax_device_mb", "cuda_used_mb"}
+    else:
+        assert set(report["growth_mb"]) == {"host_rss_mb"}
+    assert all(growth < 16 for growth in report["growth_mb"].values()) and report["finite"]
     assert report["readings"][-1]["loss"] < report["readings"][0]["loss"]
 
 

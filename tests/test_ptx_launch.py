@@ -38,7 +38,10 @@ PTXAS = TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
 PTX_TYPE = {"array": "u64", "u32": "u32", "i32": "u32", "fp32": "f32"}
 
 needs_tools = pytest.mark.skipif(
-    not (NVRTC.exists() and PTXAS.exists()), reason=f"CUDA tools not in {TOOLS}; run scripts/test.sh"
+    not (NVRTC.exists() and PTXAS.exists()),
+    reason=f"checks the PTX route without a GPU, with the CUDA 12 tools that scripts/test.sh installs "
+    f"in {TOOLS} (not there); on a GPU the route itself runs: SLAX_CUDA_LAUNCH=ptx pytest, and "
+    "experiments/gradcheck.py --launch ptx",
 )
 
 
@@ -69,7 +72,7 @@ def _report() -> dict:
 
 
 @pytest.fixture
-def report() -> dict:
+def report(cpu_path) -> dict:
     return _report()
 
 

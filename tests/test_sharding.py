@@ -19,13 +19,13 @@ def _run(*command: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_shard_map_runs_each_shard_on_its_device():
+def test_shard_map_runs_each_shard_on_its_device(cpu_path):
     result = _run("tests/scripts/sharded.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "grad of replicated arguments: ok" in result.stdout and "refused: ok" in result.stdout
 
 
-def test_polynomial_data_parallel_matches_one_device(tmp_path):
+def test_polynomial_data_parallel_matches_one_device(cpu_path, tmp_path):
     """The same global batch and seed, split over two devices or not: the same training, to the
     rounding of summing the gradient in two halves (float32), carried through 200 Adam steps."""
     metrics = {}
