@@ -2,7 +2,9 @@
 
 Networks: the tutorial's polynomial MLP (4 -> 16 -> 4, squared-error loss; slax uses the fused
 mlp_loss_and_grad kernel) and the digits MLP (64 -> 128 -> 64 -> 10, softmax cross-entropy in JAX
-around slax.nn.mlp_apply). One step = sample a batch, forward, backward, Adam update. Each
+around slax.nn.mlp_apply), against plain JAX at its default matmul precision (``jax``: TF32 on
+GPUs with tensor cores) and at full float32 (``jax-f32``, the arithmetic of slax's kernels; the
+ratio column compares with ``jax``). One step = sample a batch, forward, backward, Adam update. Each
 configuration runs a jitted lax.scan of --steps steps: one warm-up call, then the median wall time
 of --repeats timed calls with block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once
 per launch route (slax.config.cuda_launch).
@@ -62,19 +64,32 @@ def device_peaks(tflops: float | None, gbps: float | None) -> tuple[float, float
     return PEAKS.get(kind)
 
 
+JAX_PRECISIONS = {"jax": None, "jax-f32": jax.lax.Precision.HIGHEST}
+"""The plain-JAX models: JAX's default matmul precision (what a JAX program gets; TF32 on GPUs with
+tensor cores) and full float32, the arithmetic slax's kernels do."""
+
+
 def loss_and_grad(network: str, model: str, dtype):
-    """(params, x, labels-or-targets) -> (loss, grads), params float32, kernels in ``dtype``."""
+    """(params, x, labels-or-targets) -> (loss, grads), params float32, kernels in ``dtype``;
+    ``model`` is "slax" or a key of ``JAX_PRECISIONS``."""
 
     def cast(params):
         return jax.tree.map(lambda p: p.astype(dtype), params)
 
+    precision = JAX_PRECISIONS.get(model)
     if network == "polynomial":
         if model == "slax":
             return lambda p, x, t: nn.mlp_loss_and_grad(cast(p), x.astype(dtype), t.astype(dtype))
         return jax.value_and_grad(
-            lambda p, x, t: nn.mlp_loss_reference(cast(p), x.astype(dtype), t.astype(dtype))
+            lambda p, x, t: nn.mlp_loss_reference(
+                cast(p), x.astype(dtype), t.astype(dtype), precision=precision
+            )
         )
-    apply = nn.mlp_apply if model == "slax" else nn.mlp_apply_reference
+
+    def apply(params, x):
+        if model == "slax":
+            return nn.mlp_apply(params, x)
+        return nn.mlp_apply_reference(params, x, precision=precision)
 
     def cross_entropy(p, x, labels):
         logits = apply(cast(p), x.astype(dtype)).astype(jnp.float32)
@@ -158,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
                 flops, nbytes = step_floor(network, dtype, batch)
                 floor = max(flops / peaks[0], nbytes / peaks[1]) if peaks else None
                 jax_rate = steps_per_second(network, "jax", dtype, batch, args.steps, args.repeats)
-                models = [(f"slax/{launch}", launch) for launch in launches] + [("jax", None)]
+                models = [(f"slax/{launch}", launch) for launch in launches]
+                models += [(name, None) for name in JAX_PRECISIONS]
                 for model, launch in models:
-                    if launch is None:
+                    if model == "jax":
                         rate = jax_rate
+                    elif launch is None:
+                        rate = steps_per_second(network, model, dtype, batch, args.steps, args.repeats)
                     else:
                         with config.override(cuda_launch=launch):
                             rate = steps_per_second(network, "slax", dtype, batch, args.steps, args.repeats)

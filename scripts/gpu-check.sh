@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
 # Everything the GPU machine has to show for the open issues, in one device call:
 #
-#   source .gpu/env.sh && bash scripts/gpu-check.sh          (carry [".gpu"]; see BENCHMARKS.md)
+#   source .gpu/env.sh && bash scripts/gpu-check.sh [STEP...]   (carry [".gpu"]; see BENCHMARKS.md)
 #
-# Runs the steps below in order of importance, whether or not an earlier one failed, each within
-# its own time limit and all within $BUDGET seconds (default 1500: a session has 30 minutes of
-# device time); a step the budget no longer covers is reported as not run. Writes each step's
+# A device command may run 10 minutes at most, so name the steps each call runs (e.g.
+# `bash scripts/gpu-check.sh environment bridge gradcheck-slangpy gradcheck-ptx`); with no names it
+# runs every step. `bash scripts/gpu-check.sh --list` prints the step names. Steps run in the order
+# below, whether or not an earlier one failed, each within its own time limit and all within
+# $BUDGET seconds (default 560, inside one command's limit); a step the budget no longer covers is
+# reported as not run. Writes each step's
 # output to $OUT/<step>.log (JSON beside it) and a summary of exit codes to $OUT/summary.txt.
 # Exits with the number of steps that failed or did not run.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 out="${OUT:-runs/gpu-check}"
-deadline=$((SECONDS + ${BUDGET:-1500}))
+deadline=$((SECONDS + ${BUDGET:-560}))
+wanted=("$@")
 mkdir -p "$out"
 failures=0
 : > "$out/summary.txt"
 PY="${PYTHON:-$(command -v python || command -v python3)}"
 export PY
 
+selected() {  # selected NAME: was NAME asked for (or were no steps named)?
+  [ "${#wanted[@]}" = 0 ] && return 0
+  local w
+  for w in "${wanted[@]}"; do [ "$w" = "$1" ] && return 0; done
+  return 1
+}
+
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
+  if [ "${listing:-0}" = 1 ]; then echo "$name"; return; fi
+  selected "$name" || return 0
   local left=$((deadline - SECONDS))
   if [ "$left" -lt 30 ]; then
     echo "$name: not run (budget spent)" | tee -a "$out/summary.txt"
@@ -37,6 +50,8 @@ step() {  # step NAME SECONDS COMMAND...
   [ "$status" = 0 ] || failures=$((failures + 1))
 }
 
+listing=0
+if [ "${1:-}" = "--list" ]; then listing=1; wanted=(); fi
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 # shellcheck disable=SC2016  # expanded by the inner shell
 step environment 120 bash -c '
@@ -45,7 +60,7 @@ step environment 120 bash -c '
   "$PY" -c "import slangpy; print(\"slangpy\", slangpy.__file__)"
   "$PY" -c "from slax._slang_c import nvrtc_library; print(\"nvrtc\", nvrtc_library())"
   "$PY" -c "import importlib.metadata as m
-for d in (\"jax-cuda12-plugin\", \"nvidia-cuda-nvrtc-cu12\", \"nvidia-cuda-nvcc-cu12\"):
+for d in (\"jax-cuda12-plugin\", \"jax-cuda13-plugin\", \"nvidia-cuda-nvrtc-cu12\", \"nvidia-cuda-nvrtc\", \"nvidia-cuda-nvcc-cu12\", \"nvidia-cuda-nvcc\"):
     try: print(d, m.version(d))
     except m.PackageNotFoundError: print(d, \"missing\")"
   for m in optax tqdm matplotlib sklearn pytest hypothesis; do
@@ -57,14 +72,16 @@ step bridge 600 "$PY" experiments/bridge_check.py --json "$out/bridge.json"
 step gradcheck-slangpy 600 "$PY" experiments/gradcheck.py --launch slangpy
 step gradcheck-ptx 600 "$PY" experiments/gradcheck.py --launch ptx
 # Issue 6 targets 2 and 3, issue 5's benchmark.
-step benchmark 1200 "$PY" experiments/benchmark.py --batch 4096 65536 1048576 --dtype float32 float16 \
-  --launch slangpy ptx --json "$out/bench.json"
+step benchmark 320 "$PY" experiments/benchmark.py --batch 4096 65536 1048576 4194304 --dtype float32 float16 \
+  --steps 20 --repeats 3 --launch slangpy ptx --json "$out/bench.json"
 # Issue 7: 10,000 steps hold host and device memory, on each route.
 step soak-slangpy 600 "$PY" experiments/soak.py --batch 65536 --launch slangpy --json "$out/soak-slangpy.json"
 step soak-ptx 600 "$PY" experiments/soak.py --batch 65536 --launch ptx --json "$out/soak-ptx.json"
 # Issue 5: the experiments as they are; issue 9: a one-device mesh on one GPU.
-step polynomial 600 "$PY" experiments/polynomial.py --out "$out/polynomial"
-step digits 600 "$PY" experiments/digits.py --out "$out/digits"
+for launch in slangpy ptx; do
+  step "polynomial-$launch" 300 "$PY" experiments/polynomial.py --launch "$launch" --out "$out/polynomial-$launch"
+  step "digits-$launch" 300 "$PY" experiments/digits.py --launch "$launch" --out "$out/digits-$launch"
+done
 step polynomial-mesh1 600 "$PY" experiments/polynomial.py --devices 1 --batch 65536 --steps 500 \
   --out "$out/polynomial-mesh1"
 # Issue 9: data parallel over two GPUs, at the global batches the issue names.
@@ -76,9 +93,18 @@ if [ "$gpus" -ge 2 ]; then
     done
   done
 fi
-# The test suite with JAX on CUDA, where pytest is installed.
+# The test suite with JAX on CUDA, where pytest is installed, on each launch route: in 8 processes
+# where pytest-xdist is, each taking GPU memory as it needs it rather than 75% of it up front; the
+# tests that read the whole GPU's memory count (marked whole_device) after them, alone.
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
-  step tests 900 "$PY" -m pytest -q -x -p no:cacheprovider tests
+  parallel=()
+  "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8)
+  for launch in slangpy ptx; do
+    step "tests-$launch" 600 env XLA_PYTHON_CLIENT_PREALLOCATE=false SLAX_CUDA_LAUNCH="$launch" bash -c \
+      '"$0" -m pytest -q -p no:cacheprovider "$@" -m "not whole_device" tests && "$0" -m pytest -q -p no:cacheprovider -m whole_device tests' \
+      "$PY" "${parallel[@]}"
+  done
 fi
+[ "$listing" = 1 ] && exit 0
 echo "=== $failures step(s) failed; logs in $out"
 exit "$failures"

@@ -52,6 +52,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
         help="save params, optimiser state, step and key every N steps",
     )
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
+    add_launch_argument(parser)
     parser.add_argument(
         "--devices",
         type=int,
@@ -139,7 +140,9 @@ class _ChunkLines:
 
 
 def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
-    """Applies --device, makes the output dir; returns it and a description of the run's devices."""
+    """Applies --device and --launch, makes the output dir; returns it and a description of the
+    run's devices."""
+    config.cuda_launch = args.launch
     if args.device != "auto":
         set_device_kind(args.device)
     if args.devices and args.batch % args.devices:
@@ -150,6 +153,9 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     out.mkdir(parents=True, exist_ok=True)
     platform = default_platform()
     device = {"jax": str(jax.devices()[0]), "slang": describe_device(platform)}
+    if platform == "cuda":
+        device["cuda_launch"] = args.launch
+        device["slang"] += f", {args.launch} launch route"
     print(f"{name}: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
     return out, device
 
