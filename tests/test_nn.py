@@ -71,6 +71,35 @@ def test_loss_and_grad_matches_reference(dtype):
         assert _relative_error(got, want) < tolerance
 
 
+def test_depth_is_not_capped_by_push_constants():
+    """Eight layers: four pointers per layer would overflow Vulkan's 256 bytes of push constants at
+    seven; the kernels take all parameters through one pointer and all gradients through another."""
+    sizes = (3, 6, 5, 6, 5, 6, 5, 6, 2)
+    keys = jax.random.split(jax.random.key(11), 4)
+    params = nn.mlp_init(keys[0], sizes)
+    x, target = _inputs(params, keys[1], 100, "float32"), _draw(keys[2], (100, 2), "float32")
+    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float32")
+    check_grads(nn.mlp_apply, reference, params, x, modes=("rev",), raises=True)
+    loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
+    loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target)
+    assert _relative_error(loss, loss_ref) < RELATIVE_TOLERANCE["float32"]
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+        assert _relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
+
+
+def test_layers_too_wide_for_group_shared_memory_are_refused_at_trace_time():
+    """in + out > 4096 floats cannot pass one sample through the backward's 16 KiB of group-shared
+    memory (it looped forever before); refused when traced, naming the layer and the limit."""
+    params = nn.mlp_init(jax.random.key(0), (3, 2049, 2048))
+    x = jnp.ones((4, 3))
+    with pytest.raises(
+        ValueError, match=r"mlp_loss_and_grad: layer 1 \(2049 -> 2048\) is too wide.*in \+ out <= 4096"
+    ):
+        jax.jit(nn.mlp_loss_and_grad).trace(params, x, jnp.ones((4, 2048)))
+    with pytest.raises(ValueError, match=r"mlp_apply \(its gradient\): layer 1 \(2049 -> 2048\)"):
+        jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(params)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_large_batch_gradients_are_race_free(dtype):
     """2^16 samples' gradients summed in thread groups: every run matches the reference, bit for bit."""

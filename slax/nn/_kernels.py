@@ -8,6 +8,12 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
 - ``mlp_loss_grad``: ``x, target, params -> partial grads, loss``; per-sample squared error
   and ``bwd_diff`` of it scaled by ``loss_scale`` (1/batch for a mean): a training step's one pass.
 
+All parameters come through one pointer, ``params``: each layer's weight (out x in, row-major) then
+its bias, layer after layer (:func:`parameter_offsets`); the gradients go to ``grads`` in the same
+layout, one such block per thread group. So a kernel takes five pointers and a few scalars however
+deep the network: Vulkan passes entry-point arguments as push constants, 256 bytes on lavapipe and
+NVIDIA, which four pointers per layer would exceed at seven layers.
+
 Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``; each group
 is padded to whole thread groups of SLAX_GROUP_SIZE, so thread ``t`` handles sample
 ``t % padded_per_group`` of group ``t / padded_per_group`` when that is below ``samples_per_group``
@@ -38,6 +44,31 @@ def layer_pairs(sizes: tuple[int, ...]) -> list[tuple[int, int]]:
     return list(zip(sizes[:-1], sizes[1:]))
 
 
+def parameter_offsets(sizes: tuple[int, ...]) -> tuple[list[tuple[int, int]], int]:
+    """(weight offset, bias offset) of each layer in the flat parameter layout, and its length."""
+    offsets, total = [], 0
+    for n_in, n_out in layer_pairs(sizes):
+        offsets.append((total, total + n_in * n_out))
+        total += n_in * n_out + n_out
+    return offsets, total
+
+
+def widest_layer_error(sizes: tuple[int, ...]) -> str | None:
+    """Why the gradient kernels cannot run ``sizes``, or None: the backward pass stages one sample's
+    layer input and output gradient (in + out floats) in group-shared memory, whose budget
+    (``SCRATCH_BUDGET_FLOATS``) every Vulkan device has."""
+    for k, (n_in, n_out) in enumerate(layer_pairs(sizes)):
+        if n_in + n_out > SCRATCH_BUDGET_FLOATS:
+            return (
+                f"layer {k} ({n_in} -> {n_out}) is too wide for the gradient kernels: their backward "
+                f"pass holds one sample's layer input and output gradient, in + out = {n_in + n_out} "
+                f"floats, in {SCRATCH_BUDGET_FLOATS} floats ({SCRATCH_BUDGET_FLOATS * 4 // 1024} KiB) of "
+                f"group-shared memory, the least a Vulkan device offers; use layers with in + out <= "
+                f"{SCRATCH_BUDGET_FLOATS}"
+            )
+    return None
+
+
 def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
     layers = layer_pairs(sizes)
@@ -46,19 +77,20 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
         f"    FeedForwardLayer<T, {i}, {o}, GroupScratch> layer{k};" for k, (i, o) in enumerate(layers)
     )
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
-    params = ", ".join(f"uniform T* w{k}, uniform T* b{k}" for k in range(len(layers)))
-    grads = ", ".join(f"uniform float* dw{k}, uniform float* db{k}" for k in range(len(layers)))
+    offsets, total = parameter_offsets(sizes)
     n_in, n_out = sizes[0], sizes[-1]
 
     def setup(with_gradients: bool) -> str:
         lines = []
-        for k, (i, o) in enumerate(layers):
+        for k, (w, b) in enumerate(offsets):
             dw, db = (
-                (f"dw{k} + block * {i * o}", f"db{k} + block * {o}") if with_gradients else ("nullptr",) * 2
+                (f"grads + block * {total} + {w}", f"grads + block * {total} + {b}")
+                if with_gradients
+                else ("nullptr",) * 2
             )
             lines += [
-                f"    net.layer{k}.weights = w{k};",
-                f"    net.layer{k}.bias = b{k};",
+                f"    net.layer{k}.weights = params + {w};",
+                f"    net.layer{k}.bias = params + {b};",
                 f"    net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == last else HIDDEN_SLOPE};",
                 f"    net.layer{k}.weightGradient = {dw};",
                 f"    net.layer{k}.biasGradient = {db};",
@@ -121,7 +153,7 @@ MLVec<T, N> loadVec<let N : int>(T* data, uint index)
 
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {params},
+void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* params,
                  uniform T* y, uniform uint count)
 {{
     uint thread = slax_thread_index(thread_id);
@@ -134,8 +166,8 @@ void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {params},
 
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, {params},
-                  {grads}, uniform T* dx,
+void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy,
+                  uniform T* params, uniform float* grads, uniform T* dx,
                   uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group)
 {{{locate}
     Network net;
@@ -151,8 +183,8 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T
 
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target, {params},
-                   {grads}, uniform float* loss,
+void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
+                   uniform T* params, uniform float* grads, uniform float* loss,
                    uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group,
                    uniform float loss_scale)
 {{{locate}

@@ -31,7 +31,14 @@ from jax.interpreters import batching, mlir
 from slax._codegen import GROUP_SIZE
 from slax._compile import KernelSpec
 from slax._primitive import check_finite, result_aval, run_kernel, vary_alike
-from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, mlp_source
+from slax.nn._kernels import (
+    HIDDEN_SLOPE,
+    OUTPUT_SLOPE,
+    layer_pairs,
+    mlp_source,
+    parameter_offsets,
+    widest_layer_error,
+)
 
 Params = list[dict[str, jax.Array]]
 SUPPORTED_DTYPES = ("float32", "float16")
@@ -90,6 +97,7 @@ def _mlp_apply_fwd(params, x):
 def _mlp_apply_bwd(residuals, dy):
     params, x = residuals
     sizes, dtype = _architecture("mlp_apply", params, x)
+    _require_trainable("mlp_apply (its gradient)", sizes)
     outputs = mlp_backward_p.bind(x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0)
     check_finite("slax.nn.mlp_apply's backward kernel", [x, dy, *_flat(params)], outputs)
     dx, *grads = outputs
@@ -112,6 +120,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
       ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params``.
     """
     sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
+    _require_trainable("mlp_loss_and_grad", sizes)
     if target.shape != x.shape[:-1] + (sizes[-1],) or target.dtype != x.dtype:
         raise ValueError(
             f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (sizes[-1],)} and "
@@ -189,6 +198,12 @@ def _check_dtype(function: str, name: str, dtype) -> None:
         raise TypeError(f"slax.nn.{function}: {name} must be float32 or float16, got {dtype}.")
 
 
+def _require_trainable(function: str, sizes: tuple[int, ...]) -> None:
+    problem = widest_layer_error(sizes)
+    if problem:
+        raise ValueError(f"slax.nn.{function}: {problem}.")
+
+
 def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[int, ...], str]:
     if not isinstance(params, (list, tuple)) or not params:
         raise TypeError(f"slax.nn.{function}: params must be a non-empty list of layers from mlp_init.")
@@ -257,11 +272,26 @@ def _forward_abstract_eval(x, *params, sizes, dtype):
     return result_aval(x.shape[:-1] + (sizes[-1],), dtype, (x, *params))
 
 
+def _packed(params) -> jax.Array:
+    """The parameters as the kernels read them: one flat array (slax/nn/_kernels.py)."""
+    return jnp.concatenate([p.reshape(-1) for p in params])
+
+
+def _unpacked(flat: jax.Array, sizes, leading: tuple[int, ...]) -> list[jax.Array]:
+    """Per-layer weight and bias arrays from the last axis of the flat layout."""
+    offsets, _ = parameter_offsets(sizes)
+    arrays = []
+    for (w, b), (n_in, n_out) in zip(offsets, layer_pairs(sizes)):
+        arrays.append(flat[..., w:b].reshape(leading + (n_out, n_in)))
+        arrays.append(flat[..., b : b + n_out].reshape(leading + (n_out,)))
+    return arrays
+
+
 def _forward_lowering(x, *params, sizes, dtype):
     count = math.prod(x.shape[:-1])
     (y,) = run_kernel(
         _kernel(sizes, dtype, "mlp_forward"),
-        [x, *params],
+        [x, _packed(params)],
         ((x.shape[:-1] + (sizes[-1],), dtype),),
         count,
         (("count", count),),
@@ -295,11 +325,12 @@ def _run_gradient_kernel(entry, operands, extra_result, x, sizes, dtype, group_n
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
     blocks = -(-per_group // GROUP_SIZE)
     count = groups * blocks * GROUP_SIZE
-    partial = [((groups * blocks,) + shape, "float32") for shape in _param_shapes(sizes)]
-    outputs = run_kernel(
+    _, total = parameter_offsets(sizes)
+    data, params = operands[:2], operands[2:]
+    partial, extra = run_kernel(
         _kernel(sizes, dtype, entry),
-        operands,
-        (*partial, extra_result),
+        [*data, _packed(params)],
+        (((groups * blocks, total), "float32"), extra_result),
         count,
         (
             ("count", count),
@@ -308,11 +339,8 @@ def _run_gradient_kernel(entry, operands, extra_result, x, sizes, dtype, group_n
             *scalars,
         ),
     )
-    grads = [
-        g.reshape(x.shape[:group_ndim] + (blocks,) + shape).sum(axis=group_ndim)
-        for g, shape in zip(outputs[: len(partial)], _param_shapes(sizes))
-    ]
-    return [outputs[len(partial)], *grads]
+    summed = partial.reshape(x.shape[:group_ndim] + (blocks, total)).sum(axis=group_ndim)
+    return [extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
 
 
 def _backward_lowering(x, dy, *params, sizes, dtype, group_ndim):
