@@ -43,9 +43,7 @@ KERNELS = {"float32": "scale_shift_float", "float16": "scale_shift_half", "int32
 
 def scale_shift(module, x, a, b):
     kernel = module.kernel(KERNELS[str(x.dtype)])
-    return kernel(
-        x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, count=x.size, a=a, b=b
-    )[0]
+    return kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, a=a, b=b)[0]
 
 
 def check_results(module) -> list[str]:
@@ -78,7 +76,6 @@ def check_in_place(module, route: str) -> bool:
             out,
             results=[jax.ShapeDtypeStruct(x.shape, x.dtype)],
             threads=x.size,
-            count=x.size,
             a=2.0,
             b=1.0,
             in_place={1: 0},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,11 @@ from slax._primitive import check_finite, run_kernel, vary_alike
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 
 _DTYPE_FOR_SLANG_SCALAR = {name: dtype for dtype, name in SLANG_SCALAR_FOR_DTYPE.items()}
+_UINT_MAX = 2**32 - 1
+
+
+COUNT_SUFFIX = "_count"
+"""``uniform uint <pointer>_count``: a scalar slax fills with that pointer's element count."""
 
 
 class SlangKernel:
@@ -21,6 +27,8 @@ class SlangKernel:
 
     Its parameters are ``uniform``: one pointer per operand, one per result, then scalars. Calls
     check operand and result dtypes against the pointer types and scalar names against the rest.
+    A ``uint`` scalar named ``<pointer>_count`` is that buffer's element count, passed by slax so
+    that the kernel can keep its indices in bounds (``shaders/slax/kernel.slang``).
     """
 
     def __init__(self, module: Any, entry: str):
@@ -28,7 +36,13 @@ class SlangKernel:
         self.module = module
         self.entry = entry
         self._pointers = list(parameters.pointers)
-        self._scalars = dict(parameters.scalars)
+        scalars = dict(parameters.scalars)
+        self._counts = {
+            name + COUNT_SUFFIX: k
+            for k, (name, _) in enumerate(self._pointers)
+            if scalars.get(name + COUNT_SUFFIX) == "uint"
+        }
+        self._scalars = {name: kind for name, kind in scalars.items() if name not in self._counts}
         self._spec = KernelSpec(entry, path=module.path)
 
     def __repr__(self) -> str:
@@ -47,10 +61,11 @@ class SlangKernel:
         Args:
           *operands: arrays read through the kernel's first pointer parameters, in order.
           results: shapes and dtypes of the arrays the kernel writes.
-          threads: how many threads to launch (the kernel checks its index against a count).
+          threads: how many threads to launch (the kernel checks its index against a count:
+            its own scalar, or a ``<pointer>_count`` that slax passes).
           in_place: ``{operand index: result index}``; that result is the operand updated in
             place through the operand's pointer, e.g. gradient buffers that start at zero.
-          **scalars: the kernel's scalar parameters by name.
+          **scalars: the kernel's scalar parameters by name, but for ``<pointer>_count`` ones.
         """
         arrays = [jnp.asarray(o) for o in operands]
         aliases = tuple(sorted((in_place or {}).items()))
@@ -79,6 +94,12 @@ class SlangKernel:
                     f"slax: kernel {self.entry!r} parameter {name!r} points to {element!r} "
                     f"(dtype {expected}); got an array of dtype {dtype} and shape {shape}."
                 )
+        given_counts = sorted(set(scalars) & set(self._counts))
+        if given_counts:
+            raise TypeError(
+                f"slax: kernel {self.entry!r}: {given_counts} are the element counts of its buffers, "
+                "which slax passes itself; do not give them."
+            )
         unknown = sorted(set(scalars) - set(self._scalars))
         missing = sorted(set(self._scalars) - set(scalars))
         if unknown or missing:
@@ -86,11 +107,25 @@ class SlangKernel:
                 f"slax: kernel {self.entry!r} takes scalars {sorted(self._scalars)}; unknown: "
                 f"{unknown}, missing: {missing}."
             )
+        counts = {name: math.prod(shapes[k][0]) for name, k in self._counts.items()}
+        too_large = {name: n for name, n in counts.items() if n > _UINT_MAX}
+        if too_large:
+            raise ValueError(
+                f"slax: kernel {self.entry!r}: buffers of {too_large} elements do not fit the uint "
+                f"counts it declares (at most {_UINT_MAX})."
+            )
         if threads < 0:
             raise ValueError(f"slax: kernel {self.entry!r} needs threads >= 0, got {threads}.")
         scalar_args = tuple(
-            (name, float(v) if self._scalars[name] in ("float", "half") else int(v))
-            for name, v in sorted(scalars.items())
+            sorted(
+                [
+                    *(
+                        (name, float(v) if self._scalars[name] in ("float", "half") else int(v))
+                        for name, v in scalars.items()
+                    ),
+                    *counts.items(),
+                ]
+            )
         )
         result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
         arrays = vary_alike(arrays)

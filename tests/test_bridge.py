@@ -31,7 +31,7 @@ def _draw(rng, shape, dtype):
 
 def _scale_shift(module, x, a, b):
     kernel = module.kernel(KERNELS[str(x.dtype)])
-    (y,) = kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, count=x.size, a=a, b=b)
+    (y,) = kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, a=a, b=b)
     return y
 
 
@@ -114,13 +114,26 @@ def test_no_threads_gives_zeros_or_the_operand_in_place(module, rng):
     kernel = module.kernel("scale_shift_float")
     x = jnp.asarray(rng.normal(size=6), jnp.float32)
     result = jax.ShapeDtypeStruct((6,), jnp.float32)
-    (fresh,) = jax.jit(lambda x: kernel(x, results=[result], threads=0, count=0, a=2.0, b=1.0))(x)
+    (fresh,) = jax.jit(lambda x: kernel(x, results=[result], threads=0, a=2.0, b=1.0))(x)
     np.testing.assert_array_equal(np.asarray(fresh), np.zeros(6, np.float32))
     y = x + 1
-    (kept,) = jax.jit(
-        lambda x, y: kernel(x, y, results=[result], threads=0, in_place={1: 0}, count=0, a=2.0, b=1.0)
-    )(x, y)
+    (kept,) = jax.jit(lambda x, y: kernel(x, y, results=[result], threads=0, in_place={1: 0}, a=2.0, b=1.0))(
+        x, y
+    )
     np.testing.assert_array_equal(np.asarray(kept), np.asarray(y))
+
+
+def test_more_threads_than_elements_stay_in_bounds(module, rng):
+    """The kernel reads its buffers' element counts (x_count, y_count), which slax passes: threads
+    beyond them write nothing, here into a result smaller than the operand."""
+    kernel = module.kernel("scale_shift_float")
+    x = jnp.asarray(rng.normal(size=1000), jnp.float32)
+    (y,) = jax.jit(
+        lambda x: kernel(x, results=[jax.ShapeDtypeStruct((10,), jnp.float32)], threads=100_000, a=2.0, b=1.0)
+    )(x)
+    np.testing.assert_array_equal(np.asarray(y), 2 * np.asarray(x[:10]) + 1)
+    with pytest.raises(TypeError, match=r"\['x_count'\] are the element counts of its buffers"):
+        kernel(x, results=[jax.ShapeDtypeStruct((10,), jnp.float32)], threads=10, x_count=10, a=2.0, b=1.0)
 
 
 def test_wrong_dtype_names_parameter(module):
@@ -130,13 +143,13 @@ def test_wrong_dtype_names_parameter(module):
         TypeError,
         match=r"'scale_shift_float' parameter 'x' points to 'float' \(dtype float32\); got .* float16",
     ):
-        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.float32)], threads=4, count=4, a=1.0, b=0.0)
+        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.float32)], threads=4, a=1.0, b=0.0)
 
 
 def test_wrong_number_of_buffers(module):
     kernel = module.kernel("scale_shift_float")
     with pytest.raises(TypeError, match="2 pointer parameters"):
-        kernel(jnp.ones(4), results=[], threads=4, count=4, a=1.0, b=0.0)
+        kernel(jnp.ones(4), results=[], threads=4, a=1.0, b=0.0)
 
 
 def test_missing_scalar(module):
@@ -146,7 +159,6 @@ def test_missing_scalar(module):
             jnp.ones(4),
             results=[jax.ShapeDtypeStruct((4,), jnp.float32)],
             threads=4,
-            count=4,
             a=1.0,
         )
 

@@ -87,10 +87,17 @@ def test_hand_written_kernel_launch_is_exactly_the_call(report):
     assert launch["num_warps"] == 2  # numthreads(64, 1, 1)
     assert launch["compute_capability"] == 90
     assert launch["grid"] == [5, 1, 1]  # 300 threads in groups of 64
-    assert launch["parameters"] == [["array", 16], ["array", 16], ["u32", 300], ["fp32", 2.5], ["fp32", -1.0]]
+    assert launch["parameters"] == [
+        ["array", 16],
+        ["array", 16],
+        ["u32", 300],  # x_count and y_count, which slax passes
+        ["u32", 300],
+        ["fp32", 2.5],
+        ["fp32", -1.0],
+    ]
     assert (launch["operands"], launch["results"], launch["aliases"]) == (1, 1, [])
     (int_launch,) = report["scale_shift_int"]
-    assert int_launch["parameters"][2:] == [["u32", 300], ["i32", 3], ["i32", -7]]
+    assert int_launch["parameters"][2:] == [["u32", 300], ["u32", 300], ["i32", 3], ["i32", -7]]
 
 
 @needs_tools
@@ -160,9 +167,16 @@ def test_all_ptx_assembles_for_the_h100(report, tmp_path):
 def test_grids_beyond_one_row_use_the_y_dimension(nvrtc):
     spec = KernelSpec("scale_shift_float", path=str(SHADER_DIR / "kernels" / "scale_shift.slang"))
     count = 2 * ROW_THREADS + 5
-    plan = launch_plan(spec, [("count", count), ("a", 1.0), ("b", 0.0)], count)
+    plan = launch_plan(spec, [("x_count", count), ("y_count", count), ("a", 1.0), ("b", 0.0)], count)
     assert plan.grid == (ROW_THREADS // 64, 3, 1)
-    assert ptx_entry_parameter_types(plan.ptx, "scale_shift_float") == ["u64", "u64", "u32", "f32", "f32"]
+    assert ptx_entry_parameter_types(plan.ptx, "scale_shift_float") == [
+        "u64",
+        "u64",
+        "u32",
+        "u32",
+        "f32",
+        "f32",
+    ]
 
 
 def _spec(tmp_path, name, source, entry):

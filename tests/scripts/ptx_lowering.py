@@ -149,7 +149,7 @@ def main() -> None:
     def scale_shift(entry, **scalars):
         kernel = shift.kernel(entry)
         result = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
-        return lambda a: kernel(a, results=[result(a)], threads=a.size, count=a.size, **scalars)[0]
+        return lambda a: kernel(a, results=[result(a)], threads=a.size, **scalars)[0]
 
     cases = {
         "scale_shift_float": (scale_shift("scale_shift_float", a=2.5, b=-1.0), x),
