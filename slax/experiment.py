@@ -108,7 +108,7 @@ def describe_platform() -> str:
     return f"JAX {jax.__version__} on {device}; Slang kernels on {describe_device(platform)}"
 
 
-EXTRAS_HINT = "pip install 'slax[experiments]' for tqdm, matplotlib and scikit-learn"
+EXTRAS_HINT = "pip install 'slang-jax[experiments]' for tqdm, matplotlib and scikit-learn"
 
 
 def can_plot() -> bool:

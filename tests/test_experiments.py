@@ -88,7 +88,7 @@ def test_polynomial_trains_without_the_experiments_extra(tmp_path):
     result = _run_without_extras("experiments/polynomial.py", *flags)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "slax: 200/200 steps, loss" in result.stdout  # progress lines instead of a tqdm bar
-    assert "matplotlib is not installed: no plots (pip install 'slax[experiments]'" in result.stdout
+    assert "matplotlib is not installed: no plots (pip install 'slang-jax[experiments]'" in result.stdout
     assert json.loads((tmp_path / "metrics.json").read_text())["slax"]["test_mse"] < 1
     assert not list(tmp_path.glob("*.png"))
 
