@@ -10,7 +10,8 @@ tolerance (~1e-5 relative):
 - ``slax.load_module("poly")``, shipped with slax;
 - ``slax.nn.mlp_apply`` and ``slax.nn.mlp_loss_and_grad``, whose kernels import slax's Slang MLP.
 
-Exits 1 naming the first check that fails; ends with one line counting the checks.
+Prints each check and a line counting them; exits 1 if any fails (a check that raises, as a Slang
+compile error does, ends the run there with its traceback).
 """
 
 from __future__ import annotations
