@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from slax import config, nn
+from slax import config, experiment, nn
 from slax._config import CUDA_LAUNCHES
 from slax._device import default_platform
 from slax.experiment import describe_platform
@@ -137,13 +137,19 @@ def steps_per_second(network, model, dtype, batch, steps, repeats) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=experiment.HelpFormatter,
+        epilog=experiment.exit_status_help(None),
     )
-    parser.add_argument("--network", nargs="+", choices=tuple(NETWORKS), default=list(NETWORKS))
-    parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096])
-    parser.add_argument("--dtype", nargs="+", choices=("float32", "float16"), default=["float32"])
+    parser.add_argument(
+        "--network", nargs="+", choices=tuple(NETWORKS), default=list(NETWORKS), help="networks to time"
+    )
+    parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096], help="batch sizes to time")
+    parser.add_argument(
+        "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="kernel precisions"
+    )
     parser.add_argument("--steps", type=int, default=50, help="steps per timed call")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median)")
     parser.add_argument(
         "--launch",
         nargs="+",
@@ -151,9 +157,19 @@ def main(argv: list[str] | None = None) -> int:
         default=["slangpy"],
         help="CUDA launch routes to time slax with (ignored on CPU)",
     )
-    parser.add_argument("--peak-tflops", type=float, default=None, help="device FP32 peak, TFLOP/s")
-    parser.add_argument("--peak-gbps", type=float, default=None, help="device memory bandwidth, GB/s")
-    parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="device FP32 peak, TFLOP/s (default: from PEAKS for known GPUs, else no floor column)",
+    )
+    parser.add_argument(
+        "--peak-gbps",
+        type=float,
+        default=None,
+        help="device memory bandwidth, GB/s (default: from PEAKS, as --peak-tflops)",
+    )
+    parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
     args = parser.parse_args(argv)
     launches = args.launch if default_platform() == "cuda" else ["slangpy"]
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)

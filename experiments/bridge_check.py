@@ -34,6 +34,7 @@ import numpy as np
 
 import slax
 import slax.examples
+import slax.experiment
 import slax.testing
 from slax._bridge import ZeroCopyLauncher, launcher_for
 from slax._device import default_platform
@@ -181,11 +182,15 @@ def compare_routes(rng: np.random.Generator) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=slax.experiment.HelpFormatter,
+        epilog=slax.experiment.exit_status_help(
+            "a result is wrong, a kernel did not write in place, or (on CUDA) the routes differ"
+        ),
     )
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", default=None, help="also write the tables here")
+    parser.add_argument("--steps", type=int, default=1000, help="loop steps per timed run")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per case (median)")
+    parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
     args = parser.parse_args(argv)
     module = slax.load_module("kernels/scale_shift.slang")
     print(f"JAX {jax.__version__} on {jax.devices()[0]}; launch routes: {', '.join(routes())}")

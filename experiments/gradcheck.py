@@ -3,15 +3,20 @@
 For the example functions (shaders/examples.slang, twins in slax/examples.py) and the tutorial
 polynomial: values, reverse mode and forward mode. For the MLP (shaders/nn/mlp.slang): values and
 reverse mode of mlp_apply, and the fused mlp_loss_and_grad, on samples away from LeakyReLU's kink
-(slax.testing.away_from_kinks). float32 and float16. Prints one table; exits 1 if any check fails.
+(slax.testing.away_from_kinks). float32 and float16. Prints one table and writes it to the run
+directory (--out, default runs/gradcheck/<time>) as gradcheck.txt and gradcheck.json; exits 1 if
+any check fails.
 
-    python experiments/gradcheck.py [--dtype float32 float16] [--seed 0]
+    python experiments/gradcheck.py [--dtype float32 float16] [--seed 0] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import json
+import pathlib
 import sys
 
 import jax
@@ -60,14 +65,26 @@ def network_rows(dtype: str, seed: int):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=experiment.HelpFormatter,
+        epilog=experiment.exit_status_help("any check fails"),
     )
-    parser.add_argument("--dtype", nargs="+", choices=("float32", "float16"), default=["float32", "float16"])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=("float32", "float16"),
+        default=["float32", "float16"],
+        help="precisions to check",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="output dir (default runs/gradcheck/<time>)"
+    )
     experiment.add_launch_argument(parser)
     args = parser.parse_args(argv)
     slax.config.cuda_launch = args.launch
-    print(f"JAX on {jax.devices()[0].platform}; CUDA launch route: {args.launch}")
+    out = experiment.run_directory("gradcheck", args.out)
+    print(f"JAX on {jax.devices()[0].platform}; CUDA launch route: {args.launch}; writing to {out}")
     table = []
     for dtype in args.dtype:
         rng = np.random.default_rng(args.seed)
@@ -88,10 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         for f, d, r in table
     ]
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
-    for line in [header, tuple("-" * w for w in widths), *lines]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
+    text = [
+        "  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip()
+        for line in [header, tuple("-" * w for w in widths), *lines]
+    ]
     failed = sum(not r.passed for _, _, r in table)
-    print(f"\n{len(table) - failed} passed, {failed} failed")
+    text.append(f"\n{len(table) - failed} passed, {failed} failed")
+    print("\n".join(text))
+    (out / "gradcheck.txt").write_text("\n".join(text) + "\n")
+    rows = [{"function": f, "dtype": d, **dataclasses.asdict(r), "passed": r.passed} for f, d, r in table]
+    summary = {"config": experiment.run_config(args), "passed": len(table) - failed, "failed": failed}
+    (out / "gradcheck.json").write_text(json.dumps({**summary, "rows": rows}, indent=2) + "\n")
+    experiment.report_outputs(out)
     return 1 if failed else 0
 
 

@@ -85,16 +85,24 @@ MEASURES = ("host_rss_mb", "jax_device_mb", "cuda_used_mb")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=experiment.HelpFormatter,
+        epilog=experiment.exit_status_help(
+            "a memory reading grew more than --max-growth-mb, or a loss was not finite"
+        ),
     )
-    parser.add_argument("--network", choices=tuple(NETWORKS), default="polynomial")
-    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument(
+        "--network", choices=tuple(NETWORKS), default="polynomial", help="network of benchmark.py to train"
+    )
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="kernel precision")
+    parser.add_argument("--batch", type=int, default=1024, help="samples per step")
     parser.add_argument("--steps", type=int, default=10_000, help="steps after the warm-up chunk")
-    parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call")
+    parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call; must divide --steps")
     experiment.add_launch_argument(parser)
-    parser.add_argument("--max-growth-mb", type=float, default=16.0)
-    parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--max-growth-mb", type=float, default=16.0, help="largest growth of any reading that passes, MB"
+    )
+    parser.add_argument("--json", default=None, help="also write the readings here (default: not written)")
     args = parser.parse_args(argv)
     if args.steps % args.chunk:
         parser.error(f"--steps {args.steps} is not a multiple of --chunk {args.chunk}")

@@ -12,6 +12,9 @@ cd "$root"
 tools="$venv/cuda-tools"
 jax_version="$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')"
 if [ ! -f "$tools/.installed-$jax_version" ]; then
+  echo "test: fetching NVIDIA's CUDA tools (~330 MB, once, into $tools): NVRTC, ptxas and"
+  echo "test: jax-cuda12-plugin==$jax_version. No GPU needed: tests/test_ptx_launch.py compiles slax's"
+  echo "test: kernels to PTX, assembles them for the H100 and checks XLA's launches of them."
   rm -rf "$tools"
   "$venv/bin/python" -m pip install -q --no-deps --target "$tools" "jax-cuda12-plugin==$jax_version" \
     "nvidia-cuda-nvrtc-cu12==12.9.*" "nvidia-cuda-nvcc-cu12==12.9.*"

@@ -19,8 +19,32 @@ import slangpy as spy
 
 from slax._errors import DeviceUnavailableError
 
-SHADER_DIR = pathlib.Path(__file__).resolve().parent.parent / "shaders"
+
+def _find_shader_dir() -> pathlib.Path:
+    """slax's own Slang sources: ``slax/shaders`` in an installed wheel (pyproject.toml maps the
+    repository's top-level ``shaders/`` there), ``shaders/`` beside the package in a source checkout
+    (an editable install or ``PYTHONPATH``)."""
+    package = pathlib.Path(__file__).resolve().parent
+    candidates = (package / "shaders", package.parent / "shaders")
+    for candidate in candidates:
+        if (candidate / "slax" / "kernel.slang").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"slax: its Slang sources (slax/kernel.slang) are in neither of {[str(c) for c in candidates]}; "
+        "the installation is incomplete: reinstall slang-jax."
+    )
+
+
+SHADER_DIR = _find_shader_dir()
 """Slang sources shipped with slax; always on the include path."""
+
+
+def include_paths() -> list[str]:
+    """The directories Slang searches for ``import``, on every device and every compile route: slax's
+    own sources, then SlangPy's (``slangpy.SHADER_PATH``), so that modules written as SlangPy's
+    documentation writes them (``import slangpy;``) load unchanged."""
+    return [str(SHADER_DIR), spy.SHADER_PATH]
+
 
 ENV_VAR = "SLAX_DEVICE"
 
@@ -103,7 +127,7 @@ def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
 
 
 def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
-    options = spy.SlangCompilerOptions({"include_paths": [str(SHADER_DIR)]})
+    options = spy.SlangCompilerOptions({"include_paths": include_paths()})
     cache = cache_dir() / kind.value
     adapter_luid = None
     if kind is DeviceKind.CUDA:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,6 +98,22 @@ class SlangModule:
     def __getitem__(self, name: str) -> SlangFunction:
         return getattr(self, name)
 
+    def __dir__(self) -> list[str]:
+        """Attributes and the Slang functions the module declares (for tab completion)."""
+        return sorted(set(super().__dir__()) | set(self.function_names()))
+
+    def function_names(self) -> list[str]:
+        """The functions this module declares at module scope (entry points included), sorted.
+
+        Slang's reflection finds a function by name but does not list generic ones, so the
+        candidates come from the module's source and reflection confirms each.
+        """
+        source = pathlib.Path(self.path).read_text()
+        layout = self._reflection.layout
+        return sorted(
+            name for name in _module_scope_calls(source) if layout.find_function_by_name(name) is not None
+        )
+
     def kernel(self, entry: str) -> SlangKernel:
         """The compute entry point ``entry`` of this module, callable on JAX arrays.
 
@@ -151,12 +168,18 @@ class SlangFunction:
         check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
         return self._unflatten(signature, flat)
 
-    def _bind(self, args, kwargs) -> dict[str, Any]:
-        inputs = [
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The names of the arguments a call takes, in order: the Slang parameters that are not
+        ``out`` (``out`` parameters come back as results)."""
+        return tuple(
             p.name
             for p in self._reflection.parameters
             if p.has_modifier(spy.ModifierID.inout) or not p.has_modifier(spy.ModifierID.out)
-        ]
+        )
+
+    def _bind(self, args, kwargs) -> dict[str, Any]:
+        inputs = self.arguments
         if len(args) > len(inputs):
             raise TypeError(
                 f"slax: {self.name}() takes {len(inputs)} argument(s) ({', '.join(inputs)}) "
@@ -298,6 +321,24 @@ class SlangFunction:
             else:
                 outputs.append(next(flat_iter))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_INNERMOST_BLOCK = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]")
+_DECLARED = re.compile(r"\b([A-Za-z_]\w*)\s*(?:<(?:[^<>()]|<[^<>()]*>)*>)?\s*\(")
+
+
+def _module_scope_calls(source: str) -> set[str]:
+    """Names followed by a parameter list at the module scope of Slang ``source``: with comments,
+    bodies (``{...}``) and attributes (``[...]``) removed, every function declaration, generic or
+    not, reads ``name(`` or ``name<...>(``."""
+    text = _COMMENTS.sub(" ", source)
+    while True:
+        stripped = _INNERMOST_BLOCK.sub(";", text)
+        if stripped == text:
+            break
+        text = stripped
+    return set(_DECLARED.findall(text))
 
 
 def _is_weakly_typed(array: jax.Array) -> bool:

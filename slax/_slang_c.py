@@ -4,7 +4,7 @@ SlangPy compiles for the devices it drives and keeps the code to itself. The PTX
 (:mod:`slax._ptx_launch`) needs the code: the PTX text of one entry point, which jaxlib's kernel
 launcher then loads. The same compiler library does it through Slang's C API, so the PTX comes
 from the very Slang that SlangPy runs, with SlangPy's defaults (row-major matrices, default
-optimisation) and ``shaders/`` on the include path.
+optimisation) and the devices' include path (:func:`slax._device.include_paths`).
 
 PTX goes through NVRTC, which Slang loads at run time: it is found in the ``nvidia-cuda-nvrtc``
 wheel that JAX's CUDA packages install, in a CUDA toolkit, or at ``SLAX_NVRTC`` (a path to
@@ -25,7 +25,7 @@ import threading
 import slangpy as spy
 
 from slax._compile import KernelSpec
-from slax._device import SHADER_DIR
+from slax._device import include_paths
 from slax._errors import SlangCompileError
 
 _SOURCE_LANGUAGE_SLANG = 1
@@ -143,7 +143,8 @@ def compile_entry_point(spec: KernelSpec, target: CodeTarget) -> str:
             if lib.spProcessCommandLineArguments(request, argv, len(arguments)) < 0:
                 raise RuntimeError(f"slax: Slang rejected the options {arguments}.")
             lib.spAddCodeGenTarget(request, int(target))
-            lib.spAddSearchPath(request, str(SHADER_DIR).encode())
+            for directory in include_paths():
+                lib.spAddSearchPath(request, directory.encode())
             unit = lib.spAddTranslationUnit(request, _SOURCE_LANGUAGE_SLANG, None)
             if spec.source is not None:
                 name = f"{spec.module_name}.slang"

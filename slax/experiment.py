@@ -27,6 +27,30 @@ from slax._config import CUDA_LAUNCHES, config
 from slax._device import default_platform, describe_device, set_device_kind
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` with the script's docstring as written and each flag's default after its help
+    (unless the help already says it: a default of None means something each flag explains)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        if isinstance(action.default, bool):  # a switch
+            return text + (" (default on)" if action.default else " (default off)")
+        if isinstance(action.default, list):  # nargs="+": shown as it is typed
+            return text + f" (default {' '.join(map(str, action.default))})".replace("%", "%%")
+        return text + " (default %(default)s)"
+
+
+def exit_status_help(failure: str | None) -> str:
+    """The epilog of a script's ``--help``: what its exit status means."""
+    lines = ["exit status:", "  0  the run finished" + (" and passed" if failure else "")]
+    if failure:
+        lines.append(f"  1  {failure}")
+    lines.append("  2  bad flags (argparse's usage message says which)")
+    return "\n".join(lines)
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: int, chunk: int) -> None:
     """Flags every experiment takes, with defaults that finish in minutes on the CPU path."""
     parser.add_argument("--steps", type=int, default=steps, help="training steps (default %(default)s)")
@@ -108,7 +132,7 @@ def describe_platform() -> str:
     return f"JAX {jax.__version__} on {device}; Slang kernels on {describe_device(platform)}"
 
 
-EXTRAS_HINT = "pip install 'slax[experiments]' for tqdm, matplotlib and scikit-learn"
+EXTRAS_HINT = "pip install 'slang-jax[experiments]' for tqdm, matplotlib and scikit-learn"
 
 
 def can_plot() -> bool:
@@ -139,6 +163,13 @@ class _ChunkLines:
         print(f"{self.desc}: {self.n}/{self.total} {self.unit}s, {fields}", flush=True)
 
 
+def run_directory(name: str, out: pathlib.Path | None) -> pathlib.Path:
+    """``out``, or ``runs/<name>/<time>`` when it is None; created."""
+    out = out or pathlib.Path("runs") / name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
     """Applies --device and --launch, makes the output dir; returns it and a description of the
     run's devices."""
@@ -149,8 +180,7 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
         raise SystemExit(f"{name}: --batch {args.batch} must divide evenly over --devices {args.devices}.")
     if args.resume and args.out is None:
         raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
-    out = args.out or pathlib.Path("runs") / name / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = run_directory(name, args.out)
     platform = default_platform()
     device = {"jax": str(jax.devices()[0]), "slang": describe_device(platform)}
     if platform == "cuda":
@@ -201,9 +231,10 @@ class TrainingRun:
     Attributes:
       state: the final training state.
       losses: the loss of every step (resumed runs included).
-      seconds: wall time of the steps this process ran (compilation included, evaluation excluded).
+      seconds: wall time of the steps this process ran (compilation and evaluation excluded).
       steps_timed: how many steps that was (fewer than all after ``--resume``).
       evaluations: ``(step, evaluate(state))`` after each chunk this process ran.
+      compile_seconds: wall time of compiling the training chunks, before the timed steps.
     """
 
     state: Any
@@ -211,16 +242,30 @@ class TrainingRun:
     seconds: float
     steps_timed: int
     evaluations: list[tuple[int, float]]
+    compile_seconds: float = 0.0
 
     def speed(self, batch: int) -> dict[str, float | None]:
-        """Wall time and throughput for metrics.json (None when nothing ran in this process)."""
+        """Compile time, training time and throughput for metrics.json (null when no step ran in
+        this process)."""
         rate = self.steps_timed / self.seconds if self.seconds else None
         return {
-            "wall_time_s": self.seconds,
-            "steps_timed": self.steps_timed,
+            "compile_time_s": self.compile_seconds,
+            "train_time_s": self.seconds,
+            "timed_steps": self.steps_timed,
             "steps_per_s": rate,
             "samples_per_s": rate * batch if rate else None,
         }
+
+
+def compile_chunks(run_chunk: Any, state: Any, keys: jax.Array, start: int, chunk: int) -> float:
+    """Compiles ``run_chunk`` for every chunk length a run from step ``start`` uses, before any step is
+    timed; returns the seconds it took. A ``--chunk`` that does not divide ``--steps`` leaves a
+    shorter last chunk, a second program: compiled here, it costs compile time, not steps/s."""
+    lengths = {len(keys[first : first + chunk]) for first in range(start, len(keys), chunk)}
+    began = time.perf_counter()
+    for length in sorted(lengths):
+        run_chunk.lower(state, keys[:length]).compile()
+    return time.perf_counter() - began
 
 
 def train_in_chunks(
@@ -252,7 +297,11 @@ def train_in_chunks(
         tqdm = _ChunkLines
 
     keys = jax.random.split(key, steps)
-    run_chunk = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
+
+    def training_chunk(state, keys):
+        return jax.lax.scan(step, state, keys)
+
+    run_chunk = jax.jit(training_chunk)
     start = 0
     losses: list[np.ndarray] = []
     evaluations: list[tuple[int, float]] = []
@@ -260,12 +309,15 @@ def train_in_chunks(
         state, start, previous = load_checkpoint(checkpoint, state, key)
         losses.append(previous)
         print(f"{description}: resuming from step {start} ({checkpoint})")
+    compile_seconds = compile_chunks(run_chunk, state, keys, start, chunk)
+    print(f"{description}: compiled the training chunks in {compile_seconds:.1f} s")
     seconds = 0.0
     last_saved = start
     with tqdm(total=steps, initial=start, desc=description, unit="step") as bar:
         for first in range(start, steps, chunk):
+            chunk_keys = keys[first : first + chunk]
             began = time.perf_counter()
-            state, chunk_losses = run_chunk(state, keys[first : first + chunk])
+            state, chunk_losses = run_chunk(state, chunk_keys)
             chunk_losses = np.asarray(chunk_losses)
             seconds += time.perf_counter() - began
             losses.append(chunk_losses)
@@ -281,11 +333,18 @@ def train_in_chunks(
             ):
                 save_checkpoint(checkpoint, state, done, key, np.concatenate(losses))
                 last_saved = done
-    return TrainingRun(_on_first_device(state), np.concatenate(losses), seconds, steps - start, evaluations)
+    return TrainingRun(
+        _on_first_device(state), np.concatenate(losses), seconds, steps - start, evaluations, compile_seconds
+    )
 
 
 def _on_first_device(tree: Any) -> Any:
     return jax.device_put(tree, jax.devices()[0])
+
+
+def run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags as JSON values: paths as strings, absent values as null."""
+    return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()}
 
 
 def write_metrics(out: pathlib.Path, metrics: dict[str, Any]) -> pathlib.Path:
@@ -294,23 +353,68 @@ def write_metrics(out: pathlib.Path, metrics: dict[str, Any]) -> pathlib.Path:
     return path
 
 
-def plot_loss_curves(out: pathlib.Path, curves: dict[str, np.ndarray], ylabel: str) -> pathlib.Path:
-    """Training loss per step of each model, log scale, smoothed over 1% of the run."""
+def met_target(what: str, value: float, target: float | None, *, at_least: bool = False) -> bool:
+    """Whether ``value`` meets ``target`` (at most it, or at least it with ``at_least``); a target of
+    None is not checked. Prints the verdict of a checked one."""
+    if target is None:
+        return True
+    ok = value >= target if at_least else value <= target
+    bound = "at least" if at_least else "at most"
+    print(f"{'met' if ok else 'MISSED'}: {what} {value:.4g}, target {bound} {target:.4g}")
+    return ok
+
+
+def report_outputs(out: pathlib.Path) -> None:
+    """Ends a run by saying where its outputs went."""
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.endswith(".tmp"))
+    print(f"outputs in {out}: {', '.join(files)}")
+
+
+MODEL_STYLES = {
+    "slax": {"color": "tab:blue", "linestyle": "-", "linewidth": 2.2},
+    "jax": {"color": "tab:orange", "linestyle": (0, (4, 3)), "linewidth": 1.4},
+}
+"""How each model is drawn in every plot: slax thick and solid, plain JAX thin and dashed over it, so
+both stay visible where the curves coincide."""
+
+
+def plot_title(task: str, args: argparse.Namespace, device: dict[str, str]) -> str:
+    """``"polynomial: float32, 3000 steps, batch 1024; Slang kernels on vulkan (...)"``."""
+    return f"{task}: {args.dtype}, {args.steps} steps, batch {args.batch}; Slang kernels on {device['slang']}"
+
+
+def plot_loss_curves(
+    out: pathlib.Path, curves: dict[str, np.ndarray], ylabel: str, title: str
+) -> pathlib.Path:
+    """Training loss per step of each model (keys of :data:`MODEL_STYLES`), log scale, smoothed over
+    1% of the run; below it, how far slax's curve is from plain JAX's, relative to JAX's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, gap) = plt.subplots(
+        2, 1, figsize=(8, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.2]}
+    )
+    smoothed = {}
     for label, losses in curves.items():
         window = max(1, len(losses) // 100)
-        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-        ax.plot(np.arange(len(smooth)) + window - 1, smooth, label=label)
+        smoothed[label] = np.convolve(losses, np.ones(window) / window, mode="valid")
+        steps = np.arange(len(smoothed[label])) + window - 1
+        ax.plot(steps, smoothed[label], label=label, **MODEL_STYLES[label])
     ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(f"{ylabel}, smoothed")
     ax.grid(alpha=0.3)
     ax.legend()
+    if {"slax", "jax"} <= smoothed.keys():
+        difference = np.abs(smoothed["slax"] - smoothed["jax"]) / np.abs(smoothed["jax"])
+        gap.plot(steps, np.maximum(difference, 1e-12), color="black", linewidth=1)
+        gap.set_yscale("log")
+    gap.set_ylabel("|slax - jax| / jax")
+    gap.set_title("relative gap of the smoothed losses (1e-12 where identical)", fontsize=8)
+    gap.set_xlabel("step")
+    gap.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path = out / "loss.png"
     fig.savefig(path, dpi=120)

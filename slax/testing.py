@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from slax._module import SlangFunction
+
 RELATIVE_TOLERANCE = {"float32": 2e-5, "float16": 1e-2}
 """Normwise relative tolerance per dtype: a few float32 ulps, about ten float16 ulps."""
 
@@ -83,7 +85,9 @@ def check_grads(
     """Compares ``slang_fn``'s values and derivatives with ``jax_fn``'s on ``args``.
 
     Args:
-      slang_fn: the function under test (typically calling slax functions).
+      slang_fn: the function under test (typically calling slax functions). Rows name arguments
+        by Slang parameter name when it is a slax Slang function (``mod.polynomial``), else
+        ``arg[0]``, ``arg[1]``...
       jax_fn: a pure-JAX twin computing the same mathematical function.
       *args: pytrees of arrays; floating leaves are differentiated, others held fixed.
       order: 1 for first derivatives; 2 adds Hessian-vector products in the chosen modes.
@@ -108,7 +112,7 @@ def check_grads(
     jax_fn = _at_full_precision(jax_fn)
     tolerance = rtol if rtol is not None else _tolerance(args)
     reference_args = jax.tree.map(_upcast, args)
-    names = _leaf_names(args)
+    names = _leaf_names(slang_fn, args)
     key = jax.random.key(seed)
     rows: list[GradCheckRow] = []
 
@@ -262,10 +266,16 @@ def _random_like(key, tree):
     return jax.tree.unflatten(treedef, out)
 
 
-def _leaf_names(args) -> list[str]:
-    return [
-        f"arg{jax.tree_util.keystr(path)}" for path, _ in jax.tree_util.tree_flatten_with_path(tuple(args))[0]
-    ]
+def _leaf_names(fn, args) -> list[str]:
+    """A label per leaf of ``args`` for the report: a slax Slang function's parameter names (``x``,
+    ``particle['mass']``), ``arg[0]``, ``arg[1]['w']``... for any other function."""
+    roots = fn.arguments if isinstance(fn, SlangFunction) else ()
+    names = []
+    for index, arg in enumerate(args):
+        root = roots[index] if index < len(roots) else f"arg[{index}]"
+        leaves = jax.tree_util.tree_flatten_with_path(arg)[0]
+        names += [root + jax.tree_util.keystr(path) for path, _ in leaves]
+    return names
 
 
 def _leaf_names_of(tree, prefix) -> list[str]:

@@ -1,16 +1,24 @@
-"""Device selection (slax/_device.py): defaults, SLAX_DEVICE, errors, the on-disk compile cache."""
+"""Device selection (slax/_device.py): defaults, SLAX_DEVICE, errors, the on-disk compile cache, the
+include path (slax's shaders, shipped in the wheel, and SlangPy's)."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
 
+import jax
+import jax.numpy as jnp
 import pytest
+import slangpy
 
 import slax
-from slax._device import DeviceKind, device_kind_for_platform, get_device
+from slax._device import SHADER_DIR, DeviceKind, device_kind_for_platform, get_device, include_paths
+from slax.testing import check_grads
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_cpu_defaults_to_vulkan(monkeypatch):
@@ -65,8 +73,6 @@ def test_device_is_created_once(device_kind):
 
 
 def test_missing_cuda_device_explains(monkeypatch):
-    import jax
-
     if any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("this machine has a CUDA GPU")
     with pytest.raises(slax.DeviceUnavailableError, match="CUDA"):
@@ -102,3 +108,41 @@ def test_second_process_reuses_compiled_modules(tmp_path):
     assert runs[0][0] == runs[1][0] == "41.0"
     assert int(runs[0][1]) > 0, "the first process wrote nothing to the cache"
     assert runs[0][1] == runs[1][1], "the second process compiled again instead of reusing the cache"
+
+
+def test_every_shader_folder_ships_in_the_wheel():
+    """pyproject.toml maps shaders/ to the package slax.shaders; setuptools copies only the folders
+    it lists, so a new folder of Slang sources must be listed there too."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"]["slax.shaders"] == "shaders"
+    assert "*.slang" in setuptools["package-data"]["*"]
+    folders = {path.parent.relative_to(SHADER_DIR) for path in SHADER_DIR.rglob("*.slang")}
+    listed = {".".join(("slax", "shaders", *folder.parts)) for folder in folders}
+    assert listed <= set(setuptools["packages"])
+
+
+def _wang_hash(seed: jax.Array) -> jax.Array:
+    """SlangPy's wang_hash (slangpy/slang/wanghasharg.slang) in uint32 arithmetic, which wraps as
+    Slang's uint does."""
+    seed = (seed ^ 61) ^ (seed >> 16)
+    seed = seed * jnp.uint32(9)
+    seed = seed ^ (seed >> 4)
+    seed = seed * jnp.uint32(0x27D4EB2D)
+    return seed ^ (seed >> 15)
+
+
+def test_slangpy_style_modules_load_and_differentiate(rng):
+    """``import slangpy;`` resolves: SlangPy's shader directory is on every device's include path."""
+    assert slangpy.SHADER_PATH in include_paths()
+    function = slax.load_module(ROOT / "tests" / "slang" / "slangpy_style.slang").hashed_offset_square
+    x = jnp.asarray(rng.normal(size=(64,)), jnp.float32)
+    seed = jnp.asarray(rng.integers(0, 2**32, size=(64,)), jnp.uint32)
+
+    def twin(x, seed):
+        return x * x + (_wang_hash(seed) & 255).astype(jnp.float32) / 256
+
+    report = check_grads(function, twin, x, seed)
+    assert report.passed, str(report)
+    assert [row.argument for row in report.rows if row.check == "rev"] == ["x"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -20,34 +21,52 @@ def _run(*command: str, timeout: int) -> subprocess.CompletedProcess:
 
 
 def test_polynomial_trains_and_writes_outputs(tmp_path):
-    result = _run(
-        "experiments/polynomial.py",
-        "--steps",
-        "400",
-        "--chunk",
-        "100",
-        "--target-mse",
-        "0.05",
-        "--out",
-        str(tmp_path),
-        timeout=600,
-    )
+    """400 steps in chunks of 300 (a shorter last chunk), a target it meets: exit 0, the outputs
+    listed at the end, compile time apart from the timed steps."""
+    flags = ["--steps", "400", "--chunk", "300", "--target-mse", "0.05", "--out", str(tmp_path)]
+    result = _run("experiments/polynomial.py", *flags, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert f"outputs in {tmp_path}: loss.png, metrics.json, surfaces.png" in result.stdout
+    assert "met: slax held-out MSE" in result.stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["slax"]["test_mse"] < 0.05
     assert (
         abs(metrics["slax"]["test_mse"] - metrics["jax"]["test_mse"])
         < 1e-3 * metrics["jax"]["test_mse"] + 1e-6
     )
-    assert metrics["grad_disagreement_step0"]["max_rel"] < 1e-5
+    assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
     assert metrics["device"]["slang"].startswith(("vulkan", "cuda"))
+    assert metrics["config"]["devices"] is None and metrics["config"]["out"] == str(tmp_path)
+    for model in ("slax", "jax"):
+        assert metrics[model]["timed_steps"] == 400 and metrics[model]["compile_time_s"] > 0
     for name in ("loss.png", "surfaces.png"):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
-def test_polynomial_help():
-    result = _run("experiments/polynomial.py", "--help", timeout=120)
-    assert result.returncode == 0 and "--dtype" in result.stdout and "--out" in result.stdout
+SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py"))
+
+
+def _flag_helps(help_text: str) -> dict[str, str]:
+    """Each flag of an argparse ``--help`` and its help text, whitespace collapsed."""
+    options = help_text.split("options:", 1)[1]
+    blocks = re.split(r"\n(?=  -)", options.split("\n\n", 1)[0])
+    return {
+        re.match(r"\s*(-[\w-]+(?:, --[\w-]+)?)", block).group(1): " ".join(block.split())
+        for block in blocks
+        if block.strip()
+    }
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_flag_says_what_it_does_and_its_default(script):
+    result = _run(f"experiments/{script}", "--help", timeout=120)
+    assert result.returncode == 0, result.stderr
+    helps = _flag_helps(result.stdout)
+    assert len(helps) > 3, result.stdout
+    for flag, text in helps.items():
+        if flag != "-h, --help":
+            assert "default" in text, f"{script} {flag}: {text}"
+    assert "exit status:\n  0  the run finished" in result.stdout
 
 
 def test_digits_trains_and_writes_outputs(tmp_path):
@@ -84,11 +103,13 @@ def _run_without_extras(script: str, *flags: str) -> subprocess.CompletedProcess
 
 
 def test_polynomial_trains_without_the_experiments_extra(tmp_path):
-    flags = ["--steps", "200", "--chunk", "100", "--target-mse", "1", "--out", str(tmp_path)]
+    """Also: a target the run misses exits 1, saying so, after writing its metrics."""
+    flags = ["--steps", "200", "--chunk", "100", "--target-mse", "1e-9", "--out", str(tmp_path)]
     result = _run_without_extras("experiments/polynomial.py", *flags)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "MISSED: slax held-out MSE" in result.stdout and "target at most 1e-09" in result.stdout
     assert "slax: 200/200 steps, loss" in result.stdout  # progress lines instead of a tqdm bar
-    assert "matplotlib is not installed: no plots (pip install 'slax[experiments]'" in result.stdout
+    assert "matplotlib is not installed: no plots (pip install 'slang-jax[experiments]'" in result.stdout
     assert json.loads((tmp_path / "metrics.json").read_text())["slax"]["test_mse"] < 1
     assert not list(tmp_path.glob("*.png"))
 
@@ -99,10 +120,17 @@ def test_digits_without_scikit_learn_says_what_to_install(tmp_path):
     assert "digits: the data set comes with scikit-learn, which is not installed" in result.stderr
 
 
-def test_gradcheck_passes_everything():
-    result = _run("experiments/gradcheck.py", timeout=900)
+def test_gradcheck_passes_everything(tmp_path):
+    result = _run("experiments/gradcheck.py", "--out", str(tmp_path), timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 failed" in result.stdout and "mlp 64-128-64-10 fused" in result.stdout
+    table = json.loads((tmp_path / "gradcheck.json").read_text())
+    assert table["failed"] == 0 and table["passed"] == len(table["rows"]) > 100
+    polynomial = [
+        r["argument"] for r in table["rows"] if r["function"] == "polynomial" and r["check"] == "rev"
+    ]
+    assert polynomial == ["a", "b", "c", "x"]  # rows name Slang parameters
+    assert (tmp_path / "gradcheck.txt").read_text().rstrip().endswith(f"{table['passed']} passed, 0 failed")
 
 
 def test_bridge_check_runs(device_kind, tmp_path):

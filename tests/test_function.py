@@ -252,3 +252,22 @@ def test_grid_beyond_one_dispatch_row(poly):
     expected = np.asarray(x) ** 2 + 2 * np.asarray(x) + 3
     np.testing.assert_allclose(y, expected, rtol=1e-6)
     np.testing.assert_allclose(y[ROW_THREADS:], expected[ROW_THREADS:], rtol=1e-6)
+
+
+def test_dir_lists_the_modules_functions(fns, tmp_path, monkeypatch):
+    """Tab completion: dir() holds every module-scope function, generic or not, and no struct
+    member, call or attribute; each listed name is callable through the module."""
+    declared = {example.name for example in examples.EXAMPLES}
+    declared |= {"softplus_backward", "fixed_sum", "plain_square", "add_ints"}
+    assert set(fns.function_names()) == declared
+    assert declared <= set(dir(fns)) and {"kernel", "path"} <= set(dir(fns))
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path))
+    source = (
+        "struct Spring { float k; float energy(float x) { return 0.5 * k * x * x; } }\n"
+        "/* float commented_out(float x); */\n"
+        "[ForceInline]\n"
+        "float spring_energy(Spring s, float x) { return s.energy(max(x, 0.0)); }\n"
+    )
+    module = slax.load_module_from_source("dir_for_test", source)
+    assert module.function_names() == ["spring_energy"]
+    assert isinstance(module.spring_energy, slax.SlangFunction)

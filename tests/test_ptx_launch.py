@@ -141,6 +141,13 @@ def test_slang_functions_and_their_derivatives_lower_to_their_kernels(report):
 
 
 @needs_tools
+def test_slangpy_style_modules_compile_to_ptx(report):
+    """A module that imports SlangPy's Slang module finds it on the C API's search path too."""
+    names = [x["name"] for x in _launches(report, "slangpy_style_grad")]
+    assert names == ["slax_cotangent_hashed_offset_square"]
+
+
+@needs_tools
 def test_mlp_kernels_lower_in_both_precisions(report):
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")

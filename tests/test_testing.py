@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import slax
+import slax.examples
 from slax.testing import RELATIVE_TOLERANCE, check_grads, multiply_add_results
 
 
@@ -50,11 +51,26 @@ def test_wrong_derivative_fails_and_raises_with_table(poly, rng):
     report = check_grads(poly, wrong_twin, 2.0, 8.0, -1.0, x)
     failing = [row for row in report.rows if not row.passed]
     assert [(row.check, row.argument) for row in failing] == [
-        ("rev", "arg[1]"),
+        ("rev", "b"),
         ("fwd", "d out"),
     ], str(report)
-    with pytest.raises(AssertionError, match=r"(?s)derivatives disagree.*rev\s+arg\[1\].*NO"):
+    with pytest.raises(AssertionError, match=r"(?s)derivatives disagree.*rev\s+b\s.*NO"):
         check_grads(poly, wrong_twin, 2.0, 8.0, -1.0, x, modes=("rev",), raises=True)
+
+
+def test_rows_name_slang_parameters_or_argument_positions(rng):
+    """A slax Slang function's rows carry its parameter names (struct fields as keys); a Python
+    function's carry positions, as it has no Slang signature to read."""
+    examples = slax.load_module(slax.examples.MODULE)
+    energy = next(e for e in slax.examples.EXAMPLES if e.name == "energy")
+    args = energy.draw(rng, jnp.float32)
+    rev = ("rev",)
+    report = check_grads(examples.energy, energy.twin, *args, modes=rev)
+    names = [row.argument for row in report.rows if row.check == "rev"]
+    assert names == ["particle['mass']", "particle['position']", "velocity"], str(report)
+    wrapped = check_grads(lambda *a: examples.energy(*a), energy.twin, *args, modes=rev)
+    names = [row.argument for row in wrapped.rows if row.check == "rev"]
+    assert names == ["arg[0]['mass']", "arg[0]['position']", "arg[1]"], str(wrapped)
 
 
 def test_half_tolerance(poly, rng):

@@ -173,6 +173,9 @@ def main() -> None:
         "poly_jvp": (lambda v: jax.jvp(lambda u: poly(2.0, 8.0, -1.0, u), (v,), (v,)), x),
         "poly_vmap_grid": (jax.vmap(lambda v: poly(2.0, 8.0, -1.0, v)), x.reshape(30, 10)),
     }
+    slangpy_style = slax.load_module("tests/slang/slangpy_style.slang").hashed_offset_square
+    seeds = jnp.arange(300, dtype=jnp.uint32)
+    cases["slangpy_style_grad"] = (jax.grad(lambda v: slangpy_style(v, seeds).sum()), x)
     for example in slax.examples.EXAMPLES:
         function = getattr(examples, example.name)
         args = example.draw(rng, jnp.float32)
