@@ -29,7 +29,7 @@ class SlangKernel:
         self.entry = entry
         self._pointers = list(parameters.pointers)
         self._scalars = dict(parameters.scalars)
-        self._spec = KernelSpec(entry, path=module.path)
+        self._spec = KernelSpec(entry, path=module.path, content=module.content)
 
     def __repr__(self) -> str:
         return f"<slax kernel {self.entry} from {self.module.path}>"

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import slangpy as spy
 
+from slax._codegen import KernelNames, name_prefix
 from slax._compile import load_slang_module
 from slax._device import SHADER_DIR, cache_dir, reflection_device
 from slax._kernel import SlangKernel
@@ -30,6 +31,7 @@ from slax._signature import (
     read_signature,
     substitute_generics,
 )
+from slax._sources import identifiers
 
 
 def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
@@ -44,8 +46,8 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
       slax.SlangCompileError: Slang rejected the module; carries its diagnostics with file:line.
     """
     path = _resolve(path_or_name)
-    reflection = load_slang_module(reflection_device(), str(path))
-    return SlangModule(str(path), reflection)
+    reflection, content = load_slang_module(reflection_device(), str(path))
+    return SlangModule(str(path), reflection, content)
 
 
 def load_module_from_source(name: str, source: str) -> SlangModule:
@@ -72,11 +74,17 @@ def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
 
 
 class SlangModule:
-    """A loaded Slang module; each attribute is a :class:`SlangFunction`."""
+    """A loaded Slang module; each attribute is a :class:`SlangFunction`.
 
-    def __init__(self, path: str, reflection: spy.SlangModule):
+    It runs the code its file (and its imports) held when it was loaded, identified by ``content``
+    (:mod:`slax._sources`); after an edit, ``slax.load_module`` again gives the new code.
+    """
+
+    def __init__(self, path: str, reflection: spy.SlangModule, content: str):
         self.path = path
+        self.content = content
         self._reflection = reflection
+        self._names = KernelNames(name_prefix(identifiers(content)))
         self._functions: dict[str, SlangFunction] = {}
 
     def __getattr__(self, name: str) -> SlangFunction:
@@ -147,7 +155,8 @@ class SlangFunction:
         signature, operands = self._resolve(bound)
         self._require_one_grid(signature, operands)
         operands = vary_alike(operands)
-        flat = slang_call_p.bind(*operands, function=FunctionSpec(self.module.path, signature))
+        spec = FunctionSpec(self.module.path, signature, self.module.content, self.module._names)
+        flat = slang_call_p.bind(*operands, function=spec)
         check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
         return self._unflatten(signature, flat)
 
