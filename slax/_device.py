@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import os
 import pathlib
+import tempfile
 import threading
 
 import jax
@@ -91,6 +92,24 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(root)
 
 
+def writable_cache_dir(*parts: str) -> pathlib.Path:
+    """``cache_dir() / parts``, created and checked writable; else an OSError naming it and
+    ``SLAX_CACHE_DIR`` (rather than a failure further on that blames something else)."""
+    directory = cache_dir().joinpath(*parts)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"slax: cannot write to its cache directory {directory} ({error.strerror or error}); "
+            "set SLAX_CACHE_DIR to a writable directory: slax keeps compiled Slang modules and "
+            "the sources of load_module_from_source there",
+        ) from error
+    return directory
+
+
 def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
     """The process-wide SlangPy device of ``kind`` (for CUDA, of GPU ``ordinal``)."""
     key = (kind, ordinal)
@@ -104,7 +123,7 @@ def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
 
 def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
     options = spy.SlangCompilerOptions({"include_paths": [str(SHADER_DIR)]})
-    cache = cache_dir() / kind.value
+    cache = writable_cache_dir(kind.value)
     adapter_luid = None
     if kind is DeviceKind.CUDA:
         adapters = spy.Device.enumerate_adapters(spy.DeviceType.cuda)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ import slangpy as spy
 
 from slax._codegen import KernelNames, name_prefix
 from slax._compile import load_slang_module
-from slax._device import SHADER_DIR, cache_dir, reflection_device
+from slax._device import SHADER_DIR, reflection_device, writable_cache_dir
 from slax._kernel import SlangKernel
 from slax._primitive import FunctionSpec, check_finite, slang_call_p, vary_alike
 from slax._signature import (
@@ -27,6 +28,7 @@ from slax._signature import (
     Leaf,
     Signature,
     Value,
+    exact_number,
     generic_names,
     read_signature,
     substitute_generics,
@@ -43,21 +45,50 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
 
     Raises:
       FileNotFoundError: no such file on disk or on the include path.
+      ValueError: the path holds a backslash (outside Windows), which Slang cannot open.
       slax.SlangCompileError: Slang rejected the module; carries its diagnostics with file:line.
     """
     path = _resolve(path_or_name)
+    if os.sep != "\\" and "\\" in str(path):
+        raise ValueError(
+            f"slax.load_module: Slang reads '\\' in a path as a directory separator, so it cannot "
+            f"open {str(path)!r}; move or link the file to a path without backslashes."
+        )
     reflection, content = load_slang_module(reflection_device(), str(path))
     return SlangModule(str(path), reflection, content)
 
 
 def load_module_from_source(name: str, source: str) -> SlangModule:
-    """Loads Slang ``source`` as module ``name`` (written to slax's cache dir so it can be imported)."""
-    directory = cache_dir() / "sources"
-    directory.mkdir(parents=True, exist_ok=True)
+    """Loads Slang ``source`` as module ``name``.
+
+    The source is written to ``<cache dir>/sources/<name>.slang``, so that other modules can import
+    it by name; ``name`` is a module name (letters, digits, ``_`` and ``-``), never a path. Loading
+    another source under a name used before gives a module with the new code.
+
+    Raises:
+      ValueError: ``name`` is not a module name.
+      OSError: the cache directory (``SLAX_CACHE_DIR``) cannot be written.
+      slax.SlangCompileError: Slang rejected the source.
+    """
+    if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
+        raise ValueError(
+            "slax.load_module_from_source: name must be a module name of letters, digits, '_' and "
+            f"'-', not starting with a digit or '-' (it names the file <name>.slang in slax's cache); "
+            f"got {name!r}."
+        )
+    if not isinstance(source, str):
+        raise TypeError(
+            f"slax.load_module_from_source: source must be Slang source text (a str); got "
+            f"{type(source).__name__}."
+        )
+    directory = writable_cache_dir("sources")
     path = directory / f"{name}.slang"
     if not path.exists() or path.read_text() != source:
         path.write_text(source)
     return load_module(path)
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
@@ -249,10 +280,11 @@ class SlangFunction:
         return operands
 
     def _operand(self, value: Value, leaf: Leaf, argument: Any, label: str) -> jax.Array:
-        if isinstance(argument, (bool, int, float, np.generic)) or (
-            isinstance(argument, jax.Array) and _is_weakly_typed(argument)
-        ):
-            array = jnp.asarray(argument, dtype=leaf.dtype)
+        what = f"argument {label!r} of {self.name}() (Slang {value.slang_type!r})"
+        if argument is None or isinstance(argument, (bool, int, float, complex, np.generic)):
+            array = jnp.asarray(exact_number(argument, leaf.dtype, what))
+        elif isinstance(argument, jax.Array) and _is_weakly_typed(argument):
+            array = _weak_operand(argument, leaf.dtype, what)
         else:
             try:
                 array = jnp.asarray(argument)
@@ -307,6 +339,20 @@ class SlangFunction:
             else:
                 outputs.append(next(flat_iter))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _weak_operand(argument: jax.Array, dtype: str, what: str) -> jax.Array:
+    """A Python number JAX holds (weakly typed) in the Slang parameter's dtype: checked like a
+    number where its value is known; traced, a float for an integer parameter cannot be checked
+    before it runs, so it is refused rather than truncated."""
+    if not isinstance(argument, jax.core.Tracer):
+        return jnp.asarray(exact_number(np.asarray(argument), dtype, what))
+    if jnp.issubdtype(argument.dtype, jnp.floating) and jnp.issubdtype(np.dtype(dtype), jnp.integer):
+        raise TypeError(
+            f"slax: {what} is an integer ({dtype}); got a float traced by JAX, which would be "
+            f"truncated. Pass an int, or round it yourself: jnp.round(x).astype(jnp.{dtype})."
+        )
+    return argument.astype(dtype)
 
 
 def _is_weakly_typed(array: jax.Array) -> bool:

@@ -109,3 +109,13 @@ def test_generated_names_avoid_every_identifier_in_the_users_sources(tmp_path, m
     module = slax.load_module_from_source("reserved_looking_names", source)
     x, y = jnp.linspace(-1, 1, 5), jnp.linspace(2, 3, 5)
     check_grads(module.slax_count, lambda a, b: (a + b, a * b), x, y, raises=True)
+
+
+def test_module_path_with_quotes(tmp_path):
+    """The generated kernel imports the module by path, as a Slang string literal."""
+    folder = tmp_path / 'say "hi"'
+    folder.mkdir()
+    path = folder / "quoted.slang"
+    path.write_text("[Differentiable]\nfloat f(float x) { return x * x; }\n")
+    module = slax.load_module(path)
+    assert float(module.f(3.0)) == 9.0 and float(jax.grad(module.f)(3.0)) == 6.0

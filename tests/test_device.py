@@ -102,3 +102,26 @@ def test_second_process_reuses_compiled_modules(tmp_path):
     assert runs[0][0] == runs[1][0] == "41.0"
     assert int(runs[0][1]) > 0, "the first process wrote nothing to the cache"
     assert runs[0][1] == runs[1][1], "the second process compiled again instead of reusing the cache"
+
+
+def test_unwritable_cache_directory_says_so(tmp_path):
+    """Not 'install lavapipe': a device whose cache cannot be written is refused naming the cache.
+    In a fresh process: this one's device exists already."""
+    (tmp_path / "a_file").write_text("")
+    script = textwrap.dedent(
+        """
+        import slax
+        try:
+            slax.load_module("poly")
+        except OSError as error:
+            print(error)
+        """
+    )
+    env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path / "a_file" / "cache")}
+    env.pop("SLAX_DEVICE", None)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cannot write to its cache directory" in result.stdout and "SLAX_CACHE_DIR" in result.stdout
+    assert "lavapipe" not in result.stdout
