@@ -140,6 +140,61 @@ def test_failed_import_fails_again_and_never_crashes(tmp_path):
     assert result.stdout.split() == ["9.0", "6.0"]
 
 
+def test_edit_sequences_never_crash(tmp_path):
+    """Good, broken (syntax, import, type) and good again, in every order here, each loaded and
+    called twice, and a kernel whose code generation fails traced twice; in a subprocess."""
+    script = textwrap.dedent(
+        f"""
+        import pathlib
+        import jax
+        import jax.numpy as jnp
+        import slax
+
+        path = pathlib.Path({str(tmp_path)!r}) / "edited.slang"
+        versions = {{
+            "square": {SQUARE!r},
+            "cube": {CUBE!r},
+            "syntax": "[Differentiable]\\nfloat f(float x) {{ return x * ; }}\\n",
+            "import": "import no_such_module;\\n[Differentiable]\\nfloat f(float x) {{ return x; }}\\n",
+            "type": "[Differentiable]\\nfloat f(float x) {{ return undefined_name(x); }}\\n",
+        }}
+        expected = {{"square": (9.0, 6.0), "cube": (27.0, 27.0)}}
+        order = ["square", "syntax", "cube", "import", "import", "square", "type", "cube", "syntax", "square"]
+        for name in order:
+            path.write_text(versions[name])
+            for attempt in range(2):
+                try:
+                    module = slax.load_module(path)
+                except slax.SlangCompileError:
+                    assert name not in expected, name
+                    continue
+                got = (float(module.f(3.0)), float(jax.grad(module.f)(3.0)))
+                assert got == expected[name], (name, got)
+                assert float(jax.jvp(module.f, (3.0,), (1.0,))[1]) == expected[name][1]
+        unrollable = pathlib.Path({str(tmp_path)!r}) / "unrollable.slang"
+        unrollable.write_text(
+            '[shader("compute")]\\n[numthreads(64, 1, 1)]\\n'
+            "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count)\\n{{\\n"
+            "    [ForceUnroll]\\n    for (uint i = 0; i < count; i++) x[i] = 0;\\n}}\\n"
+        )
+        for attempt in range(2):
+            kernel = slax.load_module(unrollable).kernel("k")
+            result = [jax.ShapeDtypeStruct((4,), jnp.float32)]
+            try:
+                jax.jit(lambda x: kernel(x, results=result, threads=1, in_place={{0: 0}}, count=4)).trace(
+                    jnp.ones(4)
+                ).lower()
+                raise AssertionError("an unrollable loop compiled")
+            except slax.SlangCompileError:
+                pass
+        print("survived")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+    assert result.stdout.split()[-1] == "survived"
+
+
 def test_content_key_covers_imports_and_says_what_changed(tmp_path):
     helper = tmp_path / "helper.slang"
     helper.write_text("module helper;\npublic float g(float x) { return x; }\n")
