@@ -1,4 +1,8 @@
-"""Compiling Slang modules and kernels on a device, once per process (and on disk across processes)."""
+"""Compiling Slang modules and kernels on a device, once per content (and on disk across processes).
+
+Modules and kernels are cached by content key (:mod:`slax._sources`): the Slang code they are built
+from, never the path or name it came under.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import threading
 
 import slangpy as spy
 
+from slax import _sources
 from slax._errors import SlangCompileError
 
 
@@ -18,13 +23,18 @@ class KernelSpec:
 
     Attributes:
       entry: the entry point's name.
-      path: the ``.slang`` file that defines it, or ``None`` when ``source`` does.
+      path: the ``.slang`` file that defines it, or that ``source`` imports (the Slang function a
+        generated kernel runs).
       source: generated Slang source defining it, or ``None`` when ``path`` does.
+      content: the content key (:mod:`slax._sources`) of ``path``'s module as it was loaded: the
+        kernel runs exactly that code, edited since or not. ``None``: ``path`` or ``source`` as
+        they are when the kernel is compiled.
     """
 
     entry: str
     path: str | None = None
     source: str | None = None
+    content: str | None = None
 
     @property
     def module_name(self) -> str:
@@ -94,34 +104,55 @@ def entry_point_parameters(module: spy.SlangModule, entry: str) -> EntryPointPar
     return EntryPointParameters(tuple(pointers), tuple(scalars), tuple(order), (int(x), int(y), int(z)))
 
 
-_lock = threading.Lock()
-_kernels: dict[tuple[int, KernelSpec], CompiledKernel] = {}
-_modules: dict[tuple[int, str], spy.SlangModule] = {}
+_lock = threading.RLock()
+_sessions: dict[tuple[int, str], _Session] = {}
+_kernels: dict[tuple[int, KernelSpec, str], CompiledKernel] = {}
 
 
-def load_slang_module(device: spy.Device, path: str) -> spy.SlangModule:
-    """Loads the Slang file at ``path`` on ``device``; compile errors become SlangCompileError."""
-    key = (id(device), path)
+@dataclasses.dataclass
+class _Session:
+    """A Slang session holding one version of one module (its content key), and the generated
+    kernel modules that import it (by their source).
+
+    SlangPy's device keeps one session in which a module is loaded once per name: an edited file
+    would never be read again, and a module whose import failed stays half-loaded in it (loading it
+    again "succeeds", and linking it crashes the process). A session per content key has neither
+    problem; one that failed to load is dropped, so a retry compiles, and fails, afresh.
+    """
+
+    session: spy.SlangSession
+    root: spy.SlangModule
+    generated: dict[str, spy.SlangModule] = dataclasses.field(default_factory=dict)
+
+
+def load_slang_module(device: spy.Device, path: str) -> tuple[spy.SlangModule, str]:
+    """Loads the Slang file at ``path`` on ``device`` as it is now; returns the module and its
+    content key (:mod:`slax._sources`). Compile errors become SlangCompileError."""
     with _lock:
-        module = _modules.get(key)
-        if module is None:
-            module = _compile(lambda: device.load_module(path), what=path)
-            _modules[key] = module
-        return module
+        content = _sources.known_content(path)
+        if content is not None and (id(device), content) in _sessions:
+            return _sessions[(id(device), content)].root, content
+        session = _new_session(device)
+        module = _compile(lambda: session.load_module(path), what=path)
+        content = _sources.record_content(path)
+        loaded = _sessions.setdefault((id(device), content), _Session(session, module))
+        return loaded.root, content
 
 
 def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
     """The compute kernel for ``spec`` on ``device``, compiled on first use."""
-    key = (id(device), spec)
+    content = spec_content(spec)
+    key = (id(device), spec, content)
     with _lock:
         kernel = _kernels.get(key)
         if kernel is not None:
             return kernel
-    module = _module_for(device, spec)
+    module = _module_for(device, spec, content)
     parameters = entry_point_parameters(module, spec.entry)
 
     def build() -> spy.ComputeKernel:
-        kernel = device.create_compute_kernel(device.link_program([module], [module.entry_point(spec.entry)]))
+        program = module.session.link_program([module], [module.entry_point(spec.entry)])
+        kernel = device.create_compute_kernel(program)
         kernel.pipeline  # noqa: B018 -- builds the pipeline now: code generation errors (e.g. a loop
         # that cannot be unrolled) surface here, at trace time, not at the first launch
         return kernel
@@ -134,24 +165,57 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
 def kernel_parameters(device: spy.Device, spec: KernelSpec) -> EntryPointParameters:
     """The parameters of ``spec``'s entry point, read from ``device``'s reflection of its module
     (without building a pipeline: for launch paths that compile the code themselves)."""
-    return entry_point_parameters(_module_for(device, spec), spec.entry)
+    return entry_point_parameters(_module_for(device, spec, spec_content(spec)), spec.entry)
 
 
-def _module_for(device: spy.Device, spec: KernelSpec) -> spy.SlangModule:
-    if spec.source is None:
-        return load_slang_module(device, spec.path or "")
-    key = (id(device), spec.module_name)
+def spec_content(spec: KernelSpec) -> str:
+    """The content key of the code ``spec`` runs: the one it was made with, or for a spec made
+    without one, that of its module file or source as they are now."""
+    if spec.content is not None:
+        return spec.content
+    if spec.path is not None:
+        return _sources.content_of(spec.path)
+    return _sources.content_of(spec.source or "", source=True)
+
+
+def _module_for(device: spy.Device, spec: KernelSpec, content: str) -> spy.SlangModule:
+    """The module defining ``spec``'s entry point, in the session of ``content``."""
     with _lock:
-        module = _modules.get(key)
-    if module is None:
-        source = spec.source
-        module = _compile(
-            lambda: device.load_module_from_source(spec.module_name, source),
-            what=f"the kernel slax generated for {spec.entry}",
-        )
-        with _lock:
-            module = _modules.setdefault(key, module)
-    return module
+        loaded = _sessions.get((id(device), content))
+        if loaded is None:
+            session = _new_session(device)
+            if spec.path is not None:
+                root = _compile(lambda: session.load_module(spec.path or ""), what=spec.path)
+            else:
+                source = spec.source or ""
+                root = _compile(
+                    lambda: session.load_module_from_source(spec.module_name, source),
+                    what=f"the kernel slax generated for {spec.entry}",
+                )
+            # The files were read again just now: they must still be the code of ``content``.
+            _sources.require_unchanged(content, f"the Slang module of kernel {spec.entry!r}")
+            loaded = _sessions.setdefault((id(device), content), _Session(session, root))
+        if spec.path is None or spec.source is None:
+            return loaded.root
+        module = loaded.generated.get(spec.source)
+        if module is None:
+            source = spec.source
+            module = _compile(
+                lambda: loaded.session.load_module_from_source(spec.module_name, source),
+                what=f"the kernel slax generated for {spec.entry}",
+            )
+            loaded.generated[source] = module
+        return module
+
+
+def _new_session(device: spy.Device) -> spy.SlangSession:
+    """A fresh Slang session with the device's compiler options and module cache."""
+    desc = device.slang_session.desc
+    return device.create_slang_session(
+        compiler_options=desc.compiler_options,
+        add_default_include_paths=desc.add_default_include_paths,
+        cache_path=desc.cache_path,
+    )
 
 
 def _compile(action, *, what: str):

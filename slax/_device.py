@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import os
 import pathlib
+import tempfile
 import threading
 
 import jax
@@ -39,11 +40,20 @@ SHADER_DIR = _find_shader_dir()
 """Slang sources shipped with slax; always on the include path."""
 
 
+SLANGPY_INCLUDE_PATHS = (
+    pathlib.Path(spy.__file__).parent / "slang",
+    pathlib.Path(spy.__file__).parent / "shaders",
+)
+"""What SlangPy's sessions add to the include path (``add_default_include_paths``;
+``slangpy.SHADER_PATH`` is the first), where ``slangpy.slang`` lives."""
+
+
 def include_paths() -> list[str]:
-    """The directories Slang searches for ``import``, on every device and every compile route: slax's
-    own sources, then SlangPy's (``slangpy.SHADER_PATH``), so that modules written as SlangPy's
-    documentation writes them (``import slangpy;``) load unchanged."""
-    return [str(SHADER_DIR), spy.SHADER_PATH]
+    """The directories Slang searches for ``import``, on every device and every compile route (and
+    when slax lists a module's imports for its content key): slax's own sources, then SlangPy's, so
+    that modules written as SlangPy's documentation writes them (``import slangpy;``) load
+    unchanged."""
+    return [str(SHADER_DIR), *(str(path) for path in SLANGPY_INCLUDE_PATHS)]
 
 
 ENV_VAR = "SLAX_DEVICE"
@@ -115,6 +125,24 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(root)
 
 
+def writable_cache_dir(*parts: str) -> pathlib.Path:
+    """``cache_dir() / parts``, created and checked writable; else an OSError naming it and
+    ``SLAX_CACHE_DIR`` (rather than a failure further on that blames something else)."""
+    directory = cache_dir().joinpath(*parts)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"slax: cannot write to its cache directory {directory} ({error.strerror or error}); "
+            "set SLAX_CACHE_DIR to a writable directory: slax keeps compiled Slang modules and "
+            "the sources of load_module_from_source there",
+        ) from error
+    return directory
+
+
 def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
     """The process-wide SlangPy device of ``kind`` (for CUDA, of GPU ``ordinal``)."""
     key = (kind, ordinal)
@@ -128,7 +156,7 @@ def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
 
 def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
     options = spy.SlangCompilerOptions({"include_paths": include_paths()})
-    cache = cache_dir() / kind.value
+    cache = writable_cache_dir(kind.value)
     adapter_luid = None
     if kind is DeviceKind.CUDA:
         adapters = spy.Device.enumerate_adapters(spy.DeviceType.cuda)

@@ -12,11 +12,16 @@ import numpy as np
 
 from slax._compile import KernelSpec, entry_point_parameters
 from slax._primitive import check_finite, run_kernel, vary_alike
-from slax._signature import SLANG_SCALAR_FOR_DTYPE
+from slax._signature import SLANG_SCALAR_FOR_DTYPE, exact_number
 
 _DTYPE_FOR_SLANG_SCALAR = {name: dtype for dtype, name in SLANG_SCALAR_FOR_DTYPE.items()}
+_DTYPE_FOR_KERNEL_SCALAR = {
+    **_DTYPE_FOR_SLANG_SCALAR,
+    "double": "float64",
+    "int64_t": "int64",
+    "uint64_t": "uint64",
+}
 _UINT_MAX = 2**32 - 1
-
 
 COUNT_SUFFIX = "_count"
 """``uniform uint <pointer>_count``: a scalar slax fills with that pointer's element count."""
@@ -43,7 +48,7 @@ class SlangKernel:
             if scalars.get(name + COUNT_SUFFIX) == "uint"
         }
         self._scalars = {name: kind for name, kind in scalars.items() if name not in self._counts}
-        self._spec = KernelSpec(entry, path=module.path)
+        self._spec = KernelSpec(entry, path=module.path, content=module.content)
 
     def __repr__(self) -> str:
         return f"<slax kernel {self.entry} from {self.module.path}>"
@@ -114,15 +119,13 @@ class SlangKernel:
                 f"slax: kernel {self.entry!r}: buffers of {too_large} elements do not fit the uint "
                 f"counts it declares (at most {_UINT_MAX})."
             )
+        threads = int(exact_number(threads, "int64", f"threads of kernel {self.entry!r}"))
         if threads < 0:
             raise ValueError(f"slax: kernel {self.entry!r} needs threads >= 0, got {threads}.")
         scalar_args = tuple(
             sorted(
                 [
-                    *(
-                        (name, float(v) if self._scalars[name] in ("float", "half") else int(v))
-                        for name, v in scalars.items()
-                    ),
+                    *((name, self._scalar(name, value).item()) for name, value in scalars.items()),
                     *counts.items(),
                 ]
             )
@@ -132,3 +135,9 @@ class SlangKernel:
         outputs = run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
         check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
         return outputs
+
+    def _scalar(self, name: str, value: Any) -> np.ndarray:
+        """``value`` for the scalar parameter ``name``, refused where its Slang type would change it."""
+        slang_type = self._scalars[name]
+        dtype = _DTYPE_FOR_KERNEL_SCALAR.get(slang_type, "float64" if "float" in slang_type else "int64")
+        return exact_number(value, dtype, f"scalar {name!r} of kernel {self.entry!r} (Slang {slang_type!r})")

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import slangpy as spy
 
+from slax._codegen import KernelNames, name_prefix
 from slax._compile import load_slang_module
-from slax._device import SHADER_DIR, cache_dir, reflection_device
+from slax._device import SHADER_DIR, reflection_device, writable_cache_dir
 from slax._kernel import SlangKernel
 from slax._primitive import FunctionSpec, check_finite, slang_call_p, vary_alike
 from slax._signature import (
@@ -27,10 +28,12 @@ from slax._signature import (
     Leaf,
     Signature,
     Value,
+    exact_number,
     generic_names,
     read_signature,
     substitute_generics,
 )
+from slax._sources import identifiers
 
 
 def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
@@ -42,21 +45,50 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
 
     Raises:
       FileNotFoundError: no such file on disk or on the include path.
+      ValueError: the path holds a backslash (outside Windows), which Slang cannot open.
       slax.SlangCompileError: Slang rejected the module; carries its diagnostics with file:line.
     """
     path = _resolve(path_or_name)
-    reflection = load_slang_module(reflection_device(), str(path))
-    return SlangModule(str(path), reflection)
+    if os.sep != "\\" and "\\" in str(path):
+        raise ValueError(
+            f"slax.load_module: Slang reads '\\' in a path as a directory separator, so it cannot "
+            f"open {str(path)!r}; move or link the file to a path without backslashes."
+        )
+    reflection, content = load_slang_module(reflection_device(), str(path))
+    return SlangModule(str(path), reflection, content)
 
 
 def load_module_from_source(name: str, source: str) -> SlangModule:
-    """Loads Slang ``source`` as module ``name`` (written to slax's cache dir so it can be imported)."""
-    directory = cache_dir() / "sources"
-    directory.mkdir(parents=True, exist_ok=True)
+    """Loads Slang ``source`` as module ``name``.
+
+    The source is written to ``<cache dir>/sources/<name>.slang``, so that other modules can import
+    it by name; ``name`` is a module name (letters, digits, ``_`` and ``-``), never a path. Loading
+    another source under a name used before gives a module with the new code.
+
+    Raises:
+      ValueError: ``name`` is not a module name.
+      OSError: the cache directory (``SLAX_CACHE_DIR``) cannot be written.
+      slax.SlangCompileError: Slang rejected the source.
+    """
+    if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
+        raise ValueError(
+            "slax.load_module_from_source: name must be a module name of letters, digits, '_' and "
+            f"'-', not starting with a digit or '-' (it names the file <name>.slang in slax's cache); "
+            f"got {name!r}."
+        )
+    if not isinstance(source, str):
+        raise TypeError(
+            f"slax.load_module_from_source: source must be Slang source text (a str); got "
+            f"{type(source).__name__}."
+        )
+    directory = writable_cache_dir("sources")
     path = directory / f"{name}.slang"
     if not path.exists() or path.read_text() != source:
         path.write_text(source)
     return load_module(path)
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
@@ -73,11 +105,17 @@ def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
 
 
 class SlangModule:
-    """A loaded Slang module; each attribute is a :class:`SlangFunction`."""
+    """A loaded Slang module; each attribute is a :class:`SlangFunction`.
 
-    def __init__(self, path: str, reflection: spy.SlangModule):
+    It runs the code its file (and its imports) held when it was loaded, identified by ``content``
+    (:mod:`slax._sources`); after an edit, ``slax.load_module`` again gives the new code.
+    """
+
+    def __init__(self, path: str, reflection: spy.SlangModule, content: str):
         self.path = path
+        self.content = content
         self._reflection = reflection
+        self._names = KernelNames(name_prefix(identifiers(content)))
         self._functions: dict[str, SlangFunction] = {}
 
     def __getattr__(self, name: str) -> SlangFunction:
@@ -164,7 +202,8 @@ class SlangFunction:
         signature, operands = self._resolve(bound)
         self._require_one_grid(signature, operands)
         operands = vary_alike(operands)
-        flat = slang_call_p.bind(*operands, function=FunctionSpec(self.module.path, signature))
+        spec = FunctionSpec(self.module.path, signature, self.module.content, self.module._names)
+        flat = slang_call_p.bind(*operands, function=spec)
         check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
         return self._unflatten(signature, flat)
 
@@ -263,10 +302,11 @@ class SlangFunction:
         return operands
 
     def _operand(self, value: Value, leaf: Leaf, argument: Any, label: str) -> jax.Array:
-        if isinstance(argument, (bool, int, float, np.generic)) or (
-            isinstance(argument, jax.Array) and _is_weakly_typed(argument)
-        ):
-            array = jnp.asarray(argument, dtype=leaf.dtype)
+        what = f"argument {label!r} of {self.name}() (Slang {value.slang_type!r})"
+        if argument is None or isinstance(argument, (bool, int, float, complex, np.generic)):
+            array = jnp.asarray(exact_number(argument, leaf.dtype, what))
+        elif isinstance(argument, jax.Array) and _is_weakly_typed(argument):
+            array = _weak_operand(argument, leaf.dtype, what)
         else:
             try:
                 array = jnp.asarray(argument)
@@ -339,6 +379,20 @@ def _module_scope_calls(source: str) -> set[str]:
             break
         text = stripped
     return set(_DECLARED.findall(text))
+
+
+def _weak_operand(argument: jax.Array, dtype: str, what: str) -> jax.Array:
+    """A Python number JAX holds (weakly typed) in the Slang parameter's dtype: checked like a
+    number where its value is known; traced, a float for an integer parameter cannot be checked
+    before it runs, so it is refused rather than truncated."""
+    if not isinstance(argument, jax.core.Tracer):
+        return jnp.asarray(exact_number(np.asarray(argument), dtype, what))
+    if jnp.issubdtype(argument.dtype, jnp.floating) and jnp.issubdtype(np.dtype(dtype), jnp.integer):
+        raise TypeError(
+            f"slax: {what} is an integer ({dtype}); got a float traced by JAX, which would be "
+            f"truncated. Pass an int, or round it yourself: jnp.round(x).astype(jnp.{dtype})."
+        )
+    return argument.astype(dtype)
 
 
 def _is_weakly_typed(array: jax.Array) -> bool:

@@ -23,7 +23,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from slax._bridge import launcher_for
-from slax._codegen import Mode, entry_point_name, kernel_source, operand_leaves, result_leaves
+from slax._codegen import KernelNames, Mode, kernel_source, operand_leaves, result_leaves
 from slax._compile import KernelSpec
 from slax._config import config
 from slax._ptx_launch import lower_kernel_call
@@ -182,10 +182,20 @@ def _finite(array) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class FunctionSpec:
-    """A Slang function that primitives call: its module file and its array signature."""
+    """A Slang function that primitives call.
+
+    Attributes:
+      path: its module file.
+      signature: its array signature.
+      content: the content key of the module as loaded (:mod:`slax._sources`): a primitive, and
+        every cache of compiled code, tells an edited module's functions from the old ones by it.
+      names: the identifiers its generated kernels declare (none of them the user's).
+    """
 
     path: str
     signature: Signature
+    content: str
+    names: KernelNames = KernelNames()
 
     @property
     def name(self) -> str:
@@ -217,8 +227,9 @@ def _function_abstract_eval(*operands, function: FunctionSpec, mode: Mode):
 
 @functools.cache
 def _function_kernel(function: FunctionSpec, mode: Mode, rank: int) -> KernelSpec:
-    source = kernel_source(function.path, function.signature, mode, rank)
-    return KernelSpec(entry_point_name(function.signature, mode), source=source)
+    source = kernel_source(function.path, function.signature, mode, rank, function.names)
+    entry = function.names.entry(function.signature, mode)
+    return KernelSpec(entry, path=function.path, source=source, content=function.content)
 
 
 def _run_function(*operands, function: FunctionSpec, mode: Mode):
@@ -229,11 +240,12 @@ def _run_function(*operands, function: FunctionSpec, mode: Mode):
         own = operand.shape[: operand.ndim - len(leaf.shape)]
         own = (1,) * (len(grid) - len(own)) + tuple(own)
         strides += [0 if own[d] == 1 else math.prod(own[d + 1 :]) for d in range(len(grid))]
+    names = function.names
     k_strides = [
-        (f"stride_{k}_{d}", strides[k * len(grid) + d]) for k in range(len(leaves)) for d in range(len(grid))
+        (names.stride(k, d), strides[k * len(grid) + d]) for k in range(len(leaves)) for d in range(len(grid))
     ]
     count = math.prod(grid)
-    scalars = (("count", count), *((f"grid_{d}", n) for d, n in enumerate(grid)), *k_strides)
+    scalars = ((names.count, count), *((names.grid(d), n) for d, n in enumerate(grid)), *k_strides)
     results = tuple((grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode))
     spec = _function_kernel(function, mode, len(grid))
     return run_kernel(spec, operands, results, count, scalars)

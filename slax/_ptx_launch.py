@@ -31,9 +31,10 @@ from collections.abc import Sequence
 import jax
 
 from slax._codegen import ROW_THREADS
-from slax._compile import EntryPointParameters, KernelSpec, kernel_parameters
+from slax._compile import EntryPointParameters, KernelSpec, kernel_parameters, spec_content
 from slax._device import reflection_device
 from slax._slang_c import CodeTarget, compile_entry_point
+from slax._sources import require_unchanged
 
 WARP_SIZE = 32
 _TRITON_SCALAR_TYPE = {
@@ -85,7 +86,8 @@ def launch_plan(spec: KernelSpec, scalars: Sequence[tuple[str, int | float]], co
             "k <= 32. Use the SlangPy launch (slax.config.cuda_launch = 'slangpy')."
         )
     arguments = _arguments(spec, entry, dict(scalars))
-    ptx = _checked_ptx(spec, tuple(_PTX_PARAM_TYPE[kind] for _, kind, _ in arguments))
+    expected = tuple(_PTX_PARAM_TYPE[kind] for _, kind, _ in arguments)
+    ptx = _checked_ptx(spec, spec_content(spec), expected)
     rows = max(1, math.ceil(count / ROW_THREADS))
     grid = (math.ceil(min(count, ROW_THREADS) / group_x), rows, 1)
     return LaunchPlan(ptx, group_x // WARP_SIZE, grid, arguments)
@@ -111,9 +113,12 @@ def _arguments(spec: KernelSpec, entry: EntryPointParameters, values: dict) -> t
 
 
 @functools.cache
-def _checked_ptx(spec: KernelSpec, expected: tuple[str, ...]) -> str:
-    """``spec``'s PTX, compiled once, after checking its entry signature is ``expected``."""
+def _checked_ptx(spec: KernelSpec, content: str, expected: tuple[str, ...]) -> str:
+    """``spec``'s PTX, compiled once per ``content`` (its Slang code's content key), after checking
+    its entry signature is ``expected``."""
     ptx = compile_entry_point(spec, CodeTarget.PTX)
+    # Slang read the files again just now: they must still be the code of ``content``.
+    require_unchanged(content, f"the Slang module of kernel {spec.entry!r}")
     found = tuple(ptx_entry_parameter_types(ptx, spec.entry))
     if found != expected:
         raise PtxLaunchError(

@@ -181,3 +181,52 @@ def _shape_and_scalar(slang_type, function, name) -> tuple[tuple[int, ...], Scal
         f"{slang_type.full_name!r}, which slax cannot map to arrays; use scalars ({supported}), "
         "vectors, matrices, fixed-size arrays of those, or structs of them."
     )
+
+
+def exact_number(value: object, dtype: str, what: str) -> np.ndarray:
+    """``value`` (a Python or NumPy number, or a NumPy array of them) converted to ``dtype``, or an
+    error naming ``what``, where the conversion would change it silently: a non-integral or
+    out-of-range value for an integer type (3.9 would run as 3, -1 as 4294967295), a complex value,
+    or a finite value that overflows a floating type.
+    """
+    if value is None:
+        raise TypeError(f"slax: {what} is None; pass a number or an array.")
+    if isinstance(value, int) and not isinstance(value, bool):
+        given = np.asarray(value if -(2**63) <= value < 2**64 else float(value))
+    else:
+        given = np.asarray(value)
+    if given.dtype == object or not (np.issubdtype(given.dtype, np.number) or given.dtype == bool):
+        raise TypeError(f"slax: {what} must be a number or an array of numbers; got {value!r}.")
+    if np.issubdtype(given.dtype, np.complexfloating):
+        raise TypeError(f"slax: {what} takes real numbers; got the complex value {value!r}.")
+    target = np.dtype(dtype)
+    if np.issubdtype(target, np.integer):
+        if np.issubdtype(given.dtype, np.floating):
+            whole = np.isfinite(given) & (given == np.floor(given))
+            if not np.all(whole):
+                raise TypeError(
+                    f"slax: {what} is an integer ({dtype}); got the non-integral value "
+                    f"{_first(value, given, ~whole)}. Pass an int, rounded as you mean it."
+                )
+        info = np.iinfo(target)
+        outside = (given < info.min) | (given > info.max)
+        if np.any(outside):
+            raise ValueError(
+                f"slax: {what} takes {dtype} values from {info.min} to {info.max}; got "
+                f"{_first(value, given, outside)}."
+            )
+        return given.astype(target)
+    with np.errstate(over="ignore"):
+        converted = given.astype(target)
+    overflowed = np.isinf(converted) & np.isfinite(given)
+    if np.any(overflowed):
+        raise ValueError(
+            f"slax: {what} is {dtype}, whose largest value is {np.finfo(target).max}; got "
+            f"{_first(value, given, overflowed)}, which would become infinite."
+        )
+    return converted
+
+
+def _first(value: object, given: np.ndarray, mask: np.ndarray) -> str:
+    """The (first) offending value, as the user wrote it where it was one number."""
+    return str(value) if given.ndim == 0 else str(given[mask].flat[0])

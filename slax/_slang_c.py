@@ -1,10 +1,12 @@
 """Slang's C compile API, from SlangPy's own ``libslang-compiler``, through ctypes.
 
-SlangPy compiles for the devices it drives and keeps the code to itself. The PTX launch path
-(:mod:`slax._ptx_launch`) needs the code: the PTX text of one entry point, which jaxlib's kernel
-launcher then loads. The same compiler library does it through Slang's C API, so the PTX comes
-from the very Slang that SlangPy runs, with SlangPy's defaults (row-major matrices, default
-optimisation) and the devices' include path (:func:`slax._device.include_paths`).
+SlangPy compiles for the devices it drives and keeps the code, and the list of files a module was
+read from, to itself. slax needs both: the PTX launch path (:mod:`slax._ptx_launch`) needs the PTX
+text of one entry point, which jaxlib's kernel launcher then loads, and content keys
+(:mod:`slax._sources`) need the files a module imports. The same compiler library gives both
+through Slang's C API, so the PTX comes from the very Slang that SlangPy runs, with SlangPy's
+defaults (row-major matrices, default optimisation) and the devices' include path
+(:func:`slax._device.include_paths`).
 
 PTX goes through NVRTC, which Slang loads at run time: it is found in the ``nvidia-cuda-nvrtc``
 wheel that JAX's CUDA packages install, in a CUDA toolkit, or at ``SLAX_NVRTC`` (a path to
@@ -21,12 +23,15 @@ import importlib.util
 import os
 import pathlib
 import threading
+from typing import TYPE_CHECKING
 
 import slangpy as spy
 
-from slax._compile import KernelSpec
 from slax._device import include_paths
 from slax._errors import SlangCompileError
+
+if TYPE_CHECKING:
+    from slax._compile import KernelSpec
 
 _SOURCE_LANGUAGE_SLANG = 1
 _STAGE_COMPUTE = 6
@@ -65,6 +70,8 @@ def _library() -> ctypes.CDLL:
         "spCompile": (ctypes.c_int32, [p]),
         "spGetDiagnosticOutput": (s, [p]),
         "spGetEntryPointCode": (p, [p, i, ctypes.POINTER(ctypes.c_size_t)]),
+        "spGetDependencyFileCount": (i, [p]),
+        "spGetDependencyFilePath": (s, [p, i]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -116,6 +123,38 @@ def nvrtc_library() -> str | None:
         if matches:
             return min(matches, key=len)
     return None
+
+
+def dependency_files(path: str | None = None, source: str | None = None, name: str = "") -> list[str]:
+    """The files Slang reads to check the module at ``path``, or the ``source`` text named ``name``:
+    the module itself and everything it imports or includes, in Slang's order. A source module is
+    listed by ``name``, not a file.
+
+    Raises:
+      SlangCompileError: Slang rejected the module; the message carries its diagnostics.
+    """
+    lib = _library()
+    with _lock:
+        request = lib.spCreateCompileRequest(_global_session())
+        try:
+            for directory in include_paths():
+                lib.spAddSearchPath(request, directory.encode())
+            unit = lib.spAddTranslationUnit(request, _SOURCE_LANGUAGE_SLANG, None)
+            if source is not None:
+                lib.spAddTranslationUnitSourceString(request, unit, name.encode(), source.encode())
+            else:
+                lib.spAddSearchPath(request, str(pathlib.Path(path or "").parent).encode())
+                lib.spAddTranslationUnitSourceFile(request, unit, str(path).encode())
+            if lib.spCompile(request) < 0:
+                # (Slang's dependency list is only valid after a successful compile: reading it
+                # after a failure crashes.)
+                diagnostics = (lib.spGetDiagnosticOutput(request) or b"").decode(errors="replace")
+                raise SlangCompileError(f"slax: Slang failed to compile {path or name}:\n{diagnostics}")
+            count = lib.spGetDependencyFileCount(request)
+            paths = [lib.spGetDependencyFilePath(request, k) for k in range(count)]
+            return [path.decode(errors="surrogateescape") for path in paths]
+        finally:
+            lib.spDestroyCompileRequest(request)
 
 
 def compile_entry_point(spec: KernelSpec, target: CodeTarget) -> str:

@@ -13,16 +13,19 @@ import dataclasses
 import datetime
 import importlib.util
 import json
-import os
 import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from slax._checkpoint import CheckpointError as CheckpointError
+from slax._checkpoint import check_resume, load_checkpoint, save_checkpoint
+from slax._checkpoint import checkpoint_path as checkpoint_path
+from slax._checkpoint import checkpoint_step as checkpoint_step
+from slax._checkpoint import previous_checkpoint as previous_checkpoint
 from slax._config import CUDA_LAUNCHES, config
 from slax._device import default_platform, describe_device, set_device_kind
 
@@ -171,8 +174,9 @@ def run_directory(name: str, out: pathlib.Path | None) -> pathlib.Path:
 
 
 def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
-    """Applies --device and --launch, makes the output dir; returns it and a description of the
-    run's devices."""
+    """Checks the flags (:func:`validate_arguments`), applies --device and --launch, makes the output
+    dir; returns it and a description of the run's devices."""
+    validate_arguments(name, args)
     config.cuda_launch = args.launch
     if args.device != "auto":
         set_device_kind(args.device)
@@ -190,38 +194,50 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     return out, device
 
 
-def checkpoint_path(out: pathlib.Path, args: argparse.Namespace, model: str) -> pathlib.Path | None:
-    """Where ``model``'s checkpoint lives, if this run checkpoints or resumes; a fresh run that
-    checkpoints into a directory holding old checkpoints refuses rather than silently resuming."""
-    if not (args.checkpoint_every or args.resume):
-        return None
-    path = out / f"checkpoint-{model}.npz"
-    if path.exists() and not args.resume:
-        raise SystemExit(f"{path} exists: pass --resume to continue that run, or another --out.")
-    return path
+# --- flags --------------------------------------------------------------------------------------
 
 
-def save_checkpoint(path: pathlib.Path, state: Any, step: int, key: jax.Array, losses: np.ndarray) -> None:
-    """Writes state, step, RNG key and losses so far; atomically (a temp file, then a rename), so
-    an interrupted write leaves the previous checkpoint intact."""
-    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
-    arrays = {f"leaf_{i}": leaf for i, leaf in enumerate(leaves)}
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as f:
-        np.savez(f, step=np.asarray(step), key=np.asarray(jax.random.key_data(key)), losses=losses, **arrays)  # type: ignore[arg-type]
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+def validate_arguments(name: str, args: argparse.Namespace) -> None:
+    """Refuses flags that cannot make a run, in one line naming the flag, before anything is created;
+    says how --checkpoint-every is rounded to whole chunks; with --resume, checks the checkpoints
+    (:func:`check_resume`)."""
+    for flag in ("steps", "batch", "chunk"):
+        value = getattr(args, flag)
+        if value < 1:
+            raise SystemExit(f"{name}: --{flag} must be a positive integer; got {value}.")
+    if args.checkpoint_every < 0:
+        raise SystemExit(
+            f"{name}: --checkpoint-every must be 0 (no checkpoints) or positive; got {args.checkpoint_every}."
+        )
+    present = len(jax.devices())
+    if args.devices is not None and not 1 <= args.devices <= present:
+        raise SystemExit(
+            f"{name}: --devices {args.devices}: JAX has {present} device(s) here "
+            f"({jax.devices()[0].platform}); pass 1 to {present}, or leave it out for no mesh."
+        )
+    _check_checkpoint_interval(name, args)
+    if args.resume and args.out is not None:
+        check_resume(name, args)
 
 
-def load_checkpoint(path: pathlib.Path, template: Any, key: jax.Array) -> tuple[Any, int, np.ndarray]:
-    """Reads a :func:`save_checkpoint` file into the structure of ``template``."""
-    with np.load(path) as data:
-        if not np.array_equal(data["key"], np.asarray(jax.random.key_data(key))):
-            raise ValueError(f"slax: checkpoint {path} was written by a run with another seed.")
-        leaves, treedef = jax.tree.flatten(template)
-        loaded = [jnp.asarray(data[f"leaf_{i}"], dtype=leaf.dtype) for i, leaf in enumerate(leaves)]
-        return jax.tree.unflatten(treedef, loaded), int(data["step"]), np.array(data["losses"])
+def _check_checkpoint_interval(name: str, args: argparse.Namespace) -> None:
+    """Checkpoints are written after whole chunks: an interval that is no multiple of --chunk is
+    rounded up, with a note; one that chunking would postpone to the end of the run is refused."""
+    every, chunk, steps = args.checkpoint_every, args.chunk, args.steps
+    if not every:
+        return
+    rounded = -(-every // chunk) * chunk
+    if every < steps <= rounded:
+        raise SystemExit(
+            f"{name}: --checkpoint-every {every} with --chunk {chunk}: checkpoints are written after "
+            f"whole chunks, so the first would come only at the end of the {steps} steps; pass a "
+            f"--chunk of at most {every} (a divisor of {every} keeps the interval exact)."
+        )
+    if rounded != every:
+        print(
+            f"{name}: --checkpoint-every {every} is rounded up to {rounded}: checkpoints are written "
+            f"after whole chunks of --chunk {chunk}."
+        )
 
 
 @dataclasses.dataclass

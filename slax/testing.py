@@ -127,7 +127,7 @@ def check_grads(
         _, vjp_slang = jax.vjp(slang_fn, *args)
         _, vjp_ref = jax.vjp(jax_fn, *reference_args)
         grads = vjp_slang(cotangents)
-        grads_ref = vjp_ref(jax.tree.map(lambda c, o: c.astype(o.dtype), cotangents, out_ref))
+        grads_ref = vjp_ref(jax.tree.map(_cotangent_for, cotangents, out_ref))
         rows += _compare("rev", grads, grads_ref, names, tolerance, only_float=args)
     if "fwd" in modes:
         _, tan_slang = jax.jvp(slang_fn, args, tangents)
@@ -190,6 +190,12 @@ def _hvp(fn, args, tangents, cotangents, mode):
         return jax.jvp(weighted_grad, args, tangents)[1]
     _, vjp = jax.vjp(weighted_grad, *args)
     return vjp(jax.tree.map(_zero_cotangent_like, weighted_grad(*args), tangents))
+
+
+def _cotangent_for(cotangent, output):
+    """A cotangent in the twin's output dtype (float32 for float16 results); integer outputs keep
+    their float0 (no) cotangent."""
+    return cotangent if cotangent.dtype == jax.dtypes.float0 else cotangent.astype(output.dtype)
 
 
 def _zero_cotangent_like(grad, tangent):

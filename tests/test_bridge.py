@@ -163,6 +163,32 @@ def test_missing_scalar(module):
         )
 
 
+@pytest.mark.parametrize(
+    ("scalars", "error", "message"),
+    [
+        (
+            {"a": 3.9, "b": 0},
+            TypeError,
+            r"scalar 'a' of kernel 'scale_shift_int' \(Slang 'int'\).*non-integral value 3.9",
+        ),
+        ({"a": 1, "b": None}, TypeError, r"scalar 'b' of kernel 'scale_shift_int' \(Slang 'int'\) is None"),
+        ({"a": 2**31, "b": 0}, ValueError, r"scalar 'a' .*int32 values .* got 2147483648"),
+        (
+            {"a": 1, "b": 0, "count": -4},
+            ValueError,
+            r"scalar 'count' .*\(Slang 'uint'\) takes uint32 values .* got -4",
+        ),
+    ],
+)
+def test_scalars_their_type_would_change_are_refused(module, scalars, error, message):
+    kernel = module.kernel("scale_shift_int")
+    x = jnp.arange(4, dtype=jnp.int32)
+    with pytest.raises(error, match=message):
+        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.int32)], threads=4, **{"count": 4, **scalars})
+    with pytest.raises(TypeError, match=r"threads of kernel 'scale_shift_int' is an integer .* 4.5"):
+        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.int32)], threads=4.5, count=4, a=1, b=0)
+
+
 def test_missing_kernel_name(module):
     with pytest.raises(ValueError, match="has no entry point 'scale_shift_double'"):
         module.kernel("scale_shift_double")

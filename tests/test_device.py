@@ -135,7 +135,7 @@ def _wang_hash(seed: jax.Array) -> jax.Array:
 
 def test_slangpy_style_modules_load_and_differentiate(rng):
     """``import slangpy;`` resolves: SlangPy's shader directory is on every device's include path."""
-    assert slangpy.SHADER_PATH in include_paths()
+    assert slangpy.SHADER_PATH in include_paths()  # where slangpy.slang lives
     function = slax.load_module(ROOT / "tests" / "slang" / "slangpy_style.slang").hashed_offset_square
     x = jnp.asarray(rng.normal(size=(64,)), jnp.float32)
     seed = jnp.asarray(rng.integers(0, 2**32, size=(64,)), jnp.uint32)
@@ -146,3 +146,26 @@ def test_slangpy_style_modules_load_and_differentiate(rng):
     report = check_grads(function, twin, x, seed)
     assert report.passed, str(report)
     assert [row.argument for row in report.rows if row.check == "rev"] == ["x"]
+
+
+def test_unwritable_cache_directory_says_so(tmp_path):
+    """Not 'install lavapipe': a device whose cache cannot be written is refused naming the cache.
+    In a fresh process: this one's device exists already."""
+    (tmp_path / "a_file").write_text("")
+    script = textwrap.dedent(
+        """
+        import slax
+        try:
+            slax.load_module("poly")
+        except OSError as error:
+            print(error)
+        """
+    )
+    env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path / "a_file" / "cache")}
+    env.pop("SLAX_DEVICE", None)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cannot write to its cache directory" in result.stdout and "SLAX_CACHE_DIR" in result.stdout
+    assert "lavapipe" not in result.stdout

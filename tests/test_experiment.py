@@ -1,9 +1,12 @@
-"""slax.experiment: chunks compile before timing; checkpoints are atomic and resuming gives the
-uninterrupted run's bits."""
+"""slax.experiment (and slax/_checkpoint.py): chunks compile before timing; checkpoints are atomic,
+the previous one is kept, damaged ones and changed flags are refused by name, resuming gives the
+uninterrupted run's bits, and bad flags are refused before anything is created."""
 
 from __future__ import annotations
 
+import argparse
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from slax.experiment import load_checkpoint, save_checkpoint, train_in_chunks
+from slax import experiment
+from slax.experiment import (
+    CheckpointError,
+    checkpoint_step,
+    load_checkpoint,
+    previous_checkpoint,
+    save_checkpoint,
+    train_in_chunks,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -148,6 +159,8 @@ def test_fresh_run_refuses_existing_checkpoints(tmp_path):
             "experiments/polynomial.py",
             "--steps",
             "10",
+            "--chunk",
+            "5",
             "--checkpoint-every",
             "5",
             "--out",
@@ -159,3 +172,159 @@ def test_fresh_run_refuses_existing_checkpoints(tmp_path):
         timeout=300,
     )
     assert result.returncode != 0 and "pass --resume" in result.stderr
+
+
+# --- damaged checkpoints: an error naming the file, and the previous one kept ------------------------
+
+
+def _save_steps(path, *steps):
+    for step in steps:
+        save_checkpoint(path, _state(step), step, jax.random.key(3), np.zeros(step))
+
+
+def test_saving_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "checkpoint-m.npz"
+    _save_steps(path, 10, 20, 30)
+    assert checkpoint_step(path) == 30 and checkpoint_step(previous_checkpoint(path)) == 20
+    state, step, _ = load_checkpoint(previous_checkpoint(path), _state(0), jax.random.key(3))
+    assert step == 20 and np.array_equal(state["params"][0], _state(20)["params"][0])
+
+
+DAMAGE = {
+    "truncated": lambda data: data[: len(data) // 2],
+    "empty": lambda data: b"",
+    "garbage": lambda data: bytes(range(256)) * 8,
+    "not a checkpoint": lambda data: _npz_bytes(weights=np.ones(3)),
+}
+
+
+def _npz_bytes(**arrays) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_checkpoint_names_the_file_and_the_intact_previous_one(tmp_path, damage):
+    path = tmp_path / "checkpoint-m.npz"
+    _save_steps(path, 10, 20)
+    path.write_bytes(DAMAGE[damage](path.read_bytes()))
+    with pytest.raises(CheckpointError, match=rf"{path} cannot be read .*previous checkpoint .*\(step 10\)"):
+        load_checkpoint(path, _state(0), jax.random.key(3))
+
+
+def test_damaged_checkpoint_without_a_previous_one_says_to_start_afresh(tmp_path):
+    path = tmp_path / "checkpoint-m.npz"
+    _save_steps(path, 10)
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=rf"{path} cannot be read.*start the run afresh"):
+        load_checkpoint(path, _state(0), jax.random.key(3))
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    path = tmp_path / "checkpoint-m.npz"
+    _save_steps(path, 10)
+    with pytest.raises(CheckpointError, match="holds another model's state"):
+        load_checkpoint(path, {"params": [jnp.zeros((5, 4))], "count": jnp.int32(0)}, jax.random.key(3))
+
+
+# --- resuming: refused where it would not continue the run ------------------------------------------
+
+RUN = ["--steps", "4", "--chunk", "2", "--batch", "16", "--checkpoint-every", "2", "--target-mse", "10"]
+
+
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory):
+    """A finished short polynomial run with checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("run")
+    result = subprocess.run(
+        [sys.executable, "experiments/polynomial.py", *RUN, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def _resume(out, *flags):
+    return subprocess.run(
+        [sys.executable, "experiments/polynomial.py", *RUN, *flags, "--out", str(out), "--resume"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_resume_with_flags_that_change_the_run_is_refused(checkpointed_run):
+    result = _resume(checkpointed_run, "--batch", "32", "--lr", "0.5", "--dtype", "float16")
+    assert result.returncode != 0
+    for difference in (
+        "--batch 16 (the run's) vs 32 (now)",
+        "--lr 0.01 (the run's) vs 0.5 (now)",
+        "--dtype float32 (the run's) vs float16 (now)",
+    ):
+        assert difference in result.stderr, result.stderr
+    assert "--chunk" not in result.stderr and "--target-mse" not in result.stderr
+
+
+def test_resume_with_steps_below_the_checkpoint_is_refused(checkpointed_run):
+    result = _resume(checkpointed_run, "--steps", "2")
+    assert result.returncode != 0
+    assert "--steps 2 is below step 4" in result.stderr and "checkpoint-" in result.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_resume_from_a_damaged_checkpoint_names_it_and_what_to_do(checkpointed_run, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(checkpointed_run, out)
+    path = out / "checkpoint-slax.npz"
+    path.write_bytes(DAMAGE[damage](path.read_bytes()))
+    result = _resume(out)
+    assert result.returncode != 0
+    assert f"checkpoint {path} cannot be read" in result.stderr, result.stderr
+    assert f"cp {previous_checkpoint(path)} {path}" in result.stderr and "(step 2)" in result.stderr
+    assert (out / "metrics.json").read_text() == (checkpointed_run / "metrics.json").read_text()
+
+
+# --- flags: refused before anything is created ------------------------------------------------------
+
+
+def _parse(*flags):
+    parser = argparse.ArgumentParser()
+    experiment.add_common_arguments(parser, steps=100, batch=8, chunk=10)
+    return parser.parse_args(list(flags))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--batch", "0"), "--batch must be a positive integer; got 0"),
+        (("--batch", "-4"), "--batch must be a positive integer; got -4"),
+        (("--chunk", "0"), "--chunk must be a positive integer; got 0"),
+        (("--chunk", "-5"), "--chunk must be a positive integer; got -5"),
+        (("--steps", "0"), "--steps must be a positive integer; got 0"),
+        (("--steps", "-1"), "--steps must be a positive integer; got -1"),
+        (("--devices", "0"), "--devices 0: JAX has"),
+        (("--devices", "4097"), "--devices 4097: JAX has"),
+        (("--checkpoint-every", "-3"), "--checkpoint-every must be 0 (no checkpoints) or positive"),
+        (("--checkpoint-every", "30", "--chunk", "100"), "only at the end of the 100 steps"),
+    ],
+)
+def test_bad_flags_are_one_line_naming_the_flag_before_anything_is_created(tmp_path, flags, message):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as raised:
+        experiment.prepare_run("test", _parse(*flags, "--out", str(out)))
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert not out.exists()
+
+
+def test_checkpoint_interval_rounded_to_whole_chunks_says_so(tmp_path, capsys):
+    experiment.validate_arguments("test", _parse("--checkpoint-every", "15", "--chunk", "10"))
+    assert "--checkpoint-every 15 is rounded up to 20" in capsys.readouterr().out
+    experiment.validate_arguments("test", _parse("--checkpoint-every", "20", "--chunk", "10"))
+    assert capsys.readouterr().out == ""

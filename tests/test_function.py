@@ -198,6 +198,64 @@ def test_wrong_dtype(poly):
         poly(1.0, 1.0, 1.0, jnp.arange(3))
 
 
+@pytest.mark.parametrize(
+    ("argument", "error", "message"),
+    [
+        (3.9, TypeError, r"'b' of add_ints\(\) \(Slang 'int'\) is an integer .* non-integral value 3.9"),
+        (np.float32(2.5), TypeError, r"'b' of add_ints\(\).*non-integral value 2.5"),
+        (jnp.asarray(0.5), TypeError, r"'b' of add_ints\(\).*non-integral value 0.5"),
+        (
+            2**31,
+            ValueError,
+            r"'b' of add_ints\(\).*int32 values from -2147483648 to 2147483647; got 2147483648",
+        ),
+        (None, TypeError, r"'b' of add_ints\(\) \(Slang 'int'\) is None"),
+        (1j, TypeError, r"'b' of add_ints\(\).*real numbers"),
+    ],
+)
+def test_numbers_an_int_parameter_would_change_are_refused(fns, argument, error, message):
+    """A Python float for a Slang int once ran truncated (3.9 as 3) while a float array was refused."""
+    with pytest.raises(error, match=message):
+        fns.add_ints(jnp.arange(3, dtype=jnp.int32), argument)
+
+
+def test_whole_numbers_of_any_type_are_taken_exactly(fns):
+    for whole in (4, 4.0, np.float32(4.0), np.int64(4), jnp.asarray(4.0)):
+        np.testing.assert_array_equal(fns.add_ints(jnp.arange(3, dtype=jnp.int32), whole), [4, 5, 6])
+
+
+def test_traced_float_for_an_int_parameter_is_refused(fns):
+    with pytest.raises(TypeError, match=r"'b' of add_ints\(\).*float traced by JAX"):
+        jax.jit(lambda b: fns.add_ints(jnp.arange(3, dtype=jnp.int32), b))(3.9)
+    np.testing.assert_array_equal(
+        jax.jit(lambda b: fns.add_ints(jnp.arange(2, dtype=jnp.int32), b))(3), [3, 4]
+    )
+
+
+def test_negative_uint_none_and_overflow_name_the_argument(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path))
+    module = slax.load_module_from_source(
+        "uint_half_for_test",
+        "uint add(uint a, uint b) { return a + b; }\nhalf twice(half h) { return h * 2; }\n",
+    )
+    with pytest.raises(
+        ValueError, match=r"'b' of add\(\) \(Slang 'uint'\) takes uint32 values from 0 .* got -1"
+    ):
+        module.add(jnp.arange(3, dtype=jnp.uint32), -1)
+    with pytest.raises(TypeError, match=r"'a' of add\(\) \(Slang 'uint'\) is None"):
+        module.add(None, 1)
+    with pytest.raises(
+        ValueError, match=r"'h' of twice\(\).*float16, whose largest value is 65504.*got 100000.0"
+    ):
+        module.twice(1e5)
+    np.testing.assert_array_equal(module.add(jnp.arange(3, dtype=jnp.uint32), 2**32 - 1), [2**32 - 1, 0, 1])
+
+
+def test_struct_field_none_names_the_field(fns):
+    with pytest.raises(TypeError, match=r"argument \"particle\['mass'\]\" of energy\(\).* is None"):
+        fns.energy({"position": jnp.ones(3), "mass": None}, jnp.ones(3))
+
+
 def test_unknown_function(fns):
     with pytest.raises(AttributeError, match="has no function 'nonexistent'"):
         _ = fns.nonexistent
@@ -241,6 +299,37 @@ def test_module_from_source_and_item_access(tmp_path, monkeypatch):
     assert [p.name for p in signature.inputs] == ["x"] and signature.result is not None
     with pytest.raises(slax.SlangCompileError, match=r"broken_for_test\.slang[:(]2"):
         slax.load_module_from_source("broken_for_test", "float ok(float x) { return x; }\nfloat bad( {\n")
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", "", "1st", "with space", "-x", "c:\\x"])
+def test_module_from_source_name_is_never_a_path(tmp_path, monkeypatch, name):
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"load_module_from_source: name must be a module name.*got"):
+        slax.load_module_from_source(name, "float f(float x) { return x; }\n")
+    assert not any(tmp_path.rglob("*.slang")), "a file was written"
+
+
+def test_module_from_source_needs_source_text(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path))
+    with pytest.raises(TypeError, match="source must be Slang source text .* got NoneType"):
+        slax.load_module_from_source("no_source", None)
+
+
+def test_unwritable_cache_directory_is_named(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "a_file" / "cache"))
+    with pytest.raises(
+        OSError, match=r"cannot write to its cache directory .*a_file/cache/sources.*SLAX_CACHE_DIR"
+    ):
+        slax.load_module_from_source("unwritable", "float f(float x) { return x; }\n")
+
+
+def test_module_path_with_a_backslash_is_refused_naming_it(tmp_path):
+    folder = tmp_path / "back\\slash"
+    folder.mkdir()
+    (folder / "m.slang").write_text("float f(float x) { return x; }\n")
+    with pytest.raises(ValueError, match=r"cannot open '.*back\\\\slash/m\.slang'"):
+        slax.load_module(folder / "m.slang")
 
 
 def test_grid_beyond_one_dispatch_row(poly):

@@ -198,6 +198,23 @@ def test_errors_are_specific():
         nn.mlp_init(jax.random.key(0), (3, 4), jnp.int32)
 
 
+@pytest.mark.parametrize("transform", ["grad", "jvp", "hessian"])
+def test_differentiating_loss_and_grad_points_to_mlp_apply(transform):
+    params = nn.mlp_init(jax.random.key(0), (3, 4, 2))
+    x, target = jnp.ones((5, 3)), jnp.zeros((5, 2))
+
+    def loss(x):
+        return nn.mlp_loss_and_grad(params, x, target)[0]
+
+    differentiate = {
+        "grad": lambda: jax.grad(loss)(x),
+        "jvp": lambda: jax.jvp(loss, (x,), (x,)),
+        "hessian": lambda: jax.hessian(loss)(x),
+    }[transform]
+    with pytest.raises(TypeError, match=r"mlp_loss_and_grad already returns .* slax\.nn\.mlp_apply"):
+        differentiate()
+
+
 def test_reference_multiplies_at_the_requested_precision():
     """The twin is the reference: full float32 by default (not TF32, JAX's default on tensor-core
     GPUs); ``precision=None`` gives JAX's default, for benchmarks of plain JAX."""

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import dispatch
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from slax._codegen import GROUP_SIZE
 from slax._compile import KernelSpec
@@ -393,6 +393,18 @@ def _batch_by_loop(primitive, args, dims, **params):
     outputs = jax.lax.map(lambda sliced: primitive.bind(*sliced, **params), stacked)
     return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
 
+
+def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
+    raise TypeError(
+        "slax.nn.mlp_loss_and_grad already returns the loss's gradient (from one Slang pass) and "
+        "cannot itself be differentiated (jax.grad, jax.jvp, jax.hessian): use the gradient it "
+        "returns, or to differentiate a loss of your own, write it "
+        "with slax.nn.mlp_apply, which jax.grad differentiates: "
+        "jax.grad(lambda p: jnp.mean(jnp.sum((nn.mlp_apply(p, x) - target) ** 2, -1)))(params)."
+    )
+
+
+ad.primitive_jvps[mlp_loss_grad_p] = _loss_and_grad_is_not_differentiable
 
 for _p, _eval, _lower, _num_data in (
     (mlp_forward_p, _forward_abstract_eval, _forward_lowering, 1),

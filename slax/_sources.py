@@ -1,0 +1,126 @@
+"""Content keys: which Slang code a module or kernel is built from.
+
+A module's content key is a digest of the files Slang read to build it (the module and everything
+it imports or includes, as Slang itself lists them) and of their bytes. Compiled modules and kernels
+are cached by this key, never by a path or a name: a ``.slang`` file edited in a running notebook,
+or one of its imports, has a new key, so the next ``slax.load_module`` builds the new code, while
+arrays traced against the old module keep running the old code they were traced with.
+
+Listing the files takes a compile (Slang's front end), so each root's file lists are remembered:
+while none of a listed file's bytes changed, the key is known by hashing them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import threading
+
+from slax._slang_c import dependency_files
+
+_IDENTIFIER = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Closure:
+    """A module's files as they were when it was built.
+
+    Attributes:
+      content: the content key: a digest of ``files``.
+      files: (path, sha256 of its bytes) of each file; a generated source is listed as
+        ``("<source>", sha256 of its text)``.
+      identifiers: every identifier-like word in those files: the names a user wrote.
+    """
+
+    content: str
+    files: tuple[tuple[str, str], ...]
+    identifiers: frozenset[str]
+
+
+_lock = threading.Lock()
+_closures: dict[str, Closure] = {}
+_by_root: dict[str, list[Closure]] = {}
+
+
+def known_content(root: str, *, source: bool = False) -> str | None:
+    """The content key of ``root`` (a module file, or generated Slang source when ``source``) if
+    one of its recorded file lists is unchanged on disk, else None (it is new, or was edited)."""
+    with _lock:
+        candidates = list(_by_root.get(_root_key(root, source), ()))
+    for closure in candidates:
+        if _unchanged(closure):
+            return closure.content
+    return None
+
+
+def record_content(root: str, *, source: bool = False) -> str:
+    """Lists the files of ``root`` with Slang, records them and returns its content key.
+
+    Raises:
+      SlangCompileError: Slang rejected the module.
+    """
+    if source:
+        name = "slax_source_" + hashlib.sha256(root.encode()).hexdigest()[:16] + ".slang"
+        paths = [p for p in dependency_files(source=root, name=name) if p != name]
+        texts = [("<source>", root.encode())]
+    else:
+        paths = dependency_files(path=root)
+        texts = []
+    texts += [(os.path.abspath(p), _read(p)) for p in dict.fromkeys(paths)]
+    files = tuple((path, hashlib.sha256(data).hexdigest()) for path, data in texts)
+    digest = hashlib.sha256("\0".join(f"{path}\0{sha}" for path, sha in files).encode()).hexdigest()
+    identifiers = frozenset(w.decode() for _, data in texts for w in _IDENTIFIER.findall(data))
+    closure = Closure(digest, files, identifiers)
+    with _lock:
+        closure = _closures.setdefault(digest, closure)
+        recorded = _by_root.setdefault(_root_key(root, source), [])
+        if closure not in recorded:
+            recorded.append(closure)
+    return closure.content
+
+
+def content_of(root: str, *, source: bool = False) -> str:
+    """The content key of ``root`` as it is now (listing its files if they are new or edited)."""
+    return known_content(root, source=source) or record_content(root, source=source)
+
+
+def identifiers(content: str) -> frozenset[str]:
+    """The identifiers in the files of the module with key ``content``."""
+    return _closures[content].identifiers
+
+
+def require_unchanged(content: str, what: str) -> None:
+    """Raises if a file of the module with key ``content`` changed since it was loaded: code
+    built from disk now would not be the code that was loaded (and traced against)."""
+    closure = _closures[content]
+    changed = [path for path, sha in closure.files if path != "<source>" and _sha(path) != sha]
+    if changed:
+        raise RuntimeError(
+            f"slax: {what} was loaded from Slang files that have changed since ({', '.join(changed)}), "
+            "and slax cannot build the old code from them again here. Call slax.load_module again "
+            "to use the new code, and call it through the new module."
+        )
+
+
+def _unchanged(closure: Closure) -> bool:
+    return all(path == "<source>" or _sha(path) == sha for path, sha in closure.files)
+
+
+def _root_key(root: str, source: bool) -> str:
+    if source:
+        return "source:" + hashlib.sha256(root.encode()).hexdigest()
+    return "path:" + os.path.abspath(root)
+
+
+def _sha(path: str) -> str | None:
+    try:
+        return hashlib.sha256(_read(path)).hexdigest()
+    except OSError:
+        return None
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
