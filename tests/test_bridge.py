@@ -173,20 +173,26 @@ def test_missing_scalar(module):
         ),
         ({"a": 1, "b": None}, TypeError, r"scalar 'b' of kernel 'scale_shift_int' \(Slang 'int'\) is None"),
         ({"a": 2**31, "b": 0}, ValueError, r"scalar 'a' .*int32 values .* got 2147483648"),
-        (
-            {"a": 1, "b": 0, "count": -4},
-            ValueError,
-            r"scalar 'count' .*\(Slang 'uint'\) takes uint32 values .* got -4",
-        ),
     ],
 )
 def test_scalars_their_type_would_change_are_refused(module, scalars, error, message):
     kernel = module.kernel("scale_shift_int")
     x = jnp.arange(4, dtype=jnp.int32)
     with pytest.raises(error, match=message):
-        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.int32)], threads=4, **{"count": 4, **scalars})
+        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.int32)], threads=4, **scalars)
     with pytest.raises(TypeError, match=r"threads of kernel 'scale_shift_int' is an integer .* 4.5"):
-        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.int32)], threads=4.5, count=4, a=1, b=0)
+        kernel(x, results=[jax.ShapeDtypeStruct((4,), jnp.int32)], threads=4.5, a=1, b=0)
+
+
+def test_negative_uint_scalar_is_refused():
+    source = (
+        '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+        "void fill(uint3 t : SV_DispatchThreadID, uniform float* y, uniform uint count)\n"
+        "{ if (t.x < count) y[t.x] = 1; }\n"
+    )
+    kernel = slax.load_module_from_source("uint_scalar", source).kernel("fill")
+    with pytest.raises(ValueError, match=r"scalar 'count' .*\(Slang 'uint'\) takes uint32 values .* got -4"):
+        kernel(results=[jax.ShapeDtypeStruct((4,), jnp.float32)], threads=4, count=-4)
 
 
 def test_missing_kernel_name(module):
