@@ -9,8 +9,9 @@ For a function ``f`` slax writes three entry points, each following the calling 
 - ``cotangent``: ``bwd_diff(f)``; takes primal inputs and cotangents of differentiable outputs,
   writes the cotangents of differentiable inputs over the full grid (JAX sums broadcast axes).
 
-Each thread handles one grid point. Operand ``k`` is read at grid offset ``sum_d c_d * stride_k_d``
-(stride 0 on broadcast axes) times its element size; results are dense over the grid.
+Each thread handles one grid point. Operand ``k`` is read at its row-major offset for that point, its
+broadcast axes (compiled into the kernel) left out, times its element size; results are dense over
+the grid.
 
 The kernel's own identifiers (:class:`KernelNames`) are named by position under a prefix that no
 identifier in the user's sources begins with: parameters called ``result``, or ``x`` beside
@@ -77,9 +78,6 @@ class KernelNames:
     def grid(self, d: int) -> str:
         return f"{self.prefix}grid{d}"
 
-    def stride(self, k: int, d: int) -> str:
-        return f"{self.prefix}stride{k}_{d}"
-
     def local(self, name: str) -> str:
         return f"{self.prefix}{name}"
 
@@ -111,11 +109,25 @@ def _is_diff(value: Value) -> bool:
     return not value.no_diff and value.differentiable
 
 
+Broadcast = tuple[tuple[bool, ...], ...]
+"""Per kernel operand, per grid axis: is the operand broadcast along it (its size there is 1)?"""
+
+
 def kernel_source(
-    module_path: str, signature: Signature, mode: Mode, grid_rank: int, names: KernelNames = KernelNames()
+    module_path: str,
+    signature: Signature,
+    mode: Mode,
+    broadcast: Broadcast,
+    names: KernelNames = KernelNames(),
 ) -> str:
-    """A Slang module with one entry point running ``signature``'s function in ``mode``."""
-    writer = _KernelWriter(signature, mode, grid_rank, names)
+    """A Slang module with one entry point running ``signature``'s function in ``mode`` over a grid
+    of ``len(broadcast[k])`` axes, reading each operand ``k`` as ``broadcast[k]`` says.
+
+    Which axes an operand is broadcast along is compiled in, not passed: the offsets follow from
+    the grid's sizes, which are arguments. Entry-point arguments travel as Vulkan push constants
+    (256 bytes on lavapipe and NVIDIA), which one stride per operand and axis used to exhaust
+    (an 8-argument function differentiated on a 2-D grid)."""
+    writer = _KernelWriter(signature, mode, broadcast, names)
     return writer.source(module_path)
 
 
@@ -129,12 +141,17 @@ class _KernelWriter:
     (``arg0``, ``arg1``, ..., ``result``), from which its locals are named: ``arg0`` holds the
     primal, ``arg0_t`` its tangent, ``arg0_ct`` its cotangent, ``arg0_pair`` its differential pair."""
 
-    def __init__(self, signature: Signature, mode: Mode, grid_rank: int, names: KernelNames):
+    def __init__(self, signature: Signature, mode: Mode, broadcast: Broadcast, names: KernelNames):
         self.sig = signature
         self.mode = mode
-        self.rank = grid_rank
-        self.names = names
         self.operands = operand_leaves(signature, mode)
+        if len(broadcast) != len(self.operands) or len({len(b) for b in broadcast}) > 1:
+            raise ValueError(
+                f"slax: broadcast pattern {broadcast} does not fit {len(self.operands)} operands."
+            )
+        self.broadcast = broadcast
+        self.rank = len(broadcast[0]) if broadcast else 0
+        self.names = names
         self.results = result_leaves(signature, mode)
         self.slots = {id(value): f"arg{k}" for k, value in enumerate(signature.params)}
         if signature.result is not None:
@@ -153,9 +170,6 @@ class _KernelWriter:
         params += [f"uniform {_ctype(leaf)}* {names.result(k)}" for k, leaf in enumerate(self.results)]
         params += [f"uniform uint {names.count}"]
         params += [f"uniform uint {names.grid(d)}" for d in range(self.rank)]
-        params += [
-            f"uniform uint {names.stride(k, d)}" for k in range(len(self.operands)) for d in range(self.rank)
-        ]
         self._body()
         body = "\n".join("    " + line for line in self.lines)
         joined = ",\n    ".join(params)
@@ -184,7 +198,15 @@ class _KernelWriter:
             self._cotangent_call()
 
     def _operand_offset(self, k: int) -> str:
-        terms = [f"{self.names.local(f'c{d}')} * {self.names.stride(k, d)}" for d in range(self.rank)]
+        """Operand ``k``'s row-major element index at the thread's grid point: the axes it is
+        broadcast along have size 1 in it and contribute nothing."""
+        terms: list[str] = []
+        sizes: list[str] = []
+        for d in reversed(range(self.rank)):
+            if self.broadcast[k][d]:
+                continue
+            terms.append(" * ".join([self.names.local(f"c{d}"), *sizes]))
+            sizes.append(self.names.grid(d))
         return " + ".join(terms) if terms else "0"
 
     def _load_value(self, value: Value, role: str, only_differentiable: bool = False) -> str:

@@ -157,9 +157,50 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
         # that cannot be unrolled) surface here, at trace time, not at the first launch
         return kernel
 
-    kernel = CompiledKernel(_compile(build, what=f"entry point {spec.entry!r}"), parameters)
+    try:
+        built = _compile(build, what=f"entry point {spec.entry!r}")
+    except SlangCompileError as error:
+        raise _explained_by_push_constants(error, device, spec, parameters) from None
+    kernel = CompiledKernel(built, parameters)
     with _lock:
         return _kernels.setdefault(key, kernel)
+
+
+VULKAN_GUARANTEED_PUSH_CONSTANT_BYTES = 128
+"""maxPushConstantsSize every Vulkan device offers; lavapipe and NVIDIA's drivers offer 256."""
+
+_SCALAR_BYTES = {"half": 2, "double": 8, "int64_t": 8, "uint64_t": 8}
+
+
+def uniform_bytes(parameters: EntryPointParameters) -> int:
+    """The bytes an entry point's arguments take as Vulkan push constants: 8 per pointer, scalars
+    at their size, each aligned to its size, in declaration order."""
+    kinds = dict(parameters.pointers)
+    scalars = dict(parameters.scalars)
+    offset = 0
+    for name in parameters.order:
+        size = 8 if name in kinds else _SCALAR_BYTES.get(scalars.get(name, ""), 4)
+        offset = -(-offset // size) * size + size
+    return offset
+
+
+def _explained_by_push_constants(
+    error: SlangCompileError, device: spy.Device, spec: KernelSpec, parameters: EntryPointParameters
+) -> SlangCompileError:
+    """SlangPy says only "Failed to create shader program" when a Vulkan kernel's arguments do not
+    fit the device's push constants; say so, with the numbers, where that can be the cause."""
+    needed = uniform_bytes(parameters)
+    if device.info.type != spy.DeviceType.vulkan or needed <= VULKAN_GUARANTEED_PUSH_CONSTANT_BYTES:
+        return error
+    return SlangCompileError(
+        f"{error}\nslax: kernel {spec.entry!r} takes {len(parameters.pointers)} pointers and "
+        f"{len(parameters.scalars)} scalars: {needed} bytes of arguments, which Vulkan passes as push "
+        f"constants; devices offer {VULKAN_GUARANTEED_PUSH_CONSTANT_BYTES} bytes or more (lavapipe "
+        "and NVIDIA: 256), and the log above names this device's limit if it is the cause. Each "
+        "array argument (each field of a struct, each out parameter, and for derivatives each "
+        "tangent or cotangent) is one pointer: pass fewer, or run JAX on a CUDA GPU, whose "
+        "kernels take 4 KiB of arguments."
+    )
 
 
 def kernel_parameters(device: spy.Device, spec: KernelSpec) -> EntryPointParameters:

@@ -23,7 +23,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from slax._bridge import launcher_for
-from slax._codegen import KernelNames, Mode, kernel_source, operand_leaves, result_leaves
+from slax._codegen import Broadcast, KernelNames, Mode, kernel_source, operand_leaves, result_leaves
 from slax._compile import KernelSpec
 from slax._config import config
 from slax._ptx_launch import lower_kernel_call
@@ -226,8 +226,8 @@ def _function_abstract_eval(*operands, function: FunctionSpec, mode: Mode):
 
 
 @functools.cache
-def _function_kernel(function: FunctionSpec, mode: Mode, rank: int) -> KernelSpec:
-    source = kernel_source(function.path, function.signature, mode, rank, function.names)
+def _function_kernel(function: FunctionSpec, mode: Mode, broadcast: Broadcast) -> KernelSpec:
+    source = kernel_source(function.path, function.signature, mode, broadcast, function.names)
     entry = function.names.entry(function.signature, mode)
     return KernelSpec(entry, path=function.path, source=source, content=function.content)
 
@@ -235,19 +235,16 @@ def _function_kernel(function: FunctionSpec, mode: Mode, rank: int) -> KernelSpe
 def _run_function(*operands, function: FunctionSpec, mode: Mode):
     leaves = operand_leaves(function.signature, mode)
     grid = _grid_of([o.shape for o in operands], leaves)
-    strides = []
+    broadcast = []
     for operand, leaf in zip(operands, leaves):
         own = operand.shape[: operand.ndim - len(leaf.shape)]
         own = (1,) * (len(grid) - len(own)) + tuple(own)
-        strides += [0 if own[d] == 1 else math.prod(own[d + 1 :]) for d in range(len(grid))]
+        broadcast.append(tuple(own[d] == 1 and grid[d] != 1 for d in range(len(grid))))
     names = function.names
-    k_strides = [
-        (names.stride(k, d), strides[k * len(grid) + d]) for k in range(len(leaves)) for d in range(len(grid))
-    ]
     count = math.prod(grid)
-    scalars = ((names.count, count), *((names.grid(d), n) for d, n in enumerate(grid)), *k_strides)
+    scalars = ((names.count, count), *((names.grid(d), n) for d, n in enumerate(grid)))
     results = tuple((grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode))
-    spec = _function_kernel(function, mode, len(grid))
+    spec = _function_kernel(function, mode, tuple(broadcast))
     return run_kernel(spec, operands, results, count, scalars)
 
 

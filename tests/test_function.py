@@ -360,3 +360,38 @@ def test_dir_lists_the_modules_functions(fns, tmp_path, monkeypatch):
     module = slax.load_module_from_source("dir_for_test", source)
     assert module.function_names() == ["spring_energy"]
     assert isinstance(module.spring_energy, slax.SlangFunction)
+
+
+def _sum_of_products(arity: int) -> str:
+    params = ", ".join(f"float a{k}" for k in range(arity))
+    body = " + ".join(f"a{k} * a{(k + 1) % arity}" for k in range(arity))
+    return f"[Differentiable]\nfloat products({params}) {{ return {body}; }}\n"
+
+
+def _products_twin(*args):
+    return sum(args[k] * args[(k + 1) % len(args)] for k in range(len(args)))
+
+
+def test_eight_arguments_differentiate_on_a_two_dimensional_grid(rng):
+    """Arguments do not pay for the grid's rank: which axes an argument is broadcast along is
+    compiled into the kernel, not passed per argument and axis (jvp here needs 17 pointers, which
+    with strides overflowed Vulkan's 256 bytes of push constants)."""
+    products = slax.load_module_from_source("products8", _sum_of_products(8)).products
+    shapes = [(3, 5), (5,), (3, 1), (), (3, 5), (1, 5), (3, 5), (5,)]
+    args = [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in shapes]
+    check_grads(products, _products_twin, *args, raises=True)
+
+
+def test_too_many_arguments_for_push_constants_say_so(device_kind, rng):
+    """Where a limit remains, the error names it: 24 arguments' jvp takes 49 pointers, beyond any
+    Vulkan device's push constants; CUDA kernels take 4 KiB of arguments, so there it runs."""
+    products = slax.load_module_from_source("products24", _sum_of_products(24)).products
+    args = [jnp.asarray(rng.normal(size=(4,)), jnp.float32) for _ in range(24)]
+    if device_kind == "cuda":
+        check_grads(products, _products_twin, *args, raises=True)
+        return
+    assert np.allclose(products(*args), _products_twin(*args), rtol=1e-5)  # 25 pointers still fit
+    with pytest.raises(
+        slax.SlangCompileError, match=r"49 pointers and 2 scalars: \d+ bytes .* push constants"
+    ):
+        jax.jvp(products, tuple(args), tuple(args))
