@@ -22,13 +22,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import slangpy as spy
 
-from slax._codegen import ROW_THREADS
-from slax._compile import KernelSpec, compile_kernel
+from slax._compile import ROW_THREADS, Aliases, KernelSpec, Scalars, compile_kernel
 from slax._device import DeviceKind, device_kind_for_platform, get_device
 
-Scalars = tuple[tuple[str, int | float], ...]
-Aliases = tuple[tuple[int, int], ...]
-"""(operand index, result index) pairs: the result is the operand's buffer, updated in place."""
 BufferCallback = Callable[..., None]
 
 _BUFFER_USAGE = spy.BufferUsage.shader_resource | spy.BufferUsage.unordered_access

@@ -30,8 +30,7 @@ from collections.abc import Sequence
 
 import jax
 
-from slax._codegen import ROW_THREADS
-from slax._compile import EntryPointParameters, KernelSpec, kernel_parameters, spec_content
+from slax._compile import ROW_THREADS, EntryPointParameters, KernelSpec, kernel_parameters, spec_content
 from slax._device import reflection_device
 from slax._slang_c import CodeTarget, compile_entry_point
 from slax._sources import require_unchanged

@@ -334,7 +334,7 @@ def test_module_path_with_a_backslash_is_refused_naming_it(tmp_path):
 
 def test_grid_beyond_one_dispatch_row(poly):
     """More threads than one dispatch row (slax/kernel.slang: SLAX_ROW_THREADS) use a second row."""
-    from slax._codegen import ROW_THREADS
+    from slax._compile import ROW_THREADS
 
     x = jnp.arange(ROW_THREADS + 77, dtype=jnp.float32) * 1e-6
     y = np.asarray(poly(1.0, 2.0, 3.0, x))

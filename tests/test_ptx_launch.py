@@ -24,8 +24,7 @@ import pytest
 
 import slax
 import slax.examples
-from slax._codegen import ROW_THREADS
-from slax._compile import KernelSpec
+from slax._compile import ROW_THREADS, KernelSpec
 from slax._device import SHADER_DIR
 from slax._errors import SlangCompileError
 from slax._ptx_launch import PtxLaunchError, launch_plan, ptx_entry_parameter_types

@@ -28,8 +28,7 @@ from jax._src import dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from slax._codegen import GROUP_SIZE
-from slax._compile import KernelSpec
+from slax._compile import GROUP_SIZE, KernelSpec
 from slax._primitive import check_finite, result_aval, run_kernel, vary_alike
 from slax.nn._kernels import (
     HIDDEN_SLOPE,
