@@ -1,4 +1,5 @@
-"""Slang functions as JAX functions (slax/_module.py, slax/_primitive.py): values, grad, jvp, vmap."""
+"""Slang functions as JAX functions (slax/_function.py, slax/_function_primitives.py): values, grad, jvp,
+vmap."""
 
 from __future__ import annotations
 
