@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _training import training_step
 
 from slax import nn
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
@@ -145,16 +146,13 @@ def test_training_matches_pure_jax():
     params = nn.mlp_init(keys[0], (4, 16, 4))
     optimizer = optax.adam(1e-2)
 
-    def train(loss_and_grad):
-        def step(state, key):
-            params, opt_state = state
-            xy = jax.random.uniform(key, (256, 2), minval=-1.0, maxval=1.0)
-            x = jnp.concatenate([xy, xy * xy], axis=-1)
-            target = jnp.stack([xy[:, 0] + xy[:, 1], xy[:, 0] * xy[:, 1], xy[:, 1] ** 2, -xy[:, 0]], -1)
-            loss, grads = loss_and_grad(params, x, target)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
+    def draw_batch(key):
+        xy = jax.random.uniform(key, (256, 2), minval=-1.0, maxval=1.0)
+        x = jnp.concatenate([xy, xy * xy], axis=-1)
+        return x, jnp.stack([xy[:, 0] + xy[:, 1], xy[:, 0] * xy[:, 1], xy[:, 1] ** 2, -xy[:, 0]], -1)
 
+    def train(loss_and_grad):
+        step = training_step(loss_and_grad, optimizer, draw_batch)
         state = (params, optimizer.init(params))
         return jax.jit(lambda s: jax.lax.scan(step, s, jax.random.split(keys[1], 300)))(state)[1]
 
