@@ -21,19 +21,18 @@ its floor.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
+import _harness as harness
 import jax
 import jax.numpy as jnp
 import optax
+from _training import cast, training_step
 
-from slax import config, experiment, nn
-from slax._config import CUDA_LAUNCHES
-from slax._device import default_platform
-from slax.experiment import describe_platform
+import slax
+from slax import nn
 
 NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10)}
 PEAKS = {
@@ -73,17 +72,12 @@ def loss_and_grad(network: str, model: str, dtype):
     """(params, x, labels-or-targets) -> (loss, grads), params float32, kernels in ``dtype``;
     ``model`` is "slax" or a key of ``JAX_PRECISIONS``."""
 
-    def cast(params):
-        return jax.tree.map(lambda p: p.astype(dtype), params)
-
     precision = JAX_PRECISIONS.get(model)
     if network == "polynomial":
         if model == "slax":
-            return lambda p, x, t: nn.mlp_loss_and_grad(cast(p), x.astype(dtype), t.astype(dtype))
+            return lambda p, x, t: nn.mlp_loss_and_grad(*cast((p, x, t), dtype))
         return jax.value_and_grad(
-            lambda p, x, t: nn.mlp_loss_reference(
-                cast(p), x.astype(dtype), t.astype(dtype), precision=precision
-            )
+            lambda p, x, t: nn.mlp_loss_reference(*cast((p, x, t), dtype), precision=precision)
         )
 
     def apply(params, x):
@@ -92,7 +86,7 @@ def loss_and_grad(network: str, model: str, dtype):
         return nn.mlp_apply_reference(params, x, precision=precision)
 
     def cross_entropy(p, x, labels):
-        logits = apply(cast(p), x.astype(dtype)).astype(jnp.float32)
+        logits = apply(*cast((p, x), dtype)).astype(jnp.float32)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     return jax.value_and_grad(cross_entropy)
@@ -112,13 +106,7 @@ def training_run(network: str, model: str, dtype: str, batch: int):
     params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
     optimizer = optax.adam(1e-3)
     fn = loss_and_grad(network, model, jnp.dtype(dtype))
-
-    def step(state, key):
-        params, opt_state = state
-        loss, grads = fn(params, *make_batch(network, key, batch))
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
+    step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch))
     run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
     return run, (params, optimizer.init(params))
 
@@ -138,8 +126,8 @@ def steps_per_second(network, model, dtype, batch, steps, repeats) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=experiment.HelpFormatter,
-        epilog=experiment.exit_status_help(None),
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help(None),
     )
     parser.add_argument(
         "--network", nargs="+", choices=tuple(NETWORKS), default=list(NETWORKS), help="networks to time"
@@ -153,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--launch",
         nargs="+",
-        choices=CUDA_LAUNCHES,
+        choices=slax.config.CUDA_LAUNCHES,
         default=["slangpy"],
         help="CUDA launch routes to time slax with (ignored on CPU)",
     )
@@ -171,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
     args = parser.parse_args(argv)
-    launches = args.launch if default_platform() == "cuda" else ["slangpy"]
+    launches = args.launch if harness.on_cuda() else ["slangpy"]
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
-    print(describe_platform())
+    print(harness.describe_platform())
     if peaks:
         print(f"floor at {peaks[0] / 1e12:.3g} TFLOP/s FP32 and {peaks[1] / 1e9:.4g} GB/s")
     header = (
@@ -197,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                     elif launch is None:
                         rate = steps_per_second(network, model, dtype, batch, args.steps, args.repeats)
                     else:
-                        with config.override(cuda_launch=launch):
+                        with slax.config.override(cuda_launch=launch):
                             rate = steps_per_second(network, "slax", dtype, batch, args.steps, args.repeats)
                     row = {
                         "network": network,
@@ -222,12 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"platform": describe_platform(), "peaks": peaks, "args": vars(args), "rows": rows},
-                f,
-                indent=2,
-            )
+        summary = {"platform": harness.describe_platform(), "peaks": peaks, "args": vars(args)}
+        harness.write_json(args.json, {**summary, "rows": rows})
     return 0
 
 

@@ -21,23 +21,22 @@ identical.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+from _training import cast, training_step
 
 import slax
 import slax.examples
-import slax.experiment
 import slax.testing
-from slax._bridge import ZeroCopyLauncher, launcher_for
-from slax._device import default_platform
 
 KERNELS = {"float32": "scale_shift_float", "float16": "scale_shift_half", "int32": "scale_shift_int"}
 
@@ -89,9 +88,10 @@ def check_in_place(module, route: str) -> bool:
     same = y.unsafe_buffer_pointer() == address
     exact = np.array_equal(np.asarray(y), 2 * np.arange(1 << 20, dtype=np.float32) + 1)
     print(f"  result at the donated buffer's address: {same}; exact: {exact}")
-    zero_copy = route == "ptx" or isinstance(launcher_for(default_platform()), ZeroCopyLauncher)
+    taken = slax.launch_route()
+    zero_copy = taken != "host-copy"
     print(f"  kernel reads and writes XLA's device buffers directly (no host copy): {zero_copy}")
-    return same and exact and (zero_copy or default_platform() == "cpu")
+    return same and exact and taken == route and (zero_copy or not harness.on_cuda())
 
 
 def time_per_call(fn, x, steps, repeats) -> float:
@@ -107,26 +107,24 @@ def time_per_call(fn, x, steps, repeats) -> float:
 
 def routes() -> list[str]:
     """The launch routes where JAX runs: both CUDA routes on a GPU, the host-copy route on CPU."""
-    return ["slangpy", "ptx"] if default_platform() == "cuda" else ["host-copy"]
+    return ["slangpy", "ptx"] if harness.on_cuda() else ["host-copy"]
 
 
 def _training_trajectory(dtype, steps: int = 100, batch: int = 4096) -> Callable[[jax.Array], Any]:
     """``key -> (final params, losses)``: the polynomial network trained with the fused kernel and
     Adam for ``steps`` steps on fresh batches, in one ``lax.scan`` (float32 parameters, kernels in
     ``dtype``, as in experiments/polynomial.py)."""
-    import optax
-
     optimizer = optax.adam(1e-2)
     params = slax.nn.mlp_init(jax.random.key(0), (4, 16, 4), jnp.float32)
 
-    def step(state, key):
-        params, opt_state = state
+    def draw_batch(key):
         x = jax.random.uniform(key, (batch, 4), minval=-1, maxval=1).astype(dtype)
-        cast = jax.tree.map(lambda a: a.astype(dtype), params)
-        loss, grads = slax.nn.mlp_loss_and_grad(cast, x, jnp.sin(3 * x))
-        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
+        return x, jnp.sin(3 * x)
+
+    def loss_and_grad(params, x, target):
+        return slax.nn.mlp_loss_and_grad(cast(params, dtype), x, target)
+
+    step = training_step(loss_and_grad, optimizer, draw_batch)
 
     def train(key):
         (final, _), losses = jax.lax.scan(
@@ -169,11 +167,7 @@ def compare_routes(rng: np.random.Generator) -> list[dict]:
         outputs = {}
         for route in ("slangpy", "ptx"):
             with slax.config.override(cuda_launch=route):
-                jitted = jax.jit(lambda *a, f=function: f(*a))
-                uses_ptx = "triton_kernel_call_ffi" in jitted.lower(*args).as_text()
-                if uses_ptx != (route == "ptx"):  # the route really switched: no cached lowering reused
-                    raise RuntimeError(f"{name}: lowered with the wrong launch route for {route!r}")
-                leaves = jax.tree.leaves(jitted(*args))
+                leaves = jax.tree.leaves(jax.jit(function)(*args))
             outputs[route] = [np.asarray(leaf, np.float64) for leaf in leaves]
         diff = max(float(np.max(np.abs(a - b), initial=0.0)) for a, b in zip(*outputs.values()))
         rows.append({"case": name, "max_abs_diff": diff, "identical": diff == 0.0})
@@ -183,8 +177,8 @@ def compare_routes(rng: np.random.Generator) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=slax.experiment.HelpFormatter,
-        epilog=slax.experiment.exit_status_help(
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help(
             "a result is wrong, a kernel did not write in place, or (on CUDA) the routes differ"
         ),
     )
@@ -235,9 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['case']:>36}  {row['max_abs_diff']:>11.3g}  {row['identical']}")
         failures += [row["case"] for row in parity if not row["identical"]]
     if args.json:
-        with open(args.json, "w") as f:
-            summary = {"device": str(jax.devices()[0]), "jax": jax.__version__, "in_place": in_place}
-            json.dump({**summary, "rows": rows, "parity": parity}, f, indent=2)
+        summary = {"device": str(jax.devices()[0]), "jax": jax.__version__, "in_place": in_place}
+        harness.write_json(args.json, {**summary, "rows": rows, "parity": parity})
     if failures or not all(in_place.values()):
         print(f"\nFAILED: {failures or 'in place'}")
         return 1

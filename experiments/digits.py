@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+import _harness as harness
+import _plots as plots
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _checkpoints import checkpoint_path
+from _training import cast, train_in_chunks, training_step
 
-from slax import experiment, nn
+from slax import data_parallel, nn
 
 SIZES = (64, 128, 64, 10)
 
@@ -31,8 +35,7 @@ def load_split(seed: int):
         from sklearn.model_selection import train_test_split
     except ImportError as error:
         raise SystemExit(
-            "digits: the data set comes with scikit-learn, which is not installed "
-            f"({experiment.EXTRAS_HINT})."
+            f"digits: the data set comes with scikit-learn, which is not installed ({harness.EXTRAS_HINT})."
         ) from error
 
     digits = load_digits()
@@ -46,7 +49,7 @@ def make_model(name: str, dtype):
     apply = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
 
     def logits(params, x):
-        return apply(jax.tree.map(lambda p: p.astype(dtype), params), x.astype(dtype)).astype(jnp.float32)
+        return apply(*cast((params, x), dtype)).astype(jnp.float32)
 
     def loss(params, x, labels):
         return optax.softmax_cross_entropy_with_integer_labels(logits(params, x), labels).mean()
@@ -55,16 +58,11 @@ def make_model(name: str, dtype):
 
 
 def plot_accuracy(out, curves, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, ax = plots.pyplot().subplots(figsize=(8, 4.2))
     markers = {"slax": {"marker": "o", "markersize": 6}, "jax": {"marker": "x", "markersize": 5}}
     for name, points in curves.items():
         steps, values = zip(*points)
-        ax.plot(steps, values, label=name, **experiment.MODEL_STYLES[name], **markers[name])
+        ax.plot(steps, values, label=name, **plots.MODEL_STYLES[name], **markers[name])
     ax.set_xlabel("step")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0.8, 1.0)
@@ -72,17 +70,11 @@ def plot_accuracy(out, curves, title):
     ax.legend()
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "accuracy.png", dpi=120)
-    plt.close(fig)
+    plots.save(fig, out / "accuracy.png", dpi=120)
 
 
 def plot_confusion(out, matrices, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(matrices), figsize=(5.5 * len(matrices), 5))
+    fig, axes = plots.pyplot().subplots(1, len(matrices), figsize=(5.5 * len(matrices), 5))
     for ax, (name, matrix) in zip(np.atleast_1d(axes), matrices.items()):
         ax.imshow(matrix, cmap="Blues")
         for (i, j), count in np.ndenumerate(matrix):
@@ -103,17 +95,16 @@ def plot_confusion(out, matrices, title):
         ax.set_title(f"{name}: test confusion matrix")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "confusion.png", dpi=110)
-    plt.close(fig)
+    plots.save(fig, out / "confusion.png", dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=experiment.HelpFormatter,
-        epilog=experiment.exit_status_help("slax's test accuracy ends below --target-accuracy"),
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help("slax's test accuracy ends below --target-accuracy"),
     )
-    experiment.add_common_arguments(parser, steps=2000, batch=128, chunk=100)
+    harness.add_common_arguments(parser, steps=2000, batch=128, chunk=100)
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate, cosine-decayed")
     parser.add_argument("--weight-decay", type=float, default=5e-2, help="AdamW weight decay")
     parser.add_argument(
@@ -123,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         help="exit 1 if slax's test accuracy ends below this (default: not checked)",
     )
     args = parser.parse_args(argv)
-    out, device = experiment.prepare_run("digits", args)
+    out, device = harness.prepare_run("digits", args)
     dtype = jnp.dtype(args.dtype)
 
     x_train, x_test, y_train, y_test = (jnp.asarray(a) for a in load_split(args.seed))
@@ -132,31 +123,28 @@ def main(argv: list[str] | None = None) -> int:
     schedule = optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.05)
     optimizer = optax.adamw(schedule, weight_decay=args.weight_decay)
 
+    def draw_batch(key):
+        index = jax.random.randint(key, (args.batch,), 0, x_train.shape[0])
+        return x_train[index], y_train[index]
+
     results, losses, accuracy_curves, confusion = {}, {}, {}, {}
     for name in ("slax", "jax"):
         logits, loss_and_grad = make_model(name, dtype)
-        loss_and_grad = experiment.data_parallel(loss_and_grad, args.devices)
+        loss_and_grad = data_parallel(loss_and_grad, args.devices)
         predict = jax.jit(lambda params, logits=logits: jnp.argmax(logits(params, x_test), axis=-1))
-
-        def step(state, key, loss_and_grad=loss_and_grad):
-            params, opt_state = state
-            index = jax.random.randint(key, (args.batch,), 0, x_train.shape[0])
-            loss, grads = loss_and_grad(params, x_train[index], y_train[index])
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
 
         def accuracy(state, predict=predict):
             return float(jnp.mean(predict(state[0]) == y_test))
 
-        run = experiment.train_in_chunks(
-            step,
+        run = train_in_chunks(
+            training_step(loss_and_grad, optimizer, draw_batch),
             (params, optimizer.init(params)),
             data_key,
             args.steps,
             args.chunk,
             name,
             evaluate=accuracy,
-            checkpoint=experiment.checkpoint_path(out, args, name),
+            checkpoint=checkpoint_path(out, args, name),
             checkpoint_every=args.checkpoint_every,
         )
         losses[name], accuracy_curves[name] = run.losses, run.evaluations
@@ -174,24 +162,24 @@ def main(argv: list[str] | None = None) -> int:
             f"(compiling took {results[name]['compile_time_s']:.1f} s more)"
         )
 
-    experiment.write_metrics(
+    harness.write_metrics(
         out,
         {
-            "config": experiment.run_config(args),
+            "config": harness.run_config(args),
             "device": device,
             "train_size": int(x_train.shape[0]),
             "test_size": int(x_test.shape[0]),
             **results,
         },
     )
-    if experiment.can_plot():
-        title = experiment.plot_title("digits", args, device)
-        experiment.plot_loss_curves(out, losses, "training loss (cross-entropy)", title)
+    if plots.can_plot():
+        title = plots.plot_title("digits", args, device)
+        plots.plot_loss_curves(out, losses, "training loss (cross-entropy)", title)
         plot_accuracy(out, accuracy_curves, title)
         plot_confusion(out, confusion, title)
-    experiment.report_outputs(out)
+    harness.report_outputs(out)
     accuracy = results["slax"]["test_accuracy"]
-    met = experiment.met_target("slax test accuracy", accuracy, args.target_accuracy, at_least=True)
+    met = harness.met_target("slax test accuracy", accuracy, args.target_accuracy, at_least=True)
     return 0 if met else 1
 
 

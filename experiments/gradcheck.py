@@ -15,16 +15,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import pathlib
 import sys
 
+import _harness as harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _training import cast
 
 import slax
-from slax import examples, experiment, nn
+from slax import examples, nn
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
 MLP_SIZES = ((4, 16, 4), (64, 128, 64, 10))
@@ -53,7 +54,7 @@ def network_rows(dtype: str, seed: int):
         reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
         yield label, check_grads(nn.mlp_apply, reference, params, x, modes=("rev",)).rows
         loss, grads = nn.mlp_loss_and_grad(params, x, target)
-        upcast = jax.tree.map(lambda a: a.astype(jnp.float32), (params, x, target))
+        upcast = cast((params, x, target), jnp.float32)
         loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(*upcast, storage_dtype=dtype)
         tolerance = RELATIVE_TOLERANCE[dtype]
         rows = [compare("loss", "value", loss, loss_ref, tolerance)]
@@ -66,8 +67,8 @@ def network_rows(dtype: str, seed: int):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=experiment.HelpFormatter,
-        epilog=experiment.exit_status_help("any check fails"),
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help("any check fails"),
     )
     parser.add_argument(
         "--dtype",
@@ -80,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="output dir (default runs/gradcheck/<time>)"
     )
-    experiment.add_launch_argument(parser)
+    harness.add_launch_argument(parser)
     args = parser.parse_args(argv)
     slax.config.cuda_launch = args.launch
-    out = experiment.run_directory("gradcheck", args.out)
+    out = harness.run_directory("gradcheck", args.out)
     print(f"JAX on {jax.devices()[0].platform}; CUDA launch route: {args.launch}; writing to {out}")
     table = []
     for dtype in args.dtype:
@@ -114,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(text))
     (out / "gradcheck.txt").write_text("\n".join(text) + "\n")
     rows = [{"function": f, "dtype": d, **dataclasses.asdict(r), "passed": r.passed} for f, d, r in table]
-    summary = {"config": experiment.run_config(args), "passed": len(table) - failed, "failed": failed}
-    (out / "gradcheck.json").write_text(json.dumps({**summary, "rows": rows}, indent=2) + "\n")
-    experiment.report_outputs(out)
+    summary = {"config": harness.run_config(args), "passed": len(table) - failed, "failed": failed}
+    harness.write_json(out / "gradcheck.json", {**summary, "rows": rows})
+    harness.report_outputs(out)
     return 1 if failed else 0
 
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+import _harness as harness
+import _plots as plots
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _checkpoints import checkpoint_path
+from _training import cast, train_in_chunks, training_step
 
-from slax import experiment, nn
+from slax import data_parallel, nn
 
 SIZES = (4, 16, 4)
 TARGET_NAMES = ("(x+y)/(1+y^2)", "2x+y", "0.5x^2+1.2y", "x+0.5y^2")
@@ -47,31 +51,17 @@ def loss_and_grad_fns(dtype: str):
     kernel_dtype = jnp.dtype(dtype)
 
     def slax_fn(params, x, t):
-        half = jax.tree.map(lambda p: p.astype(kernel_dtype), params)
-        return nn.mlp_loss_and_grad(half, x.astype(kernel_dtype), t.astype(kernel_dtype))
+        return nn.mlp_loss_and_grad(*cast((params, x, t), kernel_dtype))
 
     def jax_loss(params, x, t):
-        half = jax.tree.map(lambda p: p.astype(kernel_dtype), params)
-        return nn.mlp_loss_reference(half, x.astype(kernel_dtype), t.astype(kernel_dtype))
+        return nn.mlp_loss_reference(*cast((params, x, t), kernel_dtype))
 
     return {"slax": slax_fn, "jax": jax.value_and_grad(jax_loss)}
 
 
-def make_step(loss_and_grad, optimizer, batch):
-    def step(state, key):
-        params, opt_state = state
-        x, t = sample(key, batch)
-        loss, grads = loss_and_grad(params, x, t)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    return step
-
-
 def test_mse(predict, params, dtype, key, size=8192) -> float:
     x, t = sample(key, size)
-    kernel_params = jax.tree.map(lambda p: p.astype(dtype), params)
-    y = predict(kernel_params, x.astype(dtype)).astype(jnp.float32)
+    y = predict(*cast((params, x), dtype)).astype(jnp.float32)
     return float(jnp.mean((y - t) ** 2))
 
 
@@ -90,21 +80,15 @@ def grad_disagreement(fns, params, key, batch) -> dict[str, float]:
 def plot_surfaces(out, params_by_model, dtype, title) -> None:
     """Each target over the input square (columns) and, in rows: the target, slax's and plain JAX's
     predictions on the target's colour scale, and slax's absolute error on a scale of its own."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     grid = jnp.linspace(-1.0, 1.0, 96)
     xy = jnp.stack(jnp.meshgrid(grid, grid, indexing="xy"), axis=-1)
     inputs, targets = encode(xy)
     rows = {"target": targets}
     for name, params in params_by_model.items():
-        kernel_params = jax.tree.map(lambda p: p.astype(dtype), params)
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
-        rows[f"{name} prediction"] = predict(kernel_params, inputs.astype(dtype)).astype(jnp.float32)
+        rows[f"{name} prediction"] = predict(*cast((params, inputs), dtype)).astype(jnp.float32)
     rows["|slax - target|"] = jnp.abs(rows["slax prediction"] - targets)
-    fig, axes = plt.subplots(len(rows), 4, figsize=(13, 3.0 * len(rows) + 0.6), squeeze=False)
+    fig, axes = plots.pyplot().subplots(len(rows), 4, figsize=(13, 3.0 * len(rows) + 0.6), squeeze=False)
     for c, target_name in enumerate(TARGET_NAMES):
         low, high = float(targets[..., c].min()), float(targets[..., c].max())
         for r, (label, values) in enumerate(rows.items()):
@@ -124,17 +108,16 @@ def plot_surfaces(out, params_by_model, dtype, title) -> None:
             fig.colorbar(image, ax=axes[r, c], fraction=0.046)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "surfaces.png", dpi=100)
-    plt.close(fig)
+    plots.save(fig, out / "surfaces.png", dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=experiment.HelpFormatter,
-        epilog=experiment.exit_status_help("slax's held-out MSE ends above --target-mse"),
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help("slax's held-out MSE ends above --target-mse"),
     )
-    experiment.add_common_arguments(parser, steps=3000, batch=1024, chunk=250)
+    harness.add_common_arguments(parser, steps=3000, batch=1024, chunk=250)
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate, cosine-decayed")
     parser.add_argument(
         "--target-mse",
@@ -143,14 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         help="exit 1 if slax's held-out MSE ends above this (default: not checked)",
     )
     args = parser.parse_args(argv)
-    out, device = experiment.prepare_run("polynomial", args)
+    out, device = harness.prepare_run("polynomial", args)
 
     init_key, data_key, test_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
-    fns = {
-        name: experiment.data_parallel(fn, args.devices) for name, fn in loss_and_grad_fns(args.dtype).items()
-    }
+    fns = {name: data_parallel(fn, args.devices) for name, fn in loss_and_grad_fns(args.dtype).items()}
     disagreement = grad_disagreement(fns, params, grad_key, args.batch)
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
@@ -159,15 +140,15 @@ def main(argv: list[str] | None = None) -> int:
 
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
-        step = make_step(fn, optimizer, args.batch)
-        run = experiment.train_in_chunks(
+        step = training_step(fn, optimizer, lambda key: sample(key, args.batch))
+        run = train_in_chunks(
             step,
             (params, optimizer.init(params)),
             data_key,
             args.steps,
             args.chunk,
             name,
-            checkpoint=experiment.checkpoint_path(out, args, name),
+            checkpoint=checkpoint_path(out, args, name),
             checkpoint_every=args.checkpoint_every,
         )
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
@@ -185,18 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     metrics = {
-        "config": experiment.run_config(args),
+        "config": harness.run_config(args),
         "device": device,
         "step0_gradient_slax_vs_jax": disagreement,
         **results,
     }
-    experiment.write_metrics(out, metrics)
-    if experiment.can_plot():
-        title = experiment.plot_title("polynomial", args, device)
-        experiment.plot_loss_curves(out, curves, "training loss (squared error)", title)
+    harness.write_metrics(out, metrics)
+    if plots.can_plot():
+        title = plots.plot_title("polynomial", args, device)
+        plots.plot_loss_curves(out, curves, "training loss (squared error)", title)
         plot_surfaces(out, trained, jnp.dtype(args.dtype), title)
-    experiment.report_outputs(out)
-    met = experiment.met_target("slax held-out MSE", results["slax"]["test_mse"], args.target_mse)
+    harness.report_outputs(out)
+    met = harness.met_target("slax held-out MSE", results["slax"]["test_mse"], args.target_mse)
     return 0 if met else 1
 
 

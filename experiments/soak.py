@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
+import functools
 import os
 import sys
 
+import _harness as harness
 import jax
 import numpy as np
 from benchmark import NETWORKS, training_run
 
-from slax import config, experiment
-from slax._device import default_platform
+import slax
 
 
 def host_rss_mb() -> float:
@@ -43,11 +43,14 @@ def jax_device_mb() -> float | None:
     return stats["bytes_in_use"] / 2**20 if stats and "bytes_in_use" in stats else None
 
 
+@functools.cache
+def _cuda_driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
 def cuda_used_mb(ordinal: int = 0) -> float:
     """Total minus free memory of GPU ``ordinal``, read in its primary context (the one JAX and
     SlangPy share)."""
-    from slax._bridge import _cuda_driver
-
     cuda = _cuda_driver()
 
     def check(status: int, call: str) -> None:
@@ -70,7 +73,7 @@ def cuda_used_mb(ordinal: int = 0) -> float:
 
 
 def reading(step: int, loss: float) -> dict:
-    on_cuda = default_platform() == "cuda"
+    on_cuda = harness.on_cuda()
     return {
         "step": step,
         "loss": loss,
@@ -86,8 +89,8 @@ MEASURES = ("host_rss_mb", "jax_device_mb", "cuda_used_mb")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=experiment.HelpFormatter,
-        epilog=experiment.exit_status_help(
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help(
             "a memory reading grew more than --max-growth-mb, or a loss was not finite"
         ),
     )
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1024, help="samples per step")
     parser.add_argument("--steps", type=int, default=10_000, help="steps after the warm-up chunk")
     parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call; must divide --steps")
-    experiment.add_launch_argument(parser)
+    harness.add_launch_argument(parser)
     parser.add_argument(
         "--max-growth-mb", type=float, default=16.0, help="largest growth of any reading that passes, MB"
     )
@@ -106,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps % args.chunk:
         parser.error(f"--steps {args.steps} is not a multiple of --chunk {args.chunk}")
-    config.cuda_launch = args.launch
-    route = f"; CUDA launch route: {args.launch}" if default_platform() == "cuda" else ""
-    print(experiment.describe_platform() + route)
+    slax.config.cuda_launch = args.launch
+    route = f"; CUDA launch route: {args.launch}" if harness.on_cuda() else ""
+    print(harness.describe_platform() + route)
 
     run, state = training_run(args.network, "slax", args.dtype, args.batch)
     key = jax.random.key(1)
@@ -138,18 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     print("\ngrowth over", args.steps, "steps:", ", ".join(f"{m} {g:+.1f} MB" for m, g in growth.items()))
     finite = bool(np.isfinite([r["loss"] for r in readings]).all())
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "platform": experiment.describe_platform(),
-                    "args": vars(args),
-                    "readings": readings,
-                    "growth_mb": growth,
-                    "finite": finite,
-                },
-                f,
-                indent=2,
-            )
+        harness.write_json(
+            args.json,
+            {
+                "platform": harness.describe_platform(),
+                "args": vars(args),
+                "readings": readings,
+                "growth_mb": growth,
+                "finite": finite,
+            },
+        )
     if grown or not finite:
         print(f"FAIL: grew more than {args.max_growth_mb} MB: {grown}" if grown else "FAIL: non-finite loss")
         return 1

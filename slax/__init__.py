@@ -1,20 +1,19 @@
 """slax: differentiable Slang kernels as JAX functions."""
 
-from slax import nn, testing
+from slax import nn, parallel, testing
 from slax._config import config
-from slax._device import DeviceKind, set_device_kind
+from slax._device import DeviceKind, describe_device, set_device_kind
 from slax._errors import DeviceUnavailableError, SlangCompileError
+from slax._function import SlangFunction
 from slax._kernel import SlangKernel
-from slax._module import (
-    SlangFunction,
-    SlangModule,
-    load_module,
-    load_module_from_source,
-)
+from slax._launch import launch_route
+from slax._module import SlangModule, load_module, load_module_from_source
+from slax.parallel import data_parallel
 
 __all__ = [
     "DeviceKind",
     "nn",
+    "parallel",
     "testing",
     "DeviceUnavailableError",
     "SlangCompileError",
@@ -22,6 +21,9 @@ __all__ = [
     "SlangKernel",
     "config",
     "SlangModule",
+    "data_parallel",
+    "describe_device",
+    "launch_route",
     "load_module",
     "load_module_from_source",
     "set_device_kind",

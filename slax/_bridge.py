@@ -1,17 +1,19 @@
-"""Moving JAX buffers to Slang kernels and launching them, inside ``buffer_callback``.
+"""Moving JAX buffers to Slang kernels and launching them with SlangPy, inside ``buffer_callback``.
 
-Two launchers share one interface, :meth:`callback`, which returns the function that
-``jax.experimental.buffer_callback`` runs with XLA's buffers:
+Two launchers (the interface is :class:`slax._launch.Launcher`) lower a launch to a
+``jax.experimental.buffer_callback`` that runs their :meth:`callback` with XLA's buffers:
 
-- :class:`HostCopyLauncher` for CPU-resident JAX buffers: copy operands into device buffers kept
-  per call site (reused across calls, resized only when a shape changes), dispatch, copy results
-  back. Works with any SlangPy device; the default on CPU is Vulkan (lavapipe without a GPU).
-- :class:`ZeroCopyLauncher` for CUDA-resident JAX buffers: the kernel receives XLA's device pointers
-  and runs on XLA's stream, with no copies and no synchronisation.
+- :class:`HostCopyLauncher` (route ``"host-copy"``) for CPU-resident JAX buffers: copy operands
+  into device buffers kept per call site (reused across calls, resized only when a shape changes),
+  dispatch, copy results back. Works with any SlangPy device; the default on CPU is Vulkan
+  (lavapipe without a GPU).
+- :class:`ZeroCopyLauncher` (route ``"slangpy"``) for CUDA-resident JAX buffers: the kernel receives
+  XLA's device pointers and runs on XLA's stream, with no copies and no synchronisation.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import ctypes
 import functools
@@ -19,16 +21,15 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 import slangpy as spy
+from jax.experimental.buffer_callback import buffer_callback
+from jax.interpreters import mlir
 
-from slax._codegen import ROW_THREADS
-from slax._compile import KernelSpec, compile_kernel
-from slax._device import DeviceKind, device_kind_for_platform, get_device
+from slax._compile import ROW_THREADS, Aliases, KernelSpec, Scalars, compile_kernel
+from slax._device import DeviceKind, get_device
 
-Scalars = tuple[tuple[str, int | float], ...]
-Aliases = tuple[tuple[int, int], ...]
-"""(operand index, result index) pairs: the result is the operand's buffer, updated in place."""
 BufferCallback = Callable[..., None]
 
 _BUFFER_USAGE = spy.BufferUsage.shader_resource | spy.BufferUsage.unordered_access
@@ -39,8 +40,24 @@ def thread_grid(count: int) -> list[int]:
     return [min(count, ROW_THREADS), max(1, math.ceil(count / ROW_THREADS)), 1]
 
 
-class HostCopyLauncher:
+class _CallbackLauncher(abc.ABC):
+    """Lowers a launch to a ``buffer_callback`` running :meth:`callback` on XLA's buffers."""
+
+    def lower(self, ctx, operands, *, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases):
+        callback = self.callback(spec, scalars, count, aliases)
+        shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in ctx.avals_out]
+        run = buffer_callback(callback, shapes, input_output_aliases=dict(aliases))
+        return mlir.lower_fun(lambda *args: run(*args), multiple_results=True)(ctx, *operands)
+
+    @abc.abstractmethod
+    def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
+        """The function ``buffer_callback`` runs as ``run(ctx, outs, *ins)`` for one launch."""
+
+
+class HostCopyLauncher(_CallbackLauncher):
     """Runs kernels on host buffers by copying through device buffers that persist per call site."""
+
+    name = "host-copy"
 
     def __init__(self, device: spy.Device):
         self.device = device
@@ -84,7 +101,7 @@ class HostCopyLauncher:
         return run
 
 
-class ZeroCopyLauncher:
+class ZeroCopyLauncher(_CallbackLauncher):
     """Runs kernels on XLA's CUDA buffers in place, on XLA's stream.
 
     Each GPU has its own SlangPy CUDA device (sharing JAX's context on that GPU); a launch uses the
@@ -92,6 +109,8 @@ class ZeroCopyLauncher:
     shard. The kernel is compiled at lowering on GPU 0 (so compile errors surface at trace time)
     and on first use on any other GPU.
     """
+
+    name = "slangpy"
 
     def __init__(self, kind: DeviceKind):
         self.kind = kind
@@ -139,24 +158,6 @@ def cuda_device_ordinal(pointer: int) -> int:
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 
-_launchers: dict[tuple[str, DeviceKind], HostCopyLauncher | ZeroCopyLauncher] = {}
-_launchers_lock = threading.Lock()
-
-
-def launcher_for(platform: str) -> HostCopyLauncher | ZeroCopyLauncher:
-    """The launcher for JAX computations lowered for ``platform`` (``"cpu"`` or ``"cuda"``)."""
-    kind = device_kind_for_platform(platform)
-    with _launchers_lock:
-        launcher = _launchers.get((platform, kind))
-        if launcher is None:
-            if platform == "cuda":
-                launcher = ZeroCopyLauncher(kind)
-            else:
-                launcher = HostCopyLauncher(get_device(kind))
-            _launchers[(platform, kind)] = launcher
-        return launcher
-
-
 @contextlib.contextmanager
 def _explained_device_errors(device: spy.Device, spec: KernelSpec):
     """A failing dispatch (device lost, driver reset, out of memory) reaches JAX as a runtime error;
@@ -168,7 +169,7 @@ def _explained_device_errors(device: spy.Device, spec: KernelSpec):
             f"slax: running Slang kernel {spec.entry!r} on {device.info.api_name} device "
             f"{device.info.adapter_name!r} failed: {error}. If the device was lost (driver reset, "
             "GPU removed or out of memory), its state cannot be recovered in this process: restart "
-            "it, and resume training from the last checkpoint (--resume)."
+            "the process (a training run resumes from its last saved state)."
         ) from error
 
 

@@ -27,11 +27,6 @@ from collections.abc import Iterable
 
 from slax._signature import SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
 
-GROUP_SIZE = 64
-"""Threads per group: SLAX_GROUP_SIZE in shaders/slax/kernel.slang (tests/test_codegen.py pins both)."""
-ROW_THREADS = 64 * 32768
-"""Threads per dispatch row: SLAX_ROW_THREADS in shaders/slax/kernel.slang."""
-
 
 class Mode(enum.Enum):
     PRIMAL = "primal"

@@ -16,6 +16,16 @@ import slangpy as spy
 from slax import _sources
 from slax._errors import SlangCompileError
 
+GROUP_SIZE = 64
+"""Threads per group: SLAX_GROUP_SIZE in shaders/slax/kernel.slang (tests/test_codegen.py pins both)."""
+ROW_THREADS = 64 * 32768
+"""Threads per dispatch row: SLAX_ROW_THREADS in shaders/slax/kernel.slang."""
+
+Scalars = tuple[tuple[str, int | float], ...]
+"""A launch's scalar arguments: (name, value) pairs of the entry point's scalar parameters."""
+Aliases = tuple[tuple[int, int], ...]
+"""(operand index, result index) pairs: the result is the operand's buffer, updated in place."""
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:

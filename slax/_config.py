@@ -1,18 +1,48 @@
-"""Run-time switches of slax (``slax.config``)."""
+"""Run-time switches of slax (``slax.config``), and the launch routes a computation is traced with."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
+from typing import ClassVar
+
+import jax
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchRoutes:
+    """How slax kernels launch, per platform, as a computation was traced with them.
+
+    Every slax primitive carries it as its ``routes`` parameter, so its lowering takes the route
+    it was traced with and never reads a setting; and JAX's caches are keyed by it (a JAX user
+    context, :func:`current_routes`), so changing ``slax.config.cuda_launch`` retraces a jitted
+    function instead of reusing a lowering made for the other route.
+
+    Attributes:
+      cuda: the launch route on CUDA GPUs, one of ``CUDA_LAUNCHES`` (``slax.config.cuda_launch``).
+    """
+
+    cuda: str = "slangpy"
+
+
+_traced_routes = jax.make_user_context(LaunchRoutes())
+
+
+def current_routes() -> LaunchRoutes:
+    """The routes a slax primitive bound now is traced with: those of ``slax.config``."""
+    return _traced_routes.value
+
+
 @dataclasses.dataclass
 class Config:
-    """Switches read when a computation is traced and lowered (a jitted function already compiled
-    keeps the setting it was compiled with).
+    """Switches of slax.
+
+    ``cuda_launch`` is part of what JAX traces (a jitted function retraces when it changes);
+    ``debug_nans`` is read when a call is traced (a jitted function already compiled keeps the
+    setting it was compiled with).
 
     Attributes:
       debug_nans: check every Slang kernel's floating results and raise ``FloatingPointError``
@@ -26,6 +56,9 @@ class Config:
         ``SLAX_CUDA_LAUNCH``.
     """
 
+    CUDA_LAUNCHES: ClassVar[tuple[str, ...]] = CUDA_LAUNCHES
+    """The values ``cuda_launch`` takes."""
+
     debug_nans: bool = dataclasses.field(
         default_factory=lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0")
     )
@@ -34,11 +67,13 @@ class Config:
     )
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "cuda_launch" and value not in CUDA_LAUNCHES:
-            raise ValueError(
-                f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
-                f"SLAX_CUDA_LAUNCH); got {value!r}."
-            )
+        if name == "cuda_launch":
+            if value not in CUDA_LAUNCHES:
+                raise ValueError(
+                    f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
+                    f"SLAX_CUDA_LAUNCH); got {value!r}."
+                )
+            _traced_routes.set_global(LaunchRoutes(cuda=value))
         super().__setattr__(name, value)
 
     @contextlib.contextmanager

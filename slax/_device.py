@@ -206,7 +206,9 @@ def reflection_device() -> spy.Device:
     return get_device(device_kind_for_platform(default_platform()))
 
 
-def describe_device(platform: str) -> str:
-    """Which device runs slax kernels for ``platform``, for logs: ``"vulkan (llvmpipe ...)"``."""
-    kind = device_kind_for_platform(platform)
+def describe_device(platform: str | None = None) -> str:
+    """Which SlangPy device runs slax kernels in computations lowered for ``platform`` (``"cpu"`` or
+    ``"cuda"``; default: JAX's default platform), for logs: ``"vulkan (llvmpipe ...)"``, naming the
+    device kind and its adapter. ``slax.describe_device()``."""
+    kind = device_kind_for_platform(platform or default_platform())
     return f"{kind.value} ({get_device(kind).info.adapter_name})"

@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from slax._compile import KernelSpec, entry_point_parameters
-from slax._primitive import check_finite, run_kernel, vary_alike
+from slax._config import current_routes
+from slax._kernel_primitive import run_kernel
+from slax._primitive import check_finite, vary_alike
 from slax._signature import SLANG_SCALAR_FOR_DTYPE, exact_number
 
 _DTYPE_FOR_SLANG_SCALAR = {name: dtype for dtype, name in SLANG_SCALAR_FOR_DTYPE.items()}
@@ -34,6 +36,10 @@ class SlangKernel:
     check operand and result dtypes against the pointer types and scalar names against the rest.
     A ``uint`` scalar named ``<pointer>_count`` is that buffer's element count, passed by slax so
     that the kernel can keep its indices in bounds (``shaders/slax/kernel.slang``).
+
+    Under ``jax.vmap`` a call runs one launch per example (a ``lax.map``). A kernel has no
+    derivative of its own: ``jax.grad``/``jax.jvp`` through a call raise, saying how to attach one
+    with ``jax.custom_vjp``.
     """
 
     def __init__(self, module: Any, entry: str):
@@ -132,7 +138,9 @@ class SlangKernel:
         )
         result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
         arrays = vary_alike(arrays)
-        outputs = run_kernel(self._spec, arrays, result_specs, int(threads), scalar_args, aliases)
+        outputs = run_kernel(
+            self._spec, arrays, result_specs, threads, scalar_args, aliases, routes=current_routes()
+        )
         check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
         return outputs
 

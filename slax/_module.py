@@ -1,8 +1,7 @@
-"""Loading Slang modules and calling their functions with JAX arrays.
+"""Loading Slang modules (:func:`load_module`), whose functions become JAX-callable.
 
-``load_module("poly.slang").polynomial`` is a :class:`SlangFunction`: it binds arguments to the
-Slang signature, checks dtypes and shapes at trace time, broadcasts the call grid and binds
-``slang_call_p``.
+A :class:`SlangModule` hands out a :class:`slax._function.SlangFunction` per Slang function and a
+:class:`slax._kernel.SlangKernel` per compute entry point.
 """
 
 from __future__ import annotations
@@ -10,29 +9,14 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-from collections.abc import Mapping
-from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import slangpy as spy
 
 from slax._codegen import KernelNames, name_prefix
 from slax._compile import load_slang_module
 from slax._device import SHADER_DIR, reflection_device, writable_cache_dir
+from slax._function import SlangFunction
 from slax._kernel import SlangKernel
-from slax._primitive import FunctionSpec, check_finite, slang_call_p, vary_alike
-from slax._signature import (
-    SLANG_SCALAR_FOR_DTYPE,
-    Leaf,
-    Signature,
-    Value,
-    exact_number,
-    generic_names,
-    read_signature,
-    substitute_generics,
-)
 from slax._sources import identifiers
 
 
@@ -163,206 +147,6 @@ class SlangModule:
         return f"SlangModule({self.path!r})"
 
 
-class SlangFunction:
-    """A Slang function called like a jax.numpy function, over a broadcast grid of arguments.
-
-    Arguments broadcast NumPy-style over their leading (grid) dims; their trailing dims must be the
-    Slang type's own (``float3`` -> ``(..., 3)``). Structs take dicts of arrays. The call returns
-    the result with shape ``grid + result dims``; with ``out``/``inout`` parameters it returns a
-    tuple ``(result, *outs)`` (without the result for ``void`` functions).
-    """
-
-    def __init__(self, module: SlangModule, name: str, reflection: spy.FunctionReflection):
-        if reflection.is_overloaded:
-            raise TypeError(
-                f"slax: Slang function {name!r} in {module.path!r} is overloaded; give each "
-                "overload its own name so a call maps to one signature."
-            )
-        self.module = module
-        self.name = name
-        self._reflection = reflection
-        self._generic_uses = [
-            (generic_names(p.type.full_name, module._reflection.layout), p.name)
-            for p in reflection.parameters
-        ]
-        self._generic = any(names for names, _ in self._generic_uses)
-        self._param_names = [p.name for p in reflection.parameters]
-        self._signatures: dict[tuple[tuple[str, str], ...], Signature] = {}
-        self.__doc__ = f"Slang function {name!r} from {module.path}."
-
-    def __repr__(self) -> str:
-        return f"<slax function {self.name} from {self.module.path}>"
-
-    def signature(self, *args: Any, **kwargs: Any) -> Signature:
-        """The array signature this call resolves to (generic functions specialise by dtype)."""
-        return self._resolve(self._bind(args, kwargs))[0]
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        bound = self._bind(args, kwargs)
-        signature, operands = self._resolve(bound)
-        self._require_one_grid(signature, operands)
-        operands = vary_alike(operands)
-        spec = FunctionSpec(self.module.path, signature, self.module.content, self.module._names)
-        flat = slang_call_p.bind(*operands, function=spec)
-        check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
-        return self._unflatten(signature, flat)
-
-    @property
-    def arguments(self) -> tuple[str, ...]:
-        """The names of the arguments a call takes, in order: the Slang parameters that are not
-        ``out`` (``out`` parameters come back as results)."""
-        return tuple(
-            p.name
-            for p in self._reflection.parameters
-            if p.has_modifier(spy.ModifierID.inout) or not p.has_modifier(spy.ModifierID.out)
-        )
-
-    def _bind(self, args, kwargs) -> dict[str, Any]:
-        inputs = self.arguments
-        if len(args) > len(inputs):
-            raise TypeError(
-                f"slax: {self.name}() takes {len(inputs)} argument(s) ({', '.join(inputs)}) "
-                f"but {len(args)} were given."
-            )
-        bound = dict(zip(inputs, args))
-        for key, value in kwargs.items():
-            if key not in inputs:
-                hint = " (it is an `out` parameter, returned, not passed)" if key in self._param_names else ""
-                raise TypeError(
-                    f"slax: {self.name}() got an unexpected keyword argument {key!r}{hint}; its "
-                    f"inputs are {', '.join(inputs)}."
-                )
-            if key in bound:
-                raise TypeError(f"slax: {self.name}() got multiple values for argument {key!r}.")
-            bound[key] = value
-        missing = [name for name in inputs if name not in bound]
-        if missing:
-            raise TypeError(f"slax: {self.name}() missing argument(s): {', '.join(missing)}.")
-        return bound
-
-    def _resolve(self, bound: dict[str, Any]) -> tuple[Signature, list[jax.Array]]:
-        key = self._generic_dtypes(bound) if self._generic else {}
-        cache_key = tuple(sorted(key.items()))
-        signature = self._signatures.get(cache_key)
-        if signature is None:
-            reflection = self._specialize(key) if self._generic else self._reflection
-            signature = read_signature(reflection)
-            self._signatures[cache_key] = signature
-        operands = [
-            operand for value in signature.inputs for operand in self._operands(value, bound[value.name])
-        ]
-        return signature, operands
-
-    def _generic_dtypes(self, bound: dict[str, Any]) -> dict[str, str]:
-        """Each generic type parameter's Slang scalar, from the first array argument that uses it.
-
-        Arguments given as Python numbers do not decide a type; undecided ones default to float.
-        """
-        chosen: dict[str, str] = {}
-        for names, param in self._generic_uses:
-            dtype = _array_dtype(bound.get(param))
-            for name in names:
-                if name not in chosen and dtype in SLANG_SCALAR_FOR_DTYPE:
-                    chosen[name] = SLANG_SCALAR_FOR_DTYPE[dtype]
-        for names, _ in self._generic_uses:
-            for name in names:
-                chosen.setdefault(name, "float")
-        return chosen
-
-    def _specialize(self, generic: dict[str, str]) -> spy.FunctionReflection:
-        layout = self.module._reflection.layout
-        names = [substitute_generics(p.type.full_name, generic) for p in self._reflection.parameters]
-        types = [layout.find_type_by_name(name) for name in names]
-        specialized = None
-        if all(t is not None for t in types):
-            specialized = self._reflection.specialize_with_arg_types(types)
-        if specialized is None or not specialized.is_valid:
-            raise TypeError(
-                f"slax: cannot specialise generic Slang function {self.name!r} for parameter types {names}."
-            )
-        return specialized
-
-    def _operands(self, value: Value, argument: Any) -> list[jax.Array]:
-        if not value.is_struct:
-            return [self._operand(value, value.leaves[0], argument, value.name)]
-        if not isinstance(argument, Mapping):
-            raise TypeError(
-                f"slax: argument {value.name!r} of {self.name}() is the Slang struct "
-                f"{value.slang_type!r}; pass a dict with keys {_struct_keys(value)}, got "
-                f"{type(argument).__name__}."
-            )
-        _check_keys(self.name, value, argument, ())
-        operands = []
-        for leaf in value.leaves:
-            item = argument
-            for field in leaf.path:
-                item = item[field]
-            label = f"{value.name}[{']['.join(repr(f) for f in leaf.path)}]"
-            operands.append(self._operand(value, leaf, item, label))
-        return operands
-
-    def _operand(self, value: Value, leaf: Leaf, argument: Any, label: str) -> jax.Array:
-        what = f"argument {label!r} of {self.name}() (Slang {value.slang_type!r})"
-        if argument is None or isinstance(argument, (bool, int, float, complex, np.generic)):
-            array = jnp.asarray(exact_number(argument, leaf.dtype, what))
-        elif isinstance(argument, jax.Array) and _is_weakly_typed(argument):
-            array = _weak_operand(argument, leaf.dtype, what)
-        else:
-            try:
-                array = jnp.asarray(argument)
-            except TypeError as error:
-                raise TypeError(
-                    f"slax: argument {label!r} of {self.name}() must be an array or a number, "
-                    f"got {type(argument).__name__}."
-                ) from error
-            if array.dtype != np.dtype(leaf.dtype):
-                raise TypeError(
-                    f"slax: argument {label!r} of {self.name}() is Slang {value.slang_type!r}, "
-                    f"which needs dtype {leaf.dtype}; got {array.dtype}. Cast it with "
-                    f".astype(jnp.{leaf.dtype})."
-                )
-        if array.ndim < len(leaf.shape) or array.shape[array.ndim - len(leaf.shape) :] != leaf.shape:
-            raise ValueError(
-                f"slax: argument {label!r} of {self.name}() is Slang {value.slang_type!r}, so its "
-                f"shape must end in {leaf.shape} (leading dims are the call grid); got shape "
-                f"{array.shape}."
-            )
-        return array
-
-    def _require_one_grid(self, signature: Signature, operands: list[jax.Array]) -> None:
-        """Raises ValueError, naming each argument's grid, if the arguments do not broadcast."""
-        labelled = []
-        shapes = []
-        leaves = [(v, leaf) for v in signature.inputs for leaf in v.leaves]
-        for (value, leaf), operand in zip(leaves, operands):
-            grid = operand.shape[: operand.ndim - len(leaf.shape)]
-            shapes.append(grid)
-            labelled.append(f"{value.name}{'.' + '.'.join(leaf.path) if leaf.path else ''}: {grid}")
-        try:
-            np.broadcast_shapes(*shapes)
-        except ValueError:
-            raise ValueError(
-                f"slax: the arguments of {self.name}() do not broadcast to one call grid; their "
-                f"grid shapes (shape without the Slang type's own dims) are {'; '.join(labelled)}."
-            ) from None
-
-    def _unflatten(self, signature: Signature, flat: list[jax.Array]) -> Any:
-        flat_iter = iter(flat)
-        outputs: list[Any] = []
-        for value in signature.outputs:
-            if value.is_struct:
-                tree: dict[str, Any] = {}
-                for leaf in value.leaves:
-                    node = tree
-                    for field in leaf.path[:-1]:
-                        node = node.setdefault(field, {})
-                    node[leaf.path[-1]] = next(flat_iter)
-                outputs.append(tree)
-            else:
-                outputs.append(next(flat_iter))
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _INNERMOST_BLOCK = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]")
 _DECLARED = re.compile(r"\b([A-Za-z_]\w*)\s*(?:<(?:[^<>()]|<[^<>()]*>)*>)?\s*\(")
@@ -381,61 +165,4 @@ def _module_scope_calls(source: str) -> set[str]:
     return set(_DECLARED.findall(text))
 
 
-def _weak_operand(argument: jax.Array, dtype: str, what: str) -> jax.Array:
-    """A Python number JAX holds (weakly typed) in the Slang parameter's dtype: checked like a
-    number where its value is known; traced, a float for an integer parameter cannot be checked
-    before it runs, so it is refused rather than truncated."""
-    if not isinstance(argument, jax.core.Tracer):
-        return jnp.asarray(exact_number(np.asarray(argument), dtype, what))
-    if jnp.issubdtype(argument.dtype, jnp.floating) and jnp.issubdtype(np.dtype(dtype), jnp.integer):
-        raise TypeError(
-            f"slax: {what} is an integer ({dtype}); got a float traced by JAX, which would be "
-            f"truncated. Pass an int, or round it yourself: jnp.round(x).astype(jnp.{dtype})."
-        )
-    return argument.astype(dtype)
-
-
-def _is_weakly_typed(array: jax.Array) -> bool:
-    """Python scalars traced by JAX are weakly typed: they take the Slang parameter's dtype."""
-    aval = getattr(array, "aval", None)
-    return bool(getattr(aval, "weak_type", getattr(array, "weak_type", False)))
-
-
-def _array_dtype(argument: Any) -> str | None:
-    """The dtype an argument brings to a generic call (the first leaf's, for dicts)."""
-    if isinstance(argument, Mapping):
-        for item in argument.values():
-            found = _array_dtype(item)
-            if found is not None:
-                return found
-        return None
-    if hasattr(argument, "dtype") and not (isinstance(argument, jax.Array) and _is_weakly_typed(argument)):
-        return str(argument.dtype)
-    return None
-
-
-def _struct_keys(value: Value) -> list[str]:
-    return sorted({leaf.path[0] for leaf in value.leaves})
-
-
-def _check_keys(function: str, value: Value, argument: Mapping, prefix: tuple[str, ...]) -> None:
-    expected = sorted({leaf.path[len(prefix)] for leaf in value.leaves if leaf.path[: len(prefix)] == prefix})
-    given = sorted(argument.keys())
-    if expected != given:
-        where = value.name + "".join(f"[{p!r}]" for p in prefix)
-        raise TypeError(
-            f"slax: argument {where!r} of {function}() is the Slang struct {value.slang_type!r}; "
-            f"expected keys {expected}, got {given}."
-        )
-    for key in expected:
-        nested = [leaf for leaf in value.leaves if leaf.path[: len(prefix) + 1] == prefix + (key,)]
-        if len(nested[0].path) > len(prefix) + 1:
-            if not isinstance(argument[key], Mapping):
-                raise TypeError(
-                    f"slax: field {key!r} of argument {value.name!r} of {function}() is a struct; "
-                    f"pass a dict, got {type(argument[key]).__name__}."
-                )
-            _check_keys(function, value, argument[key], prefix + (key,))
-
-
-__all__ = ["SlangFunction", "SlangModule", "load_module", "load_module_from_source"]
+__all__ = ["SlangModule", "load_module", "load_module_from_source"]

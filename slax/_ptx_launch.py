@@ -1,6 +1,7 @@
-"""The PTX launch path on CUDA: a slax kernel compiled by Slang to PTX, launched by XLA itself.
+"""The PTX launch route on CUDA (:class:`PtxLauncher`): a slax kernel compiled by Slang to PTX,
+launched by XLA itself.
 
-The default CUDA path (:class:`slax._bridge.ZeroCopyLauncher`) calls back into Python on every
+The default CUDA route (:class:`slax._bridge.ZeroCopyLauncher`) calls back into Python on every
 launch so that SlangPy can dispatch. Here the kernel becomes a custom call that jaxlib's Triton
 kernel launcher runs (the ``triton_kernel_call_ffi`` target that jax-triton and Pallas use): XLA
 launches the PTX on its own stream, with its own buffers, on whichever GPU runs the computation,
@@ -30,8 +31,15 @@ from collections.abc import Sequence
 
 import jax
 
-from slax._codegen import ROW_THREADS
-from slax._compile import EntryPointParameters, KernelSpec, kernel_parameters, spec_content
+from slax._compile import (
+    ROW_THREADS,
+    Aliases,
+    EntryPointParameters,
+    KernelSpec,
+    Scalars,
+    kernel_parameters,
+    spec_content,
+)
 from slax._device import reflection_device
 from slax._slang_c import CodeTarget, compile_entry_point
 from slax._sources import require_unchanged
@@ -172,23 +180,27 @@ def kernel_call_opaque(spec: KernelSpec, plan: LaunchPlan) -> bytes:
     return zlib.compress(call.to_proto(spec.entry, b""))
 
 
-def lower_kernel_call(ctx, *operands, spec: KernelSpec, scalars, count: int, aliases):
-    """Lowers one ``slang_kernel`` launch (``count > 0``) to a ``triton_kernel_call_ffi`` custom call.
+class PtxLauncher:
+    """Lowers a launch to a ``triton_kernel_call_ffi`` custom call (route ``"ptx"``)."""
 
-    The launcher hands array parameters the custom call's buffers in order, operands then
-    results. A result updated in place has no pointer of its own, so the custom call returns the
-    fresh results first and the in-place ones after them (never read by the kernel), then the
-    lowering puts them back in the primitive's order.
-    """
-    in_place = {result: operand for operand, result in aliases}
-    plan = launch_plan(spec, scalars, count)
-    order = [k for k in range(len(ctx.avals_out)) if k not in in_place] + sorted(in_place)
-    call_ctx = ctx.replace(avals_out=[ctx.avals_out[k] for k in order])
-    lowering = jax.ffi.ffi_lowering(
-        "triton_kernel_call_ffi",
-        api_version=4,
-        operand_output_aliases={in_place[k]: position for position, k in enumerate(order) if k in in_place},
-    )
-    outputs = lowering(call_ctx, *operands, opaque=kernel_call_opaque(spec, plan))
-    by_result = dict(zip(order, outputs))
-    return [by_result[k] for k in range(len(ctx.avals_out))]
+    name = "ptx"
+
+    def lower(self, ctx, operands, *, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases):
+        """The launcher hands array parameters the custom call's buffers in order, operands then
+        results. A result updated in place has no pointer of its own, so the custom call returns
+        the fresh results first and the in-place ones after them (never read by the kernel), then
+        the lowering puts them back in the primitive's order."""
+        in_place = {result: operand for operand, result in aliases}
+        plan = launch_plan(spec, scalars, count)
+        order = [k for k in range(len(ctx.avals_out)) if k not in in_place] + sorted(in_place)
+        call_ctx = ctx.replace(avals_out=[ctx.avals_out[k] for k in order])
+        lowering = jax.ffi.ffi_lowering(
+            "triton_kernel_call_ffi",
+            api_version=4,
+            operand_output_aliases={
+                in_place[k]: position for position, k in enumerate(order) if k in in_place
+            },
+        )
+        outputs = lowering(call_ctx, *operands, opaque=kernel_call_opaque(spec, plan))
+        by_result = dict(zip(order, outputs))
+        return [by_result[k] for k in range(len(ctx.avals_out))]

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from slax._module import SlangFunction
+from slax._function import SlangFunction
 
 RELATIVE_TOLERANCE = {"float32": 2e-5, "float16": 1e-2}
 """Normwise relative tolerance per dtype: a few float32 ulps, about ten float16 ulps."""

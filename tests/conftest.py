@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
-import sys
 
 import jax
 import pytest
+from _helpers import run_python
 
 import slax
 
@@ -45,9 +44,7 @@ def _cpu_path_missing() -> str | None:
         return None
     probe = "import slax._device as d; d.get_device(d.DeviceKind.VULKAN)"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_python("-c", probe, env=env, timeout=300)
     if result.returncode == 0:
         return None
     return "no Vulkan device on this machine: " + (result.stderr.strip().splitlines() or ["?"])[-1][:300]

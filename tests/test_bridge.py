@@ -1,4 +1,5 @@
-"""The bridge (slax/_bridge.py, slang_kernel_p): hand-written kernels on JAX arrays vs NumPy."""
+"""Hand-written kernels on JAX arrays vs NumPy, through the bridge (slax/_bridge.py) and slang_kernel_p
+(slax/_kernel.py, slax/_kernel_primitive.py): values, in place, vmap, and no derivative but a custom VJP."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import slax
-from slax.testing import multiply_add_results
+from slax.testing import RELATIVE_TOLERANCE, multiply_add_results
 
 KERNELS = {
     "float32": "scale_shift_float",
@@ -94,6 +95,73 @@ def test_scan_with_1000_steps(module, rng, dtype):
         fused = multiply_add_results(a, fused, b)[1]
     errors = [np.max(np.abs(y - e) / np.abs(e)) for e in (separate, fused)]
     assert min(errors) < 1e-5, errors
+
+
+def test_vmap_runs_the_kernel_once_per_example(module, rng):
+    """Each example's call sees its own operands and counts: rows of different values, an unbatched
+    operand shared by all, a mapped axis other than the first, and under jit."""
+    kernel = module.kernel("scale_shift_float")
+    x = jnp.asarray(_draw(rng, (5, 7), "float32"))
+
+    def call(x, a):
+        return kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, a=a, b=-0.5)[0]
+
+    per_row = jnp.stack([call(row, 1.5) for row in x])
+    np.testing.assert_array_equal(jax.vmap(lambda r: call(r, 1.5))(x), per_row)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(lambda r: call(r, 1.5), in_axes=1))(x.T), per_row)
+    np.testing.assert_array_equal(jax.vmap(lambda r: call(x[0], 1.5) + r)(x), call(x[0], 1.5) + x)
+
+
+def test_vmap_of_an_in_place_call_updates_each_examples_copy(module, rng):
+    """A result updated in place is per example even where its operand is shared: each example
+    writes into its own copy, and the shared operand is left as it was."""
+    kernel = module.kernel("scale_shift_float")
+    x = jnp.asarray(_draw(rng, (3, 6), "float32"))
+    start = jnp.full((6,), 7.0, jnp.float32)
+
+    def write_into(x, out):
+        result = [jax.ShapeDtypeStruct(out.shape, out.dtype)]
+        return kernel(x, out, results=result, threads=x.size, in_place={1: 0}, a=2.0, b=1.0)[0]
+
+    got = jax.jit(jax.vmap(write_into, in_axes=(0, None)))(x, start)
+    np.testing.assert_array_equal(got, 2 * np.asarray(x) + 1)
+    np.testing.assert_array_equal(start, np.full(6, 7.0, np.float32))
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vjp"])
+def test_differentiating_a_kernel_says_how_to_attach_a_derivative(module, transform):
+    kernel = module.kernel("scale_shift_float")
+
+    def f(x):
+        return kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, a=2.0, b=1.0)[0]
+
+    x = jnp.ones(4)
+    differentiate = {
+        "grad": lambda: jax.grad(lambda x: f(x).sum())(x),
+        "jvp": lambda: jax.jvp(f, (x,), (x,)),
+        "vjp": lambda: jax.vjp(f, x),
+    }[transform]
+    with pytest.raises(TypeError, match=r"kernel 'scale_shift_float' .*has no derivative.*jax\.custom_vjp"):
+        differentiate()
+
+
+def test_a_kernel_with_a_custom_vjp_differentiates(module, rng):
+    """What the error above advises: y = a x + b with its backward pass, dx = a dy, run by the
+    same kernel; jax.grad then goes through the kernel call."""
+    kernel = module.kernel("scale_shift_float")
+
+    def scale_shift(x, a, b):
+        return kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, a=a, b=b)[0]
+
+    @jax.custom_vjp
+    def f(x):
+        return scale_shift(x, 3.0, 1.0)
+
+    f.defvjp(lambda x: (f(x), None), lambda _, dy: (scale_shift(dy, 3.0, 0.0),))
+    x = jnp.asarray(_draw(rng, (9,), "float32"))
+    np.testing.assert_allclose(
+        jax.grad(lambda x: jnp.sum(f(x) ** 2))(x), 6.0 * (3.0 * x + 1.0), rtol=RELATIVE_TOLERANCE["float32"]
+    )
 
 
 def test_non_contiguous_numpy_input_is_handled(module, rng):

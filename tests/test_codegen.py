@@ -1,5 +1,5 @@
-"""slax/_codegen.py: the kernels generated for Slang functions, and the Python side of the kernel
-calling convention (shaders/slax/kernel.slang)."""
+"""slax/_codegen.py: the kernels generated for Slang functions; and the Python side of the kernel
+calling convention (shaders/slax/kernel.slang), whose constants slax/_compile.py keeps beside KernelSpec."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import pytest
 
 import slax
-from slax._codegen import GROUP_SIZE, ROW_THREADS, name_prefix
+from slax._codegen import name_prefix
+from slax._compile import GROUP_SIZE, ROW_THREADS
 from slax._device import SHADER_DIR
 from slax.testing import check_grads
 

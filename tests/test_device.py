@@ -4,21 +4,17 @@ include path (slax's shaders, shipped in the wheel, and SlangPy's)."""
 from __future__ import annotations
 
 import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import jax
 import jax.numpy as jnp
 import pytest
 import slangpy
+from _helpers import ROOT, run_python
 
 import slax
 from slax._device import SHADER_DIR, DeviceKind, device_kind_for_platform, get_device, include_paths
 from slax.testing import check_grads
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_cpu_defaults_to_vulkan(monkeypatch):
@@ -92,19 +88,9 @@ def test_second_process_reuses_compiled_modules(tmp_path):
     )
     env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path)}
     env.pop("SLAX_DEVICE", None)
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", script, str(tmp_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=300,
-        )
-        .stdout.splitlines()[-1]
-        .split()
-        for _ in range(2)
-    ]
+    results = [run_python("-c", script, str(tmp_path), env=env, timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in results), [r.stderr[-3000:] for r in results]
+    runs = [r.stdout.splitlines()[-1].split() for r in results]
     assert runs[0][0] == runs[1][0] == "41.0"
     assert int(runs[0][1]) > 0, "the first process wrote nothing to the cache"
     assert runs[0][1] == runs[1][1], "the second process compiled again instead of reusing the cache"
@@ -163,9 +149,7 @@ def test_unwritable_cache_directory_says_so(tmp_path):
     )
     env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path / "a_file" / "cache")}
     env.pop("SLAX_DEVICE", None)
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_python("-c", script, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cannot write to its cache directory" in result.stdout and "SLAX_CACHE_DIR" in result.stdout
     assert "lavapipe" not in result.stdout

@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _run(*command: str, timeout: int) -> subprocess.CompletedProcess:
-    """``python *command`` from the repository root, its output captured."""
-    return subprocess.run(
-        [sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
+from _helpers import ROOT, run_python
 
 
 def test_polynomial_trains_and_writes_outputs(tmp_path):
     """400 steps in chunks of 300 (a shorter last chunk), a target it meets: exit 0, the outputs
     listed at the end, compile time apart from the timed steps."""
     flags = ["--steps", "400", "--chunk", "300", "--target-mse", "0.05", "--out", str(tmp_path)]
-    result = _run("experiments/polynomial.py", *flags, timeout=600)
+    result = run_python("experiments/polynomial.py", *flags, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"outputs in {tmp_path}: loss.png, metrics.json, surfaces.png" in result.stdout
     assert "met: slax held-out MSE" in result.stdout
@@ -43,7 +33,8 @@ def test_polynomial_trains_and_writes_outputs(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
-SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py"))
+SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py") if not path.name.startswith("_"))
+"""The scripts; experiments/_*.py are the modules they share."""
 
 
 def _flag_helps(help_text: str) -> dict[str, str]:
@@ -59,7 +50,7 @@ def _flag_helps(help_text: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_flag_says_what_it_does_and_its_default(script):
-    result = _run(f"experiments/{script}", "--help", timeout=120)
+    result = run_python(f"experiments/{script}", "--help", timeout=120)
     assert result.returncode == 0, result.stderr
     helps = _flag_helps(result.stdout)
     assert len(helps) > 3, result.stdout
@@ -70,7 +61,7 @@ def test_every_flag_says_what_it_does_and_its_default(script):
 
 
 def test_digits_trains_and_writes_outputs(tmp_path):
-    result = _run(
+    result = run_python(
         "experiments/digits.py",
         "--steps",
         "300",
@@ -99,7 +90,7 @@ def _run_without_extras(script: str, *flags: str) -> subprocess.CompletedProcess
         f"import runpy, sys; sys.modules.update(dict.fromkeys({blocked!r})); "
         f"sys.argv = {[script, *flags]!r}; runpy.run_path({script!r}, run_name='__main__')"
     )
-    return _run("-c", program, timeout=600)
+    return run_python("-c", program, timeout=600)
 
 
 def test_polynomial_trains_without_the_experiments_extra(tmp_path):
@@ -121,7 +112,7 @@ def test_digits_without_scikit_learn_says_what_to_install(tmp_path):
 
 
 def test_gradcheck_passes_everything(tmp_path):
-    result = _run("experiments/gradcheck.py", "--out", str(tmp_path), timeout=900)
+    result = run_python("experiments/gradcheck.py", "--out", str(tmp_path), timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 failed" in result.stdout and "mlp 64-128-64-10 fused" in result.stdout
     table = json.loads((tmp_path / "gradcheck.json").read_text())
@@ -134,7 +125,7 @@ def test_gradcheck_passes_everything(tmp_path):
 
 
 def test_bridge_check_runs(device_kind, tmp_path):
-    result = _run(
+    result = run_python(
         "experiments/bridge_check.py",
         "--steps",
         "20",
@@ -158,7 +149,7 @@ def test_bridge_check_runs(device_kind, tmp_path):
 
 
 def test_benchmark_runs(tmp_path):
-    result = _run(
+    result = run_python(
         "experiments/benchmark.py",
         "--batch",
         "64",
@@ -191,7 +182,7 @@ def test_benchmark_runs(tmp_path):
 
 
 def _soak(tmp_path, *flags):
-    return _run(
+    return run_python(
         "experiments/soak.py", "--batch", "256", "--json", str(tmp_path / "soak.json"), *flags, timeout=600
     )
 

@@ -1,4 +1,5 @@
-"""Slang functions as JAX functions (slax/_module.py, slax/_primitive.py): values, grad, jvp, vmap."""
+"""Slang functions as JAX functions (slax/_function.py, slax/_function_primitives.py): values, grad, jvp,
+vmap."""
 
 from __future__ import annotations
 
@@ -334,7 +335,7 @@ def test_module_path_with_a_backslash_is_refused_naming_it(tmp_path):
 
 def test_grid_beyond_one_dispatch_row(poly):
     """More threads than one dispatch row (slax/kernel.slang: SLAX_ROW_THREADS) use a second row."""
-    from slax._codegen import ROW_THREADS
+    from slax._compile import ROW_THREADS
 
     x = jnp.arange(ROW_THREADS + 77, dtype=jnp.float32) * 1e-6
     y = np.asarray(poly(1.0, 2.0, 3.0, x))

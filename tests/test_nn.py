@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _training import cast, training_step
 
 from slax import nn
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
@@ -28,10 +29,6 @@ def _inputs(params, key, batch, dtype):
         kept.append(away_from_kinks(params, draw))
         attempt += 1
     return jnp.concatenate(kept)[:batch]
-
-
-def _upcast(*trees):
-    return jax.tree.map(lambda a: a.astype(jnp.float32), trees)
 
 
 def _relative_error(got, want):
@@ -62,7 +59,7 @@ def test_loss_and_grad_matches_reference(dtype):
     x, target = _inputs(params, keys[1], 257, dtype), _draw(keys[2], (257, 5), dtype)
     loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
     loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(
-        *_upcast(params, x, target), storage_dtype=dtype
+        *cast((params, x, target), jnp.float32), storage_dtype=dtype
     )
     tolerance = RELATIVE_TOLERANCE[dtype]
     assert _relative_error(loss, loss_ref) < tolerance
@@ -106,7 +103,9 @@ def test_large_batch_gradients_are_race_free(dtype):
     keys = jax.random.split(jax.random.key(3), 4)
     params = nn.mlp_init(keys[0], (4, 16, 4), dtype)
     x, target = _inputs(params, keys[1], 1 << 16, dtype), _draw(keys[2], (1 << 16, 4), dtype)
-    _, reference = jax.value_and_grad(nn.mlp_loss_reference)(*_upcast(params, x, target), storage_dtype=dtype)
+    _, reference = jax.value_and_grad(nn.mlp_loss_reference)(
+        *cast((params, x, target), jnp.float32), storage_dtype=dtype
+    )
     run = jax.jit(nn.mlp_loss_and_grad)
     runs = [jax.tree.leaves(run(params, x, target)[1]) for _ in range(3)]
     for leaves in runs:
@@ -145,16 +144,13 @@ def test_training_matches_pure_jax():
     params = nn.mlp_init(keys[0], (4, 16, 4))
     optimizer = optax.adam(1e-2)
 
-    def train(loss_and_grad):
-        def step(state, key):
-            params, opt_state = state
-            xy = jax.random.uniform(key, (256, 2), minval=-1.0, maxval=1.0)
-            x = jnp.concatenate([xy, xy * xy], axis=-1)
-            target = jnp.stack([xy[:, 0] + xy[:, 1], xy[:, 0] * xy[:, 1], xy[:, 1] ** 2, -xy[:, 0]], -1)
-            loss, grads = loss_and_grad(params, x, target)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
+    def draw_batch(key):
+        xy = jax.random.uniform(key, (256, 2), minval=-1.0, maxval=1.0)
+        x = jnp.concatenate([xy, xy * xy], axis=-1)
+        return x, jnp.stack([xy[:, 0] + xy[:, 1], xy[:, 0] * xy[:, 1], xy[:, 1] ** 2, -xy[:, 0]], -1)
 
+    def train(loss_and_grad):
+        step = training_step(loss_and_grad, optimizer, draw_batch)
         state = (params, optimizer.init(params))
         return jax.jit(lambda s: jax.lax.scan(step, s, jax.random.split(keys[1], 300)))(state)[1]
 

@@ -18,20 +18,18 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
+from _helpers import ROOT, run_python
 
 import slax
 import slax.examples
-from slax._codegen import ROW_THREADS
-from slax._compile import KernelSpec
+from slax._compile import ROW_THREADS, KernelSpec
 from slax._device import SHADER_DIR
 from slax._errors import SlangCompileError
 from slax._ptx_launch import PtxLaunchError, launch_plan, ptx_entry_parameter_types
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
 NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
 PTXAS = TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
@@ -59,21 +57,14 @@ def _report() -> dict:
         "SLAX_CUDA_COMPUTE_CAPABILITY": "90",
         "JAX_PLATFORMS": "cpu",
     }
-    result = subprocess.run(
-        [sys.executable, "tests/scripts/ptx_lowering.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    result = run_python("tests/scripts/ptx_lowering.py", env=env, timeout=1200)
     assert result.returncode == 0, result.stderr[-5000:]
-    return json.loads(result.stdout)
+    return json.loads(result.stdout.splitlines()[-1])  # the last line: SlangPy's CUDA device logs before it
 
 
 @pytest.fixture
 def report(cpu_path) -> dict:
-    return _report()
+    return _report()["launches"]
 
 
 def _launches(report, case):
@@ -158,6 +149,14 @@ def test_mlp_kernels_lower_in_both_precisions(report):
 
 
 @needs_tools
+def test_changing_the_route_changes_the_lowering_of_a_jitted_function(cpu_path):
+    """One jitted function lowered for CUDA under ptx, then slangpy, then ptx: the SlangPy route is
+    lowered afresh (its zero-copy launcher creates the CUDA device it compiles on, which this
+    machine lacks), not a cached PTX lowering reused."""
+    assert _report()["route_switch"] == ["PTX launch", "no CUDA device for the SlangPy route", "PTX launch"]
+
+
+@needs_tools
 def test_all_ptx_assembles_for_the_h100(report, tmp_path):
     programs = {launch["ptx"] for launches in report.values() for launch in launches}
     assert len(programs) >= 20
@@ -233,9 +232,7 @@ def test_nvrtc_is_found_in_nvidias_wheel():
     env = {k: v for k, v in os.environ.items() if k != "SLAX_NVRTC"}
     env["PYTHONPATH"] = os.pathsep.join([str(TOOLS), str(ROOT)])
     script = "from slax._slang_c import nvrtc_library; print(nvrtc_library())"
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_python("-c", script, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == str(NVRTC)
 

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-TWO_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+from _helpers import run_python
+
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 
 
 def _run(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *command], cwd=ROOT, env=TWO_DEVICES, capture_output=True, text=True, timeout=600
-    )
+    return run_python(*command, env={**os.environ, **TWO_DEVICES})
 
 
 def test_shard_map_runs_each_shard_on_its_device(cpu_path):

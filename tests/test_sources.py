@@ -3,14 +3,13 @@ and no load, retry or edit sequence crashes it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import run_python
 
 import slax
 from slax import _sources
@@ -135,7 +134,7 @@ def test_failed_import_fails_again_and_never_crashes(tmp_path):
         print(float(module.f(3.0)), float(jax.grad(module.f)(3.0)))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = run_python("-c", script, timeout=300)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
     assert result.stdout.split() == ["9.0", "6.0"]
 
@@ -190,7 +189,7 @@ def test_edit_sequences_never_crash(tmp_path):
         print("survived")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    result = run_python("-c", script)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
     assert result.stdout.split()[-1] == "survived"
 

@@ -91,11 +91,32 @@ def test_bad_arguments():
         check_grads(jnp.sin, jnp.sin, jnp.ones(2), modes=("sideways",))
 
 
-def test_order_two_on_pure_jax(rng):
+def _cube(x):
+    return x * x * x
+
+
+def _cube_by_power(x):
+    return x**3  # another primitive (integer_pow) with its own derivative rules
+
+
+def _cube_with_another_curvature(x):
+    """x³ in value and first derivative at every point (the added term and its derivative vanish
+    there), but with second derivative 6x + 10."""
+    return x**3 + 5.0 * (x - jax.lax.stop_gradient(x)) ** 2
+
+
+def test_order_two_passes_a_true_twin_and_catches_a_wrong_curvature(rng):
+    """Second order runs on pure-JAX functions (slax differentiates Slang functions once): a twin
+    computing x³ another way passes, and one that agrees in value and first derivative but not in
+    curvature passes order 1 and fails exactly the Hessian-vector products at order 2."""
     x = jnp.asarray(rng.normal(size=(5,)), jnp.float32)
-    report = check_grads(lambda x: jnp.sin(x) * x, lambda x: jnp.sin(x) * x, x, order=2)
-    assert report.passed and {"hvp fwd", "hvp rev"} <= {row.check for row in report.rows}
-    np.testing.assert_array_equal([row.max_abs_error for row in report.rows], 0.0)
+    report = check_grads(_cube, _cube_by_power, x, order=2)
+    assert report.passed, str(report)
+    assert [row.check for row in report.rows] == ["value", "rev", "fwd", "hvp fwd", "hvp rev"]
+    assert check_grads(_cube, _cube_with_another_curvature, x).passed
+    wrong = check_grads(_cube, _cube_with_another_curvature, x, order=2)
+    failing = [(row.check, row.argument) for row in wrong.rows if not row.passed]
+    assert failing == [("hvp fwd", "arg[0]"), ("hvp rev", "arg[0]")], str(wrong)
 
 
 def test_twins_are_traced_at_full_float32_precision(poly, rng):

@@ -24,7 +24,7 @@ JAX sums the partials of a group.
 
 from __future__ import annotations
 
-from slax._codegen import GROUP_SIZE
+from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 
 HIDDEN_SLOPE = 0.01

@@ -1,12 +1,10 @@
-"""The Slang MLP as JAX primitives: forward, backward (custom VJP) and fused loss-and-gradient.
+"""The Slang MLP for JAX: initialisation, apply (differentiable through a custom VJP), the fused
+loss-and-gradient, and the same network in plain JAX.
 
 Parameters are a list of ``{"weight": (out, in), "bias": (out,)}`` dicts, one per layer. Hidden
 layers apply LeakyReLU (slope 0.01), the output layer is affine. Kernels come from
-``shaders/nn/mlp.slang`` through slax/nn/_kernels.py and run through the slax bridge
-(``slang_kernel_p``), like every slax kernel.
-
-Gradients are summed without atomics: per thread group in a fixed order, then over groups by XLA,
-so they are bit-identical from run to run.
+``shaders/nn/mlp.slang`` through slax/nn/_kernels.py; the primitives that run them are in
+slax/nn/_primitives.py.
 
 Half precision: parameters and activations are stored as float16, but every dot product is summed in
 float32 inside the kernels, gradients flow backwards between layers in float32 and parameter
@@ -24,21 +22,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
-from slax._codegen import GROUP_SIZE
-from slax._compile import KernelSpec
-from slax._primitive import check_finite, result_aval, run_kernel, vary_alike
-from slax.nn._kernels import (
-    HIDDEN_SLOPE,
-    OUTPUT_SLOPE,
-    layer_pairs,
-    mlp_source,
-    parameter_offsets,
-    widest_layer_error,
-)
+from slax._config import current_routes
+from slax._primitive import check_finite, vary_alike
+from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, widest_layer_error
+from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
 
 Params = list[dict[str, jax.Array]]
 SUPPORTED_DTYPES = ("float32", "float16")
@@ -85,7 +73,7 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
 @jax.custom_vjp
 def _mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     sizes, dtype = _architecture("mlp_apply", params, x)
-    y = mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype)
+    y = mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype, routes=current_routes())
     check_finite("slax.nn.mlp_apply's forward kernel", [x, *_flat(params)], [y])
     return y
 
@@ -98,7 +86,9 @@ def _mlp_apply_bwd(residuals, dy):
     params, x = residuals
     sizes, dtype = _architecture("mlp_apply", params, x)
     _require_trainable("mlp_apply (its gradient)", sizes)
-    outputs = mlp_backward_p.bind(x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0)
+    outputs = mlp_backward_p.bind(
+        x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, routes=current_routes()
+    )
     check_finite("slax.nn.mlp_apply's backward kernel", [x, dy, *_flat(params)], outputs)
     dx, *grads = outputs
     flat = [g.astype(p.dtype) for g, p in zip(grads, _flat(params))]
@@ -129,7 +119,14 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     batch = math.prod(x.shape[:-1])
     params, x, target = vary_alike((params, x, target))
     losses, *grads = mlp_loss_grad_p.bind(
-        x, target, *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, loss_scale=1.0 / max(batch, 1)
+        x,
+        target,
+        *_flat(params),
+        sizes=sizes,
+        dtype=dtype,
+        group_ndim=0,
+        loss_scale=1.0 / max(batch, 1),
+        routes=current_routes(),
     )
     check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *_flat(params)], [losses, *grads])
     return jnp.mean(losses), _unflat(grads)
@@ -250,169 +247,3 @@ def _flat(params: Params) -> list[jax.Array]:
 
 def _unflat(flat) -> Params:
     return [{"weight": w, "bias": b} for w, b in zip(flat[0::2], flat[1::2])]
-
-
-# --- primitives ----------------------------------------------------------------------------------
-
-mlp_forward_p = Primitive("slang_mlp_forward")
-mlp_backward_p = Primitive("slang_mlp_backward")
-mlp_loss_grad_p = Primitive("slang_mlp_loss_grad")
-
-
-@functools.cache
-def _kernel(sizes: tuple[int, ...], dtype: str, entry: str) -> KernelSpec:
-    return KernelSpec(entry, source=mlp_source(sizes, dtype))
-
-
-def _param_shapes(sizes):
-    return [shape for i, o in layer_pairs(sizes) for shape in ((o, i), (o,))]
-
-
-def _forward_abstract_eval(x, *params, sizes, dtype):
-    return result_aval(x.shape[:-1] + (sizes[-1],), dtype, (x, *params))
-
-
-def _packed(params) -> jax.Array:
-    """The parameters as the kernels read them: one flat array (slax/nn/_kernels.py)."""
-    return jnp.concatenate([p.reshape(-1) for p in params])
-
-
-def _unpacked(flat: jax.Array, sizes, leading: tuple[int, ...]) -> list[jax.Array]:
-    """Per-layer weight and bias arrays from the last axis of the flat layout."""
-    offsets, _ = parameter_offsets(sizes)
-    arrays = []
-    for (w, b), (n_in, n_out) in zip(offsets, layer_pairs(sizes)):
-        arrays.append(flat[..., w:b].reshape(leading + (n_out, n_in)))
-        arrays.append(flat[..., b : b + n_out].reshape(leading + (n_out,)))
-    return arrays
-
-
-def _forward_lowering(x, *params, sizes, dtype):
-    count = math.prod(x.shape[:-1])
-    (y,) = run_kernel(
-        _kernel(sizes, dtype, "mlp_forward"),
-        [x, _packed(params)],
-        ((x.shape[:-1] + (sizes[-1],), dtype),),
-        count,
-        (("count", count),),
-    )
-    return y
-
-
-def _grad_shapes(x, sizes, group_ndim):
-    groups = x.shape[:group_ndim]
-    return [groups + shape for shape in _param_shapes(sizes)]
-
-
-def _backward_abstract_eval(x, dy, *params, sizes, dtype, group_ndim):
-    operands = (x, dy, *params)
-    return [result_aval(x.shape, x.dtype, operands)] + [
-        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
-    ]
-
-
-def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale):
-    operands = (x, target, *params)
-    return [result_aval(x.shape[:-1], jnp.float32, operands)] + [
-        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
-    ]
-
-
-def _run_gradient_kernel(entry, operands, extra_result, x, sizes, dtype, group_ndim, scalars=()):
-    """Launches ``mlp_backward`` or ``mlp_loss_grad`` (see slax/nn/_kernels.py for the layout) and
-    sums the per-thread-group partial gradients of each group."""
-    groups = math.prod(x.shape[:group_ndim])
-    per_group = math.prod(x.shape[:-1]) // max(groups, 1)
-    blocks = -(-per_group // GROUP_SIZE)
-    count = groups * blocks * GROUP_SIZE
-    _, total = parameter_offsets(sizes)
-    data, params = operands[:2], operands[2:]
-    partial, extra = run_kernel(
-        _kernel(sizes, dtype, entry),
-        [*data, _packed(params)],
-        (((groups * blocks, total), "float32"), extra_result),
-        count,
-        (
-            ("count", count),
-            ("samples_per_group", per_group),
-            ("padded_per_group", blocks * GROUP_SIZE),
-            *scalars,
-        ),
-    )
-    summed = partial.reshape(x.shape[:group_ndim] + (blocks, total)).sum(axis=group_ndim)
-    return [extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
-
-
-def _backward_lowering(x, dy, *params, sizes, dtype, group_ndim):
-    return _run_gradient_kernel(
-        "mlp_backward", [x, dy, *params], (x.shape, dtype), x, sizes, dtype, group_ndim
-    )
-
-
-def _loss_grad_lowering(x, target, *params, sizes, dtype, group_ndim, loss_scale):
-    return _run_gradient_kernel(
-        "mlp_loss_grad",
-        [x, target, *params],
-        (x.shape[:-1], "float32"),
-        x,
-        sizes,
-        dtype,
-        group_ndim,
-        (("loss_scale", float(loss_scale)),),
-    )
-
-
-def _move_to_front(args, dims, size):
-    """Batch axis first on every argument (broadcast where unbatched)."""
-    return [
-        jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size,) + a.shape)
-        for a, d in zip(args, dims)
-    ]
-
-
-def _batch_size(args, dims):
-    return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-
-
-def _batch_per_sample(primitive, num_data, args, dims, **params):
-    """vmap over data (not parameters) adds a leading group axis: one kernel launch for all."""
-    size = _batch_size(args, dims)
-    if any(d is not None for d in dims[num_data:]):
-        return _batch_by_loop(primitive, args, dims, **params)
-    data = _move_to_front(args[:num_data], dims[:num_data], size)
-    if "group_ndim" in params:
-        params = {**params, "group_ndim": params["group_ndim"] + 1}
-    outputs = primitive.bind(*data, *args[num_data:], **params)
-    return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
-
-
-def _batch_by_loop(primitive, args, dims, **params):
-    """Per-example parameters: one launch per example, in a lax.map."""
-    size = _batch_size(args, dims)
-    stacked = _move_to_front(args, dims, size)
-    outputs = jax.lax.map(lambda sliced: primitive.bind(*sliced, **params), stacked)
-    return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
-
-
-def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
-    raise TypeError(
-        "slax.nn.mlp_loss_and_grad already returns the loss's gradient (from one Slang pass) and "
-        "cannot itself be differentiated (jax.grad, jax.jvp, jax.hessian): use the gradient it "
-        "returns, or to differentiate a loss of your own, write it "
-        "with slax.nn.mlp_apply, which jax.grad differentiates: "
-        "jax.grad(lambda p: jnp.mean(jnp.sum((nn.mlp_apply(p, x) - target) ** 2, -1)))(params)."
-    )
-
-
-ad.primitive_jvps[mlp_loss_grad_p] = _loss_and_grad_is_not_differentiable
-
-for _p, _eval, _lower, _num_data in (
-    (mlp_forward_p, _forward_abstract_eval, _forward_lowering, 1),
-    (mlp_backward_p, _backward_abstract_eval, _backward_lowering, 2),
-    (mlp_loss_grad_p, _loss_grad_abstract_eval, _loss_grad_lowering, 2),
-):
-    _p.multiple_results = _p is not mlp_forward_p
-    _p.def_impl(functools.partial(dispatch.apply_primitive, _p))
-    _p.def_abstract_eval(_eval)
-    mlir.register_lowering(_p, mlir.lower_fun(_lower, multiple_results=_p.multiple_results))
-    batching.primitive_batchers[_p] = functools.partial(_batch_per_sample, _p, _num_data)

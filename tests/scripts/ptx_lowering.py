@@ -1,5 +1,6 @@
 """Lowers slax programs for CUDA with the PTX launch path, on a machine without a GPU, and reports
-every kernel launch in the lowered StableHLO as JSON (tests/test_ptx_launch.py checks the report).
+every kernel launch in the lowered StableHLO as JSON (tests/test_ptx_launch.py checks the report):
+``{"launches": {case: [launch, ...]}, "route_switch": [...]}``.
 
 Run by the test in a subprocess whose PYTHONPATH carries jaxlib's CUDA plugin (its Triton kernel
 launcher serialises the calls), with ``SLAX_NVRTC`` and ``SLAX_CUDA_COMPUTE_CAPABILITY`` set.
@@ -137,6 +138,23 @@ def launches(function, *args) -> list[dict]:
     return found
 
 
+def route_switch(function, *args) -> list[str]:
+    """What one jitted function lowers to for CUDA under the routes ptx, slangpy, ptx in turn: the
+    PTX launch, or what the SlangPy route needs (on a GPU, a buffer callback; here, where there is
+    none, the CUDA device it fails to create at lowering)."""
+    jitted = jax.jit(function)
+    lowered = []
+    for route in ("ptx", "slangpy", "ptx"):
+        with slax.config.override(cuda_launch=route):
+            try:
+                text = jitted.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+            except slax.DeviceUnavailableError:
+                lowered.append("no CUDA device for the SlangPy route")
+                continue
+        lowered.append("PTX launch" if "triton_kernel_call_ffi" in text else "no PTX launch")
+    return lowered
+
+
 def main() -> None:
     slax.config.cuda_launch = "ptx"
     rng = np.random.default_rng(0)
@@ -193,7 +211,8 @@ def main() -> None:
             data,
         )
     report = {name: launches(function, *args) for name, (function, *args) in cases.items()}
-    json.dump(report, sys.stdout)
+    switch = route_switch(lambda v: poly(2.0, 8.0, -1.0, v), x)
+    json.dump({"launches": report, "route_switch": switch}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
-"""Run by tests/test_sharding.py in a process with two host CPU devices (XLA_FLAGS set there)."""
+"""Run by tests/test_sharding.py in a process with two host CPU devices (XLA_FLAGS set there), with
+experiments/ on the import path (tests/_helpers.py)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _training import training_step
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import slax
-from slax import _bridge, nn
-from slax.experiment import data_parallel
+from slax import _bridge, data_parallel, nn
 
 assert len(jax.devices()) == 2, jax.devices()
 mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -110,13 +111,11 @@ optimizer = optax.adam(1e-2)
 
 
 def train(loss_and_grad):
-    def step(state, key):
-        params, opt_state = state
+    def draw_batch(key):
         x = jax.random.uniform(key, (64, 4), minval=-1, maxval=1)
-        loss, grads = loss_and_grad(params, x, jnp.sin(x))
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
+        return x, jnp.sin(x)
 
+    step = training_step(loss_and_grad, optimizer, draw_batch)
     keys = jax.random.split(jax.random.key(2), 100)
     return jax.jit(lambda s: jax.lax.scan(step, s, keys))((params, optimizer.init(params)))[1]
 

@@ -1,11 +1,11 @@
-"""slax.experiment (and slax/_checkpoint.py): chunks compile before timing; checkpoints are atomic,
-the previous one is kept, damaged ones and changed flags are refused by name, resuming gives the
-uninterrupted run's bits, and bad flags are refused before anything is created."""
+"""The experiments' shared modules (experiments/_harness.py, _training.py, _checkpoints.py): chunks
+compile before timing; checkpoints are atomic, the previous one is kept, damaged ones and changed
+flags are refused by name, resuming gives the uninterrupted run's bits, and bad flags are refused
+before anything is created."""
 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import shutil
 import signal
 import subprocess
@@ -13,22 +13,20 @@ import sys
 import textwrap
 import time
 
+import _harness as harness
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from slax import experiment
-from slax.experiment import (
+from _checkpoints import (
     CheckpointError,
     checkpoint_step,
     load_checkpoint,
     previous_checkpoint,
     save_checkpoint,
-    train_in_chunks,
 )
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from _helpers import ROOT, run_python
+from _training import train_in_chunks
 
 
 def _state(seed):
@@ -78,24 +76,23 @@ def test_chunk_lengths_compile_before_any_step_is_timed():
 def test_process_killed_mid_write_keeps_last_good_checkpoint(tmp_path):
     script = textwrap.dedent(
         f"""
-        import os, signal, sys
+        import os, pathlib, signal, sys
         import jax, jax.numpy as jnp, numpy as np
         sys.path.insert(0, {str(ROOT / "tests")!r})
-        from test_experiment import _state
-        from slax import experiment
-        path = experiment.pathlib.Path({str(tmp_path / "c.npz")!r})
+        from test_harness import _state
+        import _checkpoints
+        path = pathlib.Path({str(tmp_path / "c.npz")!r})
         key = jax.random.key(3)
-        experiment.save_checkpoint(path, _state(1), 100, key, np.zeros(100))
-        real_savez = np.savez
+        _checkpoints.save_checkpoint(path, _state(1), 100, key, np.zeros(100))
         def savez_then_die(f, **arrays):
             f.write(b"PK\\x03\\x04 half of a zip file")
             f.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        experiment.np.savez = savez_then_die
-        experiment.save_checkpoint(path, _state(2), 200, key, np.zeros(200))
+        _checkpoints.np.savez = savez_then_die
+        _checkpoints.save_checkpoint(path, _state(2), 200, key, np.zeros(200))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=300)
+    result = run_python("-c", script, timeout=300)
     assert result.returncode == -signal.SIGKILL
     assert (tmp_path / "c.npz.tmp").exists(), "the second write never started"
     state, step, _ = load_checkpoint(tmp_path / "c.npz", _state(0), jax.random.key(3))
@@ -115,9 +112,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
         "1",
     ]
     whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
-    subprocess.run(
-        [sys.executable, *args, "--out", str(whole)], cwd=ROOT, check=True, capture_output=True, timeout=600
-    )
+    finished = run_python(*args, "--out", str(whole))
+    assert finished.returncode == 0, finished.stdout + finished.stderr
     process = subprocess.Popen(
         [sys.executable, *args, "--out", str(interrupted)],
         cwd=ROOT,
@@ -136,13 +132,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     process.kill()
     process.wait()
     assert int(np.load(checkpoint)["step"]) < 600, "the run finished before it could be interrupted"
-    resumed = subprocess.run(
-        [sys.executable, *args, "--out", str(interrupted), "--resume"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    resumed = run_python(*args, "--out", str(interrupted), "--resume")
     assert resumed.returncode == 0 and "resuming from step" in resumed.stdout, resumed.stdout + resumed.stderr
     for model in ("slax", "jax"):
         a, b = np.load(whole / f"checkpoint-{model}.npz"), np.load(interrupted / f"checkpoint-{model}.npz")
@@ -153,24 +143,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
 
 def test_fresh_run_refuses_existing_checkpoints(tmp_path):
     save_checkpoint(tmp_path / "checkpoint-slax.npz", _state(1), 1, jax.random.key(0), np.zeros(1))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "experiments/polynomial.py",
-            "--steps",
-            "10",
-            "--chunk",
-            "5",
-            "--checkpoint-every",
-            "5",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    flags = ["--steps", "10", "--chunk", "5", "--checkpoint-every", "5", "--out", str(tmp_path)]
+    result = run_python("experiments/polynomial.py", *flags, timeout=300)
     assert result.returncode != 0 and "pass --resume" in result.stderr
 
 
@@ -239,25 +213,13 @@ RUN = ["--steps", "4", "--chunk", "2", "--batch", "16", "--checkpoint-every", "2
 def checkpointed_run(tmp_path_factory):
     """A finished short polynomial run with checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("run")
-    result = subprocess.run(
-        [sys.executable, "experiments/polynomial.py", *RUN, "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_python("experiments/polynomial.py", *RUN, "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 
 
 def _resume(out, *flags):
-    return subprocess.run(
-        [sys.executable, "experiments/polynomial.py", *RUN, *flags, "--out", str(out), "--resume"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_python("experiments/polynomial.py", *RUN, *flags, "--out", str(out), "--resume", timeout=300)
 
 
 def test_resume_with_flags_that_change_the_run_is_refused(checkpointed_run):
@@ -296,7 +258,7 @@ def test_resume_from_a_damaged_checkpoint_names_it_and_what_to_do(checkpointed_r
 
 def _parse(*flags):
     parser = argparse.ArgumentParser()
-    experiment.add_common_arguments(parser, steps=100, batch=8, chunk=10)
+    harness.add_common_arguments(parser, steps=100, batch=8, chunk=10)
     return parser.parse_args(list(flags))
 
 
@@ -318,13 +280,13 @@ def _parse(*flags):
 def test_bad_flags_are_one_line_naming_the_flag_before_anything_is_created(tmp_path, flags, message):
     out = tmp_path / "never"
     with pytest.raises(SystemExit) as raised:
-        experiment.prepare_run("test", _parse(*flags, "--out", str(out)))
+        harness.prepare_run("test", _parse(*flags, "--out", str(out)))
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert not out.exists()
 
 
 def test_checkpoint_interval_rounded_to_whole_chunks_says_so(tmp_path, capsys):
-    experiment.validate_arguments("test", _parse("--checkpoint-every", "15", "--chunk", "10"))
+    harness.validate_arguments("test", _parse("--checkpoint-every", "15", "--chunk", "10"))
     assert "--checkpoint-every 15 is rounded up to 20" in capsys.readouterr().out
-    experiment.validate_arguments("test", _parse("--checkpoint-every", "20", "--chunk", "10"))
+    harness.validate_arguments("test", _parse("--checkpoint-every", "20", "--chunk", "10"))
     assert capsys.readouterr().out == ""

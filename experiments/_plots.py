@@ -1,0 +1,83 @@
+"""Plots for the experiments: matplotlib set up once, one style per model, loss curves, titles.
+
+matplotlib comes with the ``experiments`` extra; where it is missing, :func:`can_plot` says so and
+the run goes on without plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+from typing import Any
+
+import numpy as np
+from _harness import EXTRAS_HINT
+
+MODEL_STYLES = {
+    "slax": {"color": "tab:blue", "linestyle": "-", "linewidth": 2.2},
+    "jax": {"color": "tab:orange", "linestyle": (0, (4, 3)), "linewidth": 1.4},
+}
+"""How each model is drawn in every plot: slax thick and solid, plain JAX thin and dashed over it, so
+both stay visible where the curves coincide."""
+
+
+def can_plot() -> bool:
+    """Whether matplotlib is installed to draw the plots; if not, says so (the run goes on)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print(f"matplotlib is not installed: no plots ({EXTRAS_HINT})")
+        return False
+    return True
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot``, drawing to files (the Agg backend), never to a window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: pathlib.Path, dpi: int) -> pathlib.Path:
+    """Writes ``fig`` to ``path`` and closes it."""
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
+def plot_title(task: str, args: argparse.Namespace, device: dict[str, str]) -> str:
+    """``"polynomial: float32, 3000 steps, batch 1024; Slang kernels on vulkan (...)"``."""
+    return f"{task}: {args.dtype}, {args.steps} steps, batch {args.batch}; Slang kernels on {device['slang']}"
+
+
+def plot_loss_curves(
+    out: pathlib.Path, curves: dict[str, np.ndarray], ylabel: str, title: str
+) -> pathlib.Path:
+    """Training loss per step of each model (keys of :data:`MODEL_STYLES`), log scale, smoothed over
+    1% of the run; below it, how far slax's curve is from plain JAX's, relative to JAX's."""
+    fig, (ax, gap) = pyplot().subplots(
+        2, 1, figsize=(8, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.2]}
+    )
+    smoothed = {}
+    for label, losses in curves.items():
+        window = max(1, len(losses) // 100)
+        smoothed[label] = np.convolve(losses, np.ones(window) / window, mode="valid")
+        steps = np.arange(len(smoothed[label])) + window - 1
+        ax.plot(steps, smoothed[label], label=label, **MODEL_STYLES[label])
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{ylabel}, smoothed")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if {"slax", "jax"} <= smoothed.keys():
+        difference = np.abs(smoothed["slax"] - smoothed["jax"]) / np.abs(smoothed["jax"])
+        gap.plot(steps, np.maximum(difference, 1e-12), color="black", linewidth=1)
+        gap.set_yscale("log")
+    gap.set_ylabel("|slax - jax| / jax")
+    gap.set_title("relative gap of the smoothed losses (1e-12 where identical)", fontsize=8)
+    gap.set_xlabel("step")
+    gap.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return save(fig, out / "loss.png", dpi=120)

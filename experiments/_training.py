@@ -1,0 +1,185 @@
+"""Training for the experiments: one optimiser step, and many of them in jitted ``lax.scan`` chunks
+under a progress bar, with checkpoints.
+
+Uses tqdm where it is installed (the ``experiments`` extra); without it, progress comes as one
+printed line per chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from _checkpoints import load_checkpoint, save_checkpoint
+
+Batch = tuple[jax.Array, jax.Array]
+LossAndGrad = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]
+Step = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
+
+
+def cast(tree: Any, dtype: Any) -> Any:
+    """Every array of ``tree`` as ``dtype``: in float16 runs, the kernels' half copy of the float32
+    parameters the optimiser keeps."""
+    return jax.tree.map(lambda a: a.astype(dtype), tree)
+
+
+def training_step(
+    loss_and_grad: LossAndGrad,
+    optimizer: optax.GradientTransformation,
+    draw_batch: Callable[[jax.Array], Batch],
+) -> Step:
+    """``step(state, key) -> (state, loss)`` for ``lax.scan``: draws a batch ``(x, y)`` with
+    ``draw_batch(key)``, computes ``loss_and_grad(params, x, y)`` and applies one ``optimizer``
+    update to ``state = (params, optimizer state)``."""
+
+    def step(state, key):
+        params, opt_state = state
+        loss, grads = loss_and_grad(params, *draw_batch(key))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    return step
+
+
+class _ChunkLines:
+    """Progress as one printed line per chunk, where tqdm is not installed (tqdm's interface)."""
+
+    def __init__(self, total: int, initial: int, desc: str, unit: str):
+        self.total, self.n, self.desc, self.unit = total, initial, desc, unit
+
+    def __enter__(self) -> _ChunkLines:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        self.n += n
+
+    def set_postfix(self, postfix: dict[str, str]) -> None:
+        fields = ", ".join(f"{k} {v}" for k, v in postfix.items())
+        print(f"{self.desc}: {self.n}/{self.total} {self.unit}s, {fields}", flush=True)
+
+
+@dataclasses.dataclass
+class TrainingRun:
+    """What :func:`train_in_chunks` returns.
+
+    Attributes:
+      state: the final training state.
+      losses: the loss of every step (resumed runs included).
+      seconds: wall time of the steps this process ran (compilation and evaluation excluded).
+      steps_timed: how many steps that was (fewer than all after ``--resume``).
+      evaluations: ``(step, evaluate(state))`` after each chunk this process ran.
+      compile_seconds: wall time of compiling the training chunks, before the timed steps.
+    """
+
+    state: Any
+    losses: np.ndarray
+    seconds: float
+    steps_timed: int
+    evaluations: list[tuple[int, float]]
+    compile_seconds: float = 0.0
+
+    def speed(self, batch: int) -> dict[str, float | None]:
+        """Compile time, training time and throughput for metrics.json (null when no step ran in
+        this process)."""
+        rate = self.steps_timed / self.seconds if self.seconds else None
+        return {
+            "compile_time_s": self.compile_seconds,
+            "train_time_s": self.seconds,
+            "timed_steps": self.steps_timed,
+            "steps_per_s": rate,
+            "samples_per_s": rate * batch if rate else None,
+        }
+
+
+def compile_chunks(run_chunk: Any, state: Any, keys: jax.Array, start: int, chunk: int) -> float:
+    """Compiles ``run_chunk`` for every chunk length a run from step ``start`` uses, before any step is
+    timed; returns the seconds it took. A ``--chunk`` that does not divide ``--steps`` leaves a
+    shorter last chunk, a second program: compiled here, it costs compile time, not steps/s."""
+    lengths = {len(keys[first : first + chunk]) for first in range(start, len(keys), chunk)}
+    began = time.perf_counter()
+    for length in sorted(lengths):
+        run_chunk.lower(state, keys[:length]).compile()
+    return time.perf_counter() - began
+
+
+def train_in_chunks(
+    step: Step,
+    state: Any,
+    key: jax.Array,
+    steps: int,
+    chunk: int,
+    description: str,
+    evaluate: Callable[[Any], float] | None = None,
+    checkpoint: pathlib.Path | None = None,
+    checkpoint_every: int = 0,
+) -> TrainingRun:
+    """Runs ``steps`` of ``step(state, key) -> (state, loss)`` in jitted ``lax.scan`` chunks.
+
+    A progress bar advances once per chunk with the latest loss (and ``evaluate(state)``, if
+    given, e.g. a test accuracy). With ``checkpoint``, the state is saved there every
+    ``checkpoint_every`` steps (rounded up to whole chunks) and at the end, and an existing
+    checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
+    to an uninterrupted one.
+
+    ``evaluate`` sees, and the result holds, the state on JAX's first device: after data-parallel
+    steps it is replicated over a mesh, and a slax kernel called on it under plain ``jax.jit``
+    would be refused (XLA would partition it automatically).
+    """
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        tqdm = _ChunkLines
+
+    keys = jax.random.split(key, steps)
+
+    def training_chunk(state, keys):
+        return jax.lax.scan(step, state, keys)
+
+    run_chunk = jax.jit(training_chunk)
+    start = 0
+    losses: list[np.ndarray] = []
+    evaluations: list[tuple[int, float]] = []
+    if checkpoint is not None and checkpoint.exists():
+        state, start, previous = load_checkpoint(checkpoint, state, key)
+        losses.append(previous)
+        print(f"{description}: resuming from step {start} ({checkpoint})")
+    compile_seconds = compile_chunks(run_chunk, state, keys, start, chunk)
+    print(f"{description}: compiled the training chunks in {compile_seconds:.1f} s")
+    seconds = 0.0
+    last_saved = start
+    with tqdm(total=steps, initial=start, desc=description, unit="step") as bar:
+        for first in range(start, steps, chunk):
+            chunk_keys = keys[first : first + chunk]
+            began = time.perf_counter()
+            state, chunk_losses = run_chunk(state, chunk_keys)
+            chunk_losses = np.asarray(chunk_losses)
+            seconds += time.perf_counter() - began
+            losses.append(chunk_losses)
+            postfix = {"loss": f"{chunk_losses[-1]:.3e}"}
+            if evaluate is not None:
+                evaluations.append((first + len(chunk_losses), float(evaluate(_on_first_device(state)))))
+                postfix["eval"] = f"{evaluations[-1][1]:.4f}"
+            bar.update(len(chunk_losses))
+            bar.set_postfix(postfix)
+            done = first + len(chunk_losses)
+            if checkpoint is not None and (
+                done == steps or (checkpoint_every and done - last_saved >= checkpoint_every)
+            ):
+                save_checkpoint(checkpoint, state, done, key, np.concatenate(losses))
+                last_saved = done
+    return TrainingRun(
+        _on_first_device(state), np.concatenate(losses), seconds, steps - start, evaluations, compile_seconds
+    )
+
+
+def _on_first_device(tree: Any) -> Any:
+    return jax.device_put(tree, jax.devices()[0])

@@ -1,0 +1,218 @@
+"""A Slang function over a grid as JAX primitives, and the rules that differentiate it.
+
+``slang_call_p`` calls the function, ``slang_tangent_p`` runs its ``fwd_diff`` (linear in the
+tangents) and ``slang_cotangent_p`` its ``bwd_diff``. ``slang_call_p``'s JVP emits
+``slang_tangent_p``, whose transpose emits ``slang_cotangent_p``, so ``jax.jvp`` runs forward mode
+and ``jax.grad`` reverse mode through Slang's own derivatives, as JAX's ``lax`` primitives do. Under
+``jax.vmap`` the mapped axis becomes a leading axis of the same grid: one launch. Each lowers to a
+generated kernel (``slax/_codegen.py``) run by ``slang_kernel_p``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad, mlir
+
+from slax._codegen import Broadcast, KernelNames, Mode, kernel_source, operand_leaves, result_leaves
+from slax._compile import KernelSpec
+from slax._config import LaunchRoutes
+from slax._kernel_primitive import run_kernel
+from slax._primitive import check_finite, declare_primitive, result_aval
+from slax._signature import Leaf, Signature
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSpec:
+    """A Slang function that primitives call.
+
+    Attributes:
+      path: its module file.
+      signature: its array signature.
+      content: the content key of the module as loaded (:mod:`slax._sources`): a primitive, and
+        every cache of compiled code, tells an edited module's functions from the old ones by it.
+      names: the identifiers its generated kernels declare (none of them the user's).
+    """
+
+    path: str
+    signature: Signature
+    content: str
+    names: KernelNames = KernelNames()
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+
+def _grid_of(operands_shapes, leaves: list[Leaf]) -> tuple[int, ...]:
+    grids = [shape[: len(shape) - len(leaf.shape)] for shape, leaf in zip(operands_shapes, leaves)]
+    return tuple(np.broadcast_shapes(*grids)) if grids else ()
+
+
+def _abstract_eval(*operands, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):
+    grid = _grid_of([o.shape for o in operands], operand_leaves(function.signature, mode))
+    return [
+        result_aval(grid + leaf.shape, leaf.dtype, operands)
+        for leaf in result_leaves(function.signature, mode)
+    ]
+
+
+@functools.cache
+def _function_kernel(function: FunctionSpec, mode: Mode, broadcast: Broadcast) -> KernelSpec:
+    source = kernel_source(function.path, function.signature, mode, broadcast, function.names)
+    entry = function.names.entry(function.signature, mode)
+    return KernelSpec(entry, path=function.path, source=source, content=function.content)
+
+
+def _run_function(*operands, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):
+    leaves = operand_leaves(function.signature, mode)
+    grid = _grid_of([o.shape for o in operands], leaves)
+    broadcast = []
+    for operand, leaf in zip(operands, leaves):
+        own = operand.shape[: operand.ndim - len(leaf.shape)]
+        own = (1,) * (len(grid) - len(own)) + tuple(own)
+        broadcast.append(tuple(own[d] == 1 and grid[d] != 1 for d in range(len(grid))))
+    names = function.names
+    count = math.prod(grid)
+    scalars = ((names.count, count), *((names.grid(d), n) for d, n in enumerate(grid)))
+    results = tuple((grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode))
+    spec = _function_kernel(function, mode, tuple(broadcast))
+    return run_kernel(spec, operands, results, count, scalars, routes=routes)
+
+
+def _batch_as_grid_axis(primitive, args, dims, *, function: FunctionSpec, routes: LaunchRoutes):
+    """Batches by turning the vmapped axis into a leading grid axis of the same kernel."""
+    leaves = operand_leaves(function.signature, _MODES[primitive])
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    rank = max(
+        (a.ndim - (d is not None) - len(leaf.shape) for a, d, leaf in zip(args, dims, leaves)),
+        default=0,
+    )
+    moved = []
+    for arg, dim, leaf in zip(args, dims, leaves):
+        if dim is None:
+            moved.append(arg)
+            continue
+        arg = jnp.moveaxis(arg, dim, 0)
+        own_rank = arg.ndim - 1 - len(leaf.shape)
+        moved.append(arg.reshape((size,) + (1,) * (rank - own_rank) + arg.shape[1:]))
+    outputs = primitive.bind(*moved, function=function, routes=routes)
+    return outputs, [0] * len(outputs)
+
+
+# --- differentiation ------------------------------------------------------------------------------
+
+
+def _differentiable_mask(values) -> list[bool]:
+    """Per leaf of ``values``: does it take part in differentiation (its kernel operand or result)?"""
+    return [not value.no_diff and leaf.differentiable for value in values for leaf in value.leaves]
+
+
+def _num_primals(function: FunctionSpec) -> int:
+    return sum(len(v.leaves) for v in function.signature.inputs)
+
+
+def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
+    if not function.signature.differentiable:
+        raise TypeError(
+            f"slax: Slang function {function.name!r} is not differentiable; mark it "
+            "[Differentiable] in Slang to take its derivatives with jax.grad/jax.jvp."
+        )
+    outputs = slang_call_p.bind(*primals, function=function, routes=routes)
+    mask = _differentiable_mask(function.signature.inputs)
+    live = [t for t, diff in zip(tangents, mask) if diff]
+    out_mask = _differentiable_mask(function.signature.outputs)
+    if all(type(t) is ad.Zero for t in live) or not any(out_mask):
+        return outputs, [_zero_tangent(o) for o in outputs]
+    live = [ad.instantiate_zeros(t) for t in live]
+    computed = slang_tangent_p.bind(*primals, *live, function=function, routes=routes)
+    check_finite(
+        f"fwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *live], computed
+    )
+    diff_tangents = iter(computed)
+    out_tangents = [next(diff_tangents) if diff else _zero_tangent(o) for o, diff in zip(outputs, out_mask)]
+    return outputs, out_tangents
+
+
+def _zero_tangent(primal) -> ad.Zero:
+    return ad.Zero(jax.typeof(primal).to_tangent_aval())
+
+
+def _tangent_transpose(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
+    primals, tangents = operands[: _num_primals(function)], operands[_num_primals(function) :]
+    if any(ad.is_undefined_primal(p) for p in primals):
+        raise NotImplementedError(
+            f"slax: cannot transpose the derivative of {function.name!r} with respect to its "
+            "primal inputs (a higher-order derivative that slax does not support)."
+        )
+    cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
+    grads = slang_cotangent_p.bind(*primals, *cotangents, function=function, routes=routes)
+    check_finite(
+        f"bwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *cotangents], grads
+    )
+    return [None] * len(primals) + [
+        _sum_to_shape(g, t.aval.shape) if ad.is_undefined_primal(t) else None for g, t in zip(grads, tangents)
+    ]
+
+
+def _sum_to_shape(grad: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Sums a full-grid gradient over the axes its operand was broadcast along."""
+    extra = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(extra))) if extra else grad
+    axes = tuple(d for d, n in enumerate(shape) if n == 1 and grad.shape[d] != 1)
+    return grad.sum(axis=axes, keepdims=True) if axes else grad
+
+
+def _tangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
+    what = "forward-over-forward (e.g. jax.jacfwd of jax.jvp)"
+    return _linear_part_jvp(slang_tangent_p, what, primals, tangents, function, routes)
+
+
+def _cotangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
+    what = "derivatives of its gradient, e.g. jax.hessian or jax.jacrev(jax.grad(f))"
+    return _linear_part_jvp(slang_cotangent_p, what, primals, tangents, function, routes)
+
+
+def _linear_part_jvp(primitive, what, primals, tangents, function, routes):
+    """A derivative primitive is linear in its tangent or cotangent operands, whose tangents it
+    passes on; a tangent of its primal operands is a second derivative, which slax refuses."""
+    num_primals = _num_primals(function)
+    if any(type(t) is not ad.Zero for t in tangents[:num_primals]):
+        raise NotImplementedError(
+            f"slax: second derivatives of Slang function {function.name!r} are not supported "
+            f"({what}); slax differentiates Slang functions once, in either mode."
+        )
+    outputs = primitive.bind(*primals, function=function, routes=routes)
+    linear = [ad.instantiate_zeros(t) for t in tangents[num_primals:]]
+    return outputs, primitive.bind(*primals[:num_primals], *linear, function=function, routes=routes)
+
+
+def _no_reverse_over_reverse(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
+    raise NotImplementedError(
+        f"slax: second derivatives of Slang function {function.name!r} are not supported "
+        "(reverse-over-reverse, e.g. jax.jacrev(jax.grad(f))); slax differentiates Slang functions "
+        "once, in either mode."
+    )
+
+
+def _declare(name: str, mode: Mode, **rules):
+    return declare_primitive(
+        name,
+        abstract_eval=functools.partial(_abstract_eval, mode=mode),
+        lowering=mlir.lower_fun(functools.partial(_run_function, mode=mode), multiple_results=True),
+        batching_rule=_batch_as_grid_axis,
+        **rules,
+    )
+
+
+slang_call_p = _declare("slang_call", Mode.PRIMAL, jvp=_call_jvp)
+slang_tangent_p = _declare("slang_tangent", Mode.TANGENT, jvp=_tangent_jvp, transpose=_tangent_transpose)
+slang_cotangent_p = _declare(
+    "slang_cotangent", Mode.COTANGENT, jvp=_cotangent_jvp, transpose=_no_reverse_over_reverse
+)
+_MODES = {slang_call_p: Mode.PRIMAL, slang_tangent_p: Mode.TANGENT, slang_cotangent_p: Mode.COTANGENT}

@@ -1,0 +1,137 @@
+"""``slang_kernel_p``: one launch of a compute kernel (slax calling convention) as a JAX primitive.
+
+Every slax computation reaches XLA through it: hand-written kernels (``module.kernel(...)``) bind it
+directly, Slang functions and the MLP lower to it. It runs the kernel on its operands and returns
+fresh result arrays (or operands updated in place); its lowering hands the launch to the launcher
+of the platform and the routes it was traced with (``slax/_launch.py``).
+
+Under ``jax.vmap`` it runs one launch per example (a ``lax.map``): a kernel's threads index its
+buffers as the kernel alone knows, so slax cannot widen the launch. It has no derivative: a
+hand-written kernel differentiates through a ``jax.custom_vjp`` its caller attaches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.interpreters import mlir
+
+from slax._compile import Aliases, KernelSpec, Scalars
+from slax._config import LaunchRoutes
+from slax._launch import launcher_for
+from slax._primitive import declare_primitive, result_aval
+
+Results = tuple[tuple[tuple[int, ...], str], ...]
+"""(shape, dtype name) of each result."""
+
+
+def run_kernel(
+    spec: KernelSpec,
+    operands,
+    results: Results,
+    count: int,
+    scalars: Scalars = (),
+    aliases: Aliases = (),
+    *,
+    routes: LaunchRoutes,
+) -> list[jax.Array]:
+    """Runs the kernel ``spec`` with ``count`` threads; returns arrays of shapes/dtypes ``results``.
+
+    ``aliases`` pairs (operand index, result index): that result is the operand's buffer, which the
+    kernel updates in place through the operand's pointer (the result gets no pointer of its own).
+    ``routes``: how the launch is lowered on each platform (``slax._config.current_routes()`` in an
+    entry point; a primitive that lowers to this passes on its own).
+    """
+    return slang_kernel_p.bind(
+        *operands, spec=spec, results=results, scalars=scalars, count=count, aliases=aliases, routes=routes
+    )
+
+
+def _abstract_eval(*operands, spec, results, scalars, count, aliases, routes):
+    del spec, scalars, count, aliases, routes
+    return [result_aval(shape, dtype, operands) for shape, dtype in results]
+
+
+def _lowering(ctx, *operands, spec, results, scalars, count, aliases, routes, platform):
+    del results  # ctx.avals_out
+    _require_one_device_per_kernel(ctx.module_context.axis_context, spec)
+    if count == 0:
+        return _lower_empty_launch(ctx, *operands, aliases=aliases)
+    launcher = launcher_for(platform, routes)
+    return launcher.lower(ctx, operands, spec=spec, scalars=scalars, count=count, aliases=aliases)
+
+
+def _lower_empty_launch(ctx, *operands, aliases):
+    """No threads, no launch, on every route: results updated in place are their operands
+    unchanged, fresh results are zeros (never uninitialised memory)."""
+    in_place = {result: operand for operand, result in aliases}
+    avals = ctx.avals_out
+
+    def unchanged_or_zero(*arrays):
+        return [
+            arrays[in_place[k]] if k in in_place else jnp.zeros(a.shape, a.dtype) for k, a in enumerate(avals)
+        ]
+
+    return mlir.lower_fun(unchanged_or_zero, multiple_results=True)(ctx, *operands)
+
+
+def _require_one_device_per_kernel(axis_context, spec: KernelSpec) -> None:
+    """XLA cannot split a Python callback over devices; under automatic (GSPMD) partitioning it
+    would run the whole kernel on gathered data on every device. Refuse, and say what works."""
+    devices = getattr(axis_context, "num_devices", 1)
+    mesh = getattr(axis_context, "mesh", None)
+    if mesh is not None:
+        manual = set(getattr(axis_context, "manual_axes", ()))
+        devices = math.prod(size for name, size in mesh.shape.items() if name not in manual)
+    if devices > 1:
+        raise ValueError(
+            f"slax: the Slang kernel {spec.entry!r} is being partitioned automatically over {devices} "
+            "devices (jax.jit with sharded inputs), which slax does not support; call it inside "
+            "jax.shard_map so that each device runs it on its own shard (slax.data_parallel does "
+            "so for a loss and its gradient), or place the inputs on one device."
+        )
+
+
+def _batch_by_loop(primitive, args, dims, *, aliases, **params):
+    """One launch per example, in a ``lax.map``: the batched operands (and operands updated in
+    place, which every example updates) sliced, the others shared."""
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    aliased = {operand for operand, _ in aliases}
+    sliced = [k for k, d in enumerate(dims) if d is not None or k in aliased]
+    stacked = [
+        jnp.moveaxis(args[k], dims[k], 0)
+        if dims[k] is not None
+        else jnp.broadcast_to(args[k], (size, *args[k].shape))
+        for k in sliced
+    ]
+
+    def one_example(slices):
+        operands = list(args)
+        for k, value in zip(sliced, slices):
+            operands[k] = value
+        return primitive.bind(*operands, aliases=aliases, **params)
+
+    outputs = jax.lax.map(one_example, stacked)
+    return outputs, [0] * len(outputs)
+
+
+def _no_derivative(primals, tangents, *, spec, **params):
+    raise TypeError(
+        f"slax: Slang kernel {spec.entry!r} ({spec.path}) has no derivative: slax differentiates "
+        "Slang functions (module.function(...)), not hand-written kernels. To differentiate through "
+        "a kernel call, attach a derivative with jax.custom_vjp: decorate a function that calls the "
+        "kernel with @jax.custom_vjp and give it f.defvjp(forward, backward), where backward "
+        "computes the cotangents of its inputs (with another kernel, or in JAX)."
+    )
+
+
+slang_kernel_p = declare_primitive(
+    "slang_kernel",
+    abstract_eval=_abstract_eval,
+    lowering=_lowering,
+    platforms=("cpu", "cuda"),
+    batching_rule=_batch_by_loop,
+    jvp=_no_derivative,
+)

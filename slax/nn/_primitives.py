@@ -1,0 +1,203 @@
+"""The MLP's JAX primitives: forward, backward and fused loss-and-gradient.
+
+Each takes the input batch (and ``dy`` or the target), then every layer's weight and bias, and
+lowers to one launch of its kernel (slax/nn/_kernels.py) through ``slang_kernel_p``, like every
+slax kernel. ``sizes`` and ``dtype`` name the architecture; ``group_ndim`` leading axes of the
+data are groups (vmapped calls) whose gradients are summed apart.
+
+Gradients are summed without atomics: per thread group in a fixed order, then over groups by XLA,
+so they are bit-identical from run to run.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.interpreters import mlir
+
+from slax._compile import GROUP_SIZE, KernelSpec
+from slax._kernel_primitive import run_kernel
+from slax._primitive import declare_primitive, result_aval
+from slax.nn._kernels import layer_pairs, mlp_source, parameter_offsets
+
+
+@functools.cache
+def _kernel(sizes: tuple[int, ...], dtype: str, entry: str) -> KernelSpec:
+    return KernelSpec(entry, source=mlp_source(sizes, dtype))
+
+
+def _param_shapes(sizes):
+    return [shape for i, o in layer_pairs(sizes) for shape in ((o, i), (o,))]
+
+
+def _packed(params) -> jax.Array:
+    """The parameters as the kernels read them: one flat array (slax/nn/_kernels.py)."""
+    return jnp.concatenate([p.reshape(-1) for p in params])
+
+
+def _unpacked(flat: jax.Array, sizes, leading: tuple[int, ...]) -> list[jax.Array]:
+    """Per-layer weight and bias arrays from the last axis of the flat layout."""
+    offsets, _ = parameter_offsets(sizes)
+    arrays = []
+    for (w, b), (n_in, n_out) in zip(offsets, layer_pairs(sizes)):
+        arrays.append(flat[..., w:b].reshape(leading + (n_out, n_in)))
+        arrays.append(flat[..., b : b + n_out].reshape(leading + (n_out,)))
+    return arrays
+
+
+def _grad_shapes(x, sizes, group_ndim):
+    groups = x.shape[:group_ndim]
+    return [groups + shape for shape in _param_shapes(sizes)]
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+
+def _forward_abstract_eval(x, *params, sizes, dtype, routes):
+    return result_aval(x.shape[:-1] + (sizes[-1],), dtype, (x, *params))
+
+
+def _forward(x, *params, sizes, dtype, routes):
+    count = math.prod(x.shape[:-1])
+    (y,) = run_kernel(
+        _kernel(sizes, dtype, "mlp_forward"),
+        [x, _packed(params)],
+        ((x.shape[:-1] + (sizes[-1],), dtype),),
+        count,
+        (("count", count),),
+        routes=routes,
+    )
+    return y
+
+
+# --- gradients ----------------------------------------------------------------------------------
+
+
+def _backward_abstract_eval(x, dy, *params, sizes, dtype, group_ndim, routes):
+    operands = (x, dy, *params)
+    return [result_aval(x.shape, x.dtype, operands)] + [
+        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
+    ]
+
+
+def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
+    operands = (x, target, *params)
+    return [result_aval(x.shape[:-1], jnp.float32, operands)] + [
+        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
+    ]
+
+
+def _run_gradient_kernel(entry, operands, extra_result, x, sizes, dtype, group_ndim, routes, scalars=()):
+    """Launches ``mlp_backward`` or ``mlp_loss_grad`` (see slax/nn/_kernels.py for the layout) and
+    sums the per-thread-group partial gradients of each group."""
+    groups = math.prod(x.shape[:group_ndim])
+    per_group = math.prod(x.shape[:-1]) // max(groups, 1)
+    blocks = -(-per_group // GROUP_SIZE)
+    count = groups * blocks * GROUP_SIZE
+    _, total = parameter_offsets(sizes)
+    data, params = operands[:2], operands[2:]
+    partial, extra = run_kernel(
+        _kernel(sizes, dtype, entry),
+        [*data, _packed(params)],
+        (((groups * blocks, total), "float32"), extra_result),
+        count,
+        (
+            ("count", count),
+            ("samples_per_group", per_group),
+            ("padded_per_group", blocks * GROUP_SIZE),
+            *scalars,
+        ),
+        routes=routes,
+    )
+    summed = partial.reshape(x.shape[:group_ndim] + (blocks, total)).sum(axis=group_ndim)
+    return [extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
+
+
+def _backward(x, dy, *params, sizes, dtype, group_ndim, routes):
+    return _run_gradient_kernel(
+        "mlp_backward", [x, dy, *params], (x.shape, dtype), x, sizes, dtype, group_ndim, routes
+    )
+
+
+def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
+    return _run_gradient_kernel(
+        "mlp_loss_grad",
+        [x, target, *params],
+        (x.shape[:-1], "float32"),
+        x,
+        sizes,
+        dtype,
+        group_ndim,
+        routes,
+        (("loss_scale", float(loss_scale)),),
+    )
+
+
+def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
+    raise TypeError(
+        "slax.nn.mlp_loss_and_grad already returns the loss's gradient (from one Slang pass) and "
+        "cannot itself be differentiated (jax.grad, jax.jvp, jax.hessian): use the gradient it "
+        "returns, or to differentiate a loss of your own, write it "
+        "with slax.nn.mlp_apply, which jax.grad differentiates: "
+        "jax.grad(lambda p: jnp.mean(jnp.sum((nn.mlp_apply(p, x) - target) ** 2, -1)))(params)."
+    )
+
+
+# --- batching -----------------------------------------------------------------------------------
+
+
+def _move_to_front(args, dims, size):
+    """Batch axis first on every argument (broadcast where unbatched)."""
+    return [
+        jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size,) + a.shape)
+        for a, d in zip(args, dims)
+    ]
+
+
+def _batch_size(args, dims):
+    return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+
+def _batch_per_sample(primitive, args, dims, *, num_data, **params):
+    """vmap over data (not parameters) adds a leading group axis: one kernel launch for all."""
+    size = _batch_size(args, dims)
+    if any(d is not None for d in dims[num_data:]):
+        return _batch_by_loop(primitive, args, dims, **params)
+    data = _move_to_front(args[:num_data], dims[:num_data], size)
+    if "group_ndim" in params:
+        params = {**params, "group_ndim": params["group_ndim"] + 1}
+    outputs = primitive.bind(*data, *args[num_data:], **params)
+    return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
+
+
+def _batch_by_loop(primitive, args, dims, **params):
+    """Per-example parameters: one launch per example, in a lax.map."""
+    size = _batch_size(args, dims)
+    stacked = _move_to_front(args, dims, size)
+    outputs = jax.lax.map(lambda sliced: primitive.bind(*sliced, **params), stacked)
+    return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
+
+
+mlp_forward_p = declare_primitive(
+    "slang_mlp_forward",
+    abstract_eval=_forward_abstract_eval,
+    lowering=mlir.lower_fun(_forward, multiple_results=False),
+    batching_rule=functools.partial(_batch_per_sample, num_data=1),
+    multiple_results=False,
+)
+mlp_backward_p = declare_primitive(
+    "slang_mlp_backward",
+    abstract_eval=_backward_abstract_eval,
+    lowering=mlir.lower_fun(_backward, multiple_results=True),
+    batching_rule=functools.partial(_batch_per_sample, num_data=2),
+)
+mlp_loss_grad_p = declare_primitive(
+    "slang_mlp_loss_grad",
+    abstract_eval=_loss_grad_abstract_eval,
+    lowering=mlir.lower_fun(_loss_grad, multiple_results=True),
+    batching_rule=functools.partial(_batch_per_sample, num_data=2),
+    jvp=_loss_and_grad_is_not_differentiable,
+)

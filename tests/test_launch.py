@@ -1,0 +1,118 @@
+"""The launch route (slax/_launch.py, slax/_config.py): chosen in one place, from the platform and the
+routes a computation was traced with; part of what JAX traces, so changing it retraces.
+
+Lowering for CUDA itself is checked without a GPU in tests/test_ptx_launch.py (a jitted function
+lowered under each route in turn)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.extend.core import ClosedJaxpr, Jaxpr
+
+import slax
+from slax import nn
+from slax._bridge import HostCopyLauncher, ZeroCopyLauncher
+from slax._config import LaunchRoutes
+from slax._launch import launcher_for
+from slax._ptx_launch import PtxLauncher
+
+SLAX_PRIMITIVES = {
+    "slang_call",
+    "slang_cotangent",
+    "slang_kernel",
+    "slang_mlp_forward",
+    "slang_mlp_loss_grad",
+}
+
+
+@pytest.fixture(scope="module")
+def poly():
+    return slax.load_module("poly").polynomial
+
+
+@pytest.fixture(scope="module")
+def scale_shift():
+    kernel = slax.load_module("kernels/scale_shift.slang").kernel("scale_shift_float")
+    return lambda x: kernel(
+        x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, a=2.0, b=1.0
+    )[0]
+
+
+@pytest.fixture
+def default_devices(monkeypatch):
+    """slax's own choice of device per platform (a CUDA device for JAX on CUDA), whatever the
+    device fixture chose for CPU-placed JAX."""
+    monkeypatch.delenv("SLAX_DEVICE", raising=False)
+    slax.set_device_kind(None)
+
+
+def _slax_equations(jaxpr):
+    """Every equation of a slax primitive in ``jaxpr``, nested jaxprs (grad, custom_vjp) included."""
+    for equation in jaxpr.eqns:
+        if equation.primitive.name in SLAX_PRIMITIVES:
+            yield equation
+        for value in equation.params.values():
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, (ClosedJaxpr, Jaxpr)):
+                    yield from _slax_equations(getattr(item, "jaxpr", item))
+
+
+@pytest.mark.parametrize("route", slax.config.CUDA_LAUNCHES)
+def test_every_slax_primitive_is_traced_with_the_route(poly, scale_shift, route):
+    params = nn.mlp_init(jax.random.key(0), (4, 8, 4))
+
+    def program(x):
+        y = poly(2.0, 8.0, -1.0, x) + scale_shift(x)
+        loss, _ = nn.mlp_loss_and_grad(params, y.reshape(2, 4), y.reshape(2, 4))
+        return (
+            loss
+            + jax.grad(lambda x: poly(1.0, 2.0, 3.0, x).sum())(x).sum()
+            + nn.mlp_apply(params, x[:4]).sum()
+        )
+
+    with slax.config.override(cuda_launch=route):
+        jaxpr = jax.make_jaxpr(program)(jnp.linspace(-1, 1, 8))
+    equations = list(_slax_equations(jaxpr.jaxpr))
+    assert {e.primitive.name for e in equations} == SLAX_PRIMITIVES
+    assert {e.params["routes"] for e in equations} == {LaunchRoutes(cuda=route)}
+
+
+def test_changing_cuda_launch_retraces_a_jitted_function(poly):
+    """A jitted function traced under one route is traced again under the other (JAX's caches are
+    keyed by the routes), and reused when the first route comes back."""
+    traced = []
+
+    @jax.jit
+    def f(x):
+        traced.append(slax.config.cuda_launch)
+        return poly(2.0, 8.0, -1.0, x)
+
+    x = jnp.arange(4.0)
+    other = "ptx" if slax.config.cuda_launch == "slangpy" else "slangpy"
+    first = slax.config.cuda_launch
+    f(x)
+    f(x)
+    with slax.config.override(cuda_launch=other):
+        f(x)
+        routes = [e.params["routes"] for e in _slax_equations(f.trace(x).jaxpr.jaxpr)]
+    f(x)
+    assert traced == [first, other]
+    assert routes == [LaunchRoutes(cuda=other)]
+
+
+def test_the_launcher_follows_the_platform_and_the_routes(default_devices):
+    for route in slax.config.CUDA_LAUNCHES:
+        assert isinstance(launcher_for("cpu", LaunchRoutes(cuda=route)), HostCopyLauncher)
+    assert isinstance(launcher_for("cuda", LaunchRoutes(cuda="slangpy")), ZeroCopyLauncher)
+    assert isinstance(launcher_for("cuda", LaunchRoutes(cuda="ptx")), PtxLauncher)
+    assert launcher_for("cuda", LaunchRoutes(cuda="ptx")) is launcher_for("cuda", LaunchRoutes(cuda="ptx"))
+
+
+@pytest.mark.parametrize("route", slax.config.CUDA_LAUNCHES)
+def test_launch_route_names_the_route_taken(default_devices, device_kind, route):
+    with slax.config.override(cuda_launch=route):
+        assert slax.launch_route("cpu") == "host-copy"
+        assert slax.launch_route("cuda") == route
+        assert slax.launch_route() == (route if device_kind == "cuda" else "host-copy")
