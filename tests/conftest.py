@@ -58,7 +58,18 @@ def _device_kinds() -> list[str]:
     return kinds
 
 
-@pytest.fixture(params=_device_kinds(), autouse=True)
+def pytest_generate_tests(metafunc):
+    """Every test runs on each device kind under test (:func:`device_kind`), but tests marked
+    ``one_device_kind`` (which choose their devices themselves, in the processes they start) run
+    once, on the first kind."""
+    if "device_kind" in metafunc.fixturenames:
+        kinds = _device_kinds()
+        if metafunc.definition.get_closest_marker("one_device_kind"):
+            kinds = kinds[:1]
+        metafunc.parametrize("device_kind", kinds, indirect=True)
+
+
+@pytest.fixture(autouse=True)
 def device_kind(request, monkeypatch):
     """The SlangPy device kind under test, for this process (``slax.config.device_kind``) and the
     processes tests start (``SLAX_DEVICE``): on CPU machines each test runs on Vulkan (lavapipe) and
