@@ -76,7 +76,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
         "--devices",
         type=int,
         default=None,
-        help="split each batch over a mesh of this many JAX devices with shard_map (data parallel; "
+        help="split each batch over a mesh of this many JAX devices (data parallel, under plain jax.jit; "
         "1 is a one-device mesh); default: no mesh",
     )
 

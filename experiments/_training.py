@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import optax
 from _checkpoints import load_checkpoint, save_checkpoint
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 Batch = tuple[jax.Array, jax.Array]
 LossAndGrad = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]
@@ -29,18 +30,35 @@ def cast(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(lambda a: a.astype(dtype), tree)
 
 
+def batch_sharding(devices: int | None) -> NamedSharding | None:
+    """Where ``--devices N`` puts each batch: split along its first axis over a mesh of the first
+    ``N`` devices (``None``: no mesh). The step stays a plain ``jax.jit``: slax's calls partition
+    themselves by the batch's sharding, and XLA partitions the plain-JAX model. The mesh's axis is
+    automatic, so plain JAX code (the twins' gradients contract over the batch) needs no
+    explicit-sharding annotations."""
+    if devices is None:
+        return None
+    mesh = jax.make_mesh((devices,), ("data",), devices=jax.devices()[:devices], axis_types=(AxisType.Auto,))
+    return NamedSharding(mesh, PartitionSpec("data"))
+
+
 def training_step(
     loss_and_grad: LossAndGrad,
     optimizer: optax.GradientTransformation,
     draw_batch: Callable[[jax.Array], Batch],
+    sharding: NamedSharding | None = None,
 ) -> Step:
     """``step(state, key) -> (state, loss)`` for ``lax.scan``: draws a batch ``(x, y)`` with
-    ``draw_batch(key)``, computes ``loss_and_grad(params, x, y)`` and applies one ``optimizer``
-    update to ``state = (params, optimizer state)``."""
+    ``draw_batch(key)`` (placed with ``sharding``, if given: see :func:`batch_sharding`), computes
+    ``loss_and_grad(params, x, y)`` and applies one ``optimizer`` update to
+    ``state = (params, optimizer state)``."""
 
     def step(state, key):
         params, opt_state = state
-        loss, grads = loss_and_grad(params, *draw_batch(key))
+        batch = draw_batch(key)
+        if sharding is not None:
+            batch = jax.lax.with_sharding_constraint(batch, sharding)
+        loss, grads = loss_and_grad(params, *batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), loss
 
@@ -130,9 +148,6 @@ def train_in_chunks(
     checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
     to an uninterrupted one.
 
-    ``evaluate`` sees, and the result holds, the state on JAX's first device: after data-parallel
-    steps it is replicated over a mesh, and a slax kernel called on it under plain ``jax.jit``
-    would be refused (XLA would partition it automatically).
     """
     try:
         from tqdm.auto import tqdm
@@ -166,7 +181,7 @@ def train_in_chunks(
             losses.append(chunk_losses)
             postfix = {"loss": f"{chunk_losses[-1]:.3e}"}
             if evaluate is not None:
-                evaluations.append((first + len(chunk_losses), float(evaluate(_on_first_device(state)))))
+                evaluations.append((first + len(chunk_losses), float(evaluate(state))))
                 postfix["eval"] = f"{evaluations[-1][1]:.4f}"
             bar.update(len(chunk_losses))
             bar.set_postfix(postfix)
@@ -176,10 +191,4 @@ def train_in_chunks(
             ):
                 save_checkpoint(checkpoint, state, done, key, np.concatenate(losses))
                 last_saved = done
-    return TrainingRun(
-        _on_first_device(state), np.concatenate(losses), seconds, steps - start, evaluations, compile_seconds
-    )
-
-
-def _on_first_device(tree: Any) -> Any:
-    return jax.device_put(tree, jax.devices()[0])
+    return TrainingRun(state, np.concatenate(losses), seconds, steps - start, evaluations, compile_seconds)

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _checkpoints import checkpoint_path
-from _training import cast, train_in_chunks, training_step
+from _training import batch_sharding, cast, train_in_chunks, training_step
 
-from slax import data_parallel, nn
+from slax import nn
 
 SIZES = (64, 128, 64, 10)
 
@@ -130,14 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     results, losses, accuracy_curves, confusion = {}, {}, {}, {}
     for name in ("slax", "jax"):
         logits, loss_and_grad = make_model(name, dtype)
-        loss_and_grad = data_parallel(loss_and_grad, args.devices)
         predict = jax.jit(lambda params, logits=logits: jnp.argmax(logits(params, x_test), axis=-1))
 
         def accuracy(state, predict=predict):
             return float(jnp.mean(predict(state[0]) == y_test))
 
         run = train_in_chunks(
-            training_step(loss_and_grad, optimizer, draw_batch),
+            training_step(loss_and_grad, optimizer, draw_batch, batch_sharding(args.devices)),
             (params, optimizer.init(params)),
             data_key,
             args.steps,

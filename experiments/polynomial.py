@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _checkpoints import checkpoint_path
-from _training import cast, train_in_chunks, training_step
+from _training import batch_sharding, cast, train_in_chunks, training_step
 
-from slax import data_parallel, nn
+from slax import nn
 
 SIZES = (4, 16, 4)
 TARGET_NAMES = ("(x+y)/(1+y^2)", "2x+y", "0.5x^2+1.2y", "x+0.5y^2")
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     init_key, data_key, test_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
-    fns = {name: data_parallel(fn, args.devices) for name, fn in loss_and_grad_fns(args.dtype).items()}
+    fns = loss_and_grad_fns(args.dtype)
+    sharding = batch_sharding(args.devices)
     disagreement = grad_disagreement(fns, params, grad_key, args.batch)
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
-        step = training_step(fn, optimizer, lambda key: sample(key, args.batch))
+        step = training_step(fn, optimizer, lambda key: sample(key, args.batch), sharding)
         run = train_in_chunks(
             step,
             (params, optimizer.init(params)),

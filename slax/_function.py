@@ -15,9 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import slangpy as spy
 
+from slax._codegen import Mode, result_leaves
 from slax._config import current_routes
 from slax._function_primitives import FunctionSpec, slang_call_p
 from slax._primitive import check_finite, vary_alike
+from slax._sharding import across_devices
 from slax._signature import (
     SLANG_SCALAR_FOR_DTYPE,
     Leaf,
@@ -70,11 +72,22 @@ class SlangFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         bound = self._bind(args, kwargs)
         signature, operands = self._resolve(bound)
-        self._require_one_grid(signature, operands)
-        operands = vary_alike(operands)
+        grids = self._require_one_grid(signature, operands)
         spec = FunctionSpec(self.module.path, signature, self.module.content, self.module._names)
-        flat = slang_call_p.bind(*operands, function=spec, routes=current_routes())
-        check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
+        routes = current_routes()
+
+        def call(axes, *operands):
+            del axes  # elementwise over the grid: nothing sums over the batch
+            operands = vary_alike(list(operands))
+            flat = slang_call_p.bind(*operands, function=spec, routes=routes)
+            check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
+            return flat
+
+        grid = np.broadcast_shapes(*grids) if grids else ()
+        # The grid's first axis is the batch; an argument broadcast along it is replicated.
+        batched = [len(own) == len(grid) and own[0] == grid[0] != 1 for own in grids] if grid else []
+        outputs = len(result_leaves(signature, Mode.PRIMAL))
+        flat = across_devices(call, operands, batched or [False] * len(operands), [bool(grid)] * outputs)
         return self._unflatten(signature, flat)
 
     @property
@@ -199,8 +212,9 @@ class SlangFunction:
             )
         return array
 
-    def _require_one_grid(self, signature: Signature, operands: list[jax.Array]) -> None:
-        """Raises ValueError, naming each argument's grid, if the arguments do not broadcast."""
+    def _require_one_grid(self, signature: Signature, operands: list[jax.Array]) -> list[tuple[int, ...]]:
+        """Each operand's grid (its shape but the Slang type's); raises ValueError, naming each
+        argument's grid, if they do not broadcast."""
         labelled = []
         shapes = []
         leaves = [(v, leaf) for v in signature.inputs for leaf in v.leaves]
@@ -215,6 +229,7 @@ class SlangFunction:
                 f"slax: the arguments of {self.name}() do not broadcast to one call grid; their "
                 f"grid shapes (shape without the Slang type's own dims) are {'; '.join(labelled)}."
             ) from None
+        return shapes
 
     def _unflatten(self, signature: Signature, flat: list[jax.Array]) -> Any:
         flat_iter = iter(flat)

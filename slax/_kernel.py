@@ -14,6 +14,7 @@ from slax._compile import KernelSpec, entry_point_parameters
 from slax._config import current_routes
 from slax._kernel_primitive import run_kernel
 from slax._primitive import check_finite, vary_alike
+from slax._sharding import across_devices
 from slax._signature import SLANG_SCALAR_FOR_DTYPE, exact_number
 
 _DTYPE_FOR_SLANG_SCALAR = {name: dtype for dtype, name in SLANG_SCALAR_FOR_DTYPE.items()}
@@ -137,12 +138,20 @@ class SlangKernel:
             )
         )
         result_specs = tuple((tuple(r.shape), str(np.dtype(r.dtype))) for r in results)
-        arrays = vary_alike(arrays)
-        outputs = run_kernel(
-            self._spec, arrays, result_specs, threads, scalar_args, aliases, routes=current_routes()
-        )
-        check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
-        return outputs
+        routes = current_routes()
+
+        def call(axes, *arrays):
+            del axes
+            arrays = vary_alike(list(arrays))
+            outputs = run_kernel(
+                self._spec, arrays, result_specs, threads, scalar_args, aliases, routes=routes
+            )
+            check_finite(f"Slang kernel {self.entry!r} ({self.module.path})", arrays, outputs)
+            return outputs
+
+        # slax cannot know how a hand-written kernel's threads map to its buffers: on sharded
+        # arrays it runs whole, on every device, on gathered operands (correct, not partitioned).
+        return across_devices(call, arrays, [False] * len(arrays), [False] * len(results))
 
     def _scalar(self, name: str, value: Any) -> np.ndarray:
         """``value`` for the scalar parameter ``name``, refused where its Slang type would change it."""

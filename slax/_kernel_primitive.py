@@ -78,8 +78,10 @@ def _lower_empty_launch(ctx, *operands, aliases):
 
 
 def _require_one_device_per_kernel(axis_context, spec: KernelSpec) -> None:
-    """XLA cannot split a Python callback over devices; under automatic (GSPMD) partitioning it
-    would run the whole kernel on gathered data on every device. Refuse, and say what works."""
+    """XLA cannot split a kernel over devices; slax's entry points partition their calls over the
+    mesh the arguments' types carry (slax/_sharding.py), so a kernel reaching XLA's partitioner
+    unpartitioned had arguments that carried none. Refuse (XLA would run it whole on gathered data
+    on every device, or not at all), and say what works."""
     devices = getattr(axis_context, "num_devices", 1)
     mesh = getattr(axis_context, "mesh", None)
     if mesh is not None:
@@ -87,10 +89,12 @@ def _require_one_device_per_kernel(axis_context, spec: KernelSpec) -> None:
         devices = math.prod(size for name, size in mesh.shape.items() if name not in manual)
     if devices > 1:
         raise ValueError(
-            f"slax: the Slang kernel {spec.entry!r} is being partitioned automatically over {devices} "
-            "devices (jax.jit with sharded inputs), which slax does not support; call it inside "
-            "jax.shard_map so that each device runs it on its own shard (slax.data_parallel does "
-            "so for a loss and its gradient), or place the inputs on one device."
+            f"slax: the Slang kernel {spec.entry!r} is being partitioned over {devices} devices, but "
+            "its arguments' types carry no mesh (jax.typeof(x).sharding), which is what slax "
+            "partitions its calls by, and no mesh is set. Put the batch on a mesh "
+            "(jax.device_put(x, NamedSharding(mesh, PartitionSpec('data')))) before the jitted "
+            "call, or call it under `with jax.set_mesh(mesh):` (needed with jax.jit's "
+            "in_shardings), or inside jax.shard_map, or place the inputs on one device."
         )
 
 

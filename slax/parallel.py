@@ -1,9 +1,8 @@
 """Data parallelism for slax losses: a batch split over JAX devices with ``jax.shard_map``.
 
-XLA cannot split a slax kernel over devices by itself (``jax.jit`` over batch-sharded inputs is
-refused at trace time): each device must run the kernels on its own shard, inside
-``jax.shard_map``. :func:`data_parallel` does that for the common case, a function returning a
-batch's loss and its gradient.
+Under plain ``jax.jit`` over a batch-sharded array each slax call partitions itself
+(``slax/_sharding.py``); :func:`data_parallel` is the explicit form for the common case, a function
+returning a batch's loss and its gradient, on a mesh of its own over the first ``devices`` devices.
 """
 
 from __future__ import annotations

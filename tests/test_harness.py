@@ -25,7 +25,7 @@ from _checkpoints import (
     previous_checkpoint,
     save_checkpoint,
 )
-from _helpers import ROOT, run_python
+from _helpers import ROOT, python_env, run_python
 from _training import train_in_chunks
 
 
@@ -117,6 +117,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     process = subprocess.Popen(
         [sys.executable, *args, "--out", str(interrupted)],
         cwd=ROOT,
+        env=python_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from slax._config import current_routes
 from slax._primitive import check_finite, vary_alike
+from slax._sharding import across_devices
 from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, widest_layer_error
 from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
 
@@ -67,7 +68,15 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     replicated params are summed over the mesh, as JAX does).
     """
     _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
-    return _mlp_apply(*vary_alike((params, x)))
+    leaves = [*_flat(params), x]
+
+    def call(axes, *leaves):
+        del axes  # per sample: nothing sums over the batch (jax.grad sums params' gradients)
+        *flat, x = vary_alike(list(leaves))
+        return [_mlp_apply(_unflat(flat), x)]
+
+    has_batch = x.ndim > 1
+    return across_devices(call, leaves, [False] * (len(leaves) - 1) + [has_batch], [has_batch])[0]
 
 
 @jax.custom_vjp
@@ -116,20 +125,31 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (sizes[-1],)} and "
             f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
         )
-    batch = math.prod(x.shape[:-1])
-    params, x, target = vary_alike((params, x, target))
-    losses, *grads = mlp_loss_grad_p.bind(
-        x,
-        target,
-        *_flat(params),
-        sizes=sizes,
-        dtype=dtype,
-        group_ndim=0,
-        loss_scale=1.0 / max(batch, 1),
-        routes=current_routes(),
-    )
-    check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *_flat(params)], [losses, *grads])
-    return jnp.mean(losses), _unflat(grads)
+    routes = current_routes()
+
+    def call(axes, x, target, *flat):
+        """The mean loss and its gradient over this device's samples, then over the devices
+        (``axes``; equal shards, so the mean of means is the batch's mean)."""
+        x, target, *flat = vary_alike([x, target, *flat])
+        losses, *grads = mlp_loss_grad_p.bind(
+            x,
+            target,
+            *flat,
+            sizes=sizes,
+            dtype=dtype,
+            group_ndim=0,
+            loss_scale=1.0 / max(math.prod(x.shape[:-1]), 1),
+            routes=routes,
+        )
+        check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *flat], [losses, *grads])
+        loss = jnp.mean(losses)
+        return [jax.lax.pmean(v, axes) if axes else v for v in (loss, *grads)]
+
+    has_batch = x.ndim > 1
+    leaves = [x, target, *_flat(params)]
+    batched = [has_batch, has_batch] + [False] * (len(leaves) - 2)
+    loss, *grads = across_devices(call, leaves, batched, [False] * (1 + len(leaves) - 2))
+    return loss, _unflat(grads)
 
 
 def mlp_apply_reference(
