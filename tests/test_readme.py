@@ -85,6 +85,5 @@ def test_the_two_commands_work_without_a_vulkan_driver_and_say_which_route(tmp_p
     )
     assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
     assert "device kinds under test: cpu\n" in tested.stdout
-    assert f" {len(SNIPPETS) + 1} passed" in tested.stdout.splitlines()[-1], tested.stdout[
-        -3000:
-    ]  # and test_readme_has_snippets
+    summary = tested.stdout.splitlines()[-1]  # the snippets and test_readme_has_snippets
+    assert f" {len(SNIPPETS) + 1} passed" in summary, tested.stdout[-3000:]
