@@ -92,15 +92,20 @@ def automatic_cpu_device_kind() -> DeviceKind:
     """Vulkan where this process can create a Vulkan device (a GPU driver, or lavapipe), else
     SlangPy's CPU device, with one note on stderr saying so and why: the choice changes speed, and
     a silent one would hide a broken driver."""
+    logger = spy.Logger.get()
+    level = logger.level
+    logger.level = spy.LogLevel.fatal  # SlangPy's own "Failed to create Vulkan instance": the note says it
     try:
         get_device(DeviceKind.VULKAN)
         return DeviceKind.VULKAN
     except DeviceUnavailableError as error:
         cause = str(error.__cause__ or error).strip().splitlines()[0]
+    finally:
+        logger.level = level
     print(
         f"slax: no Vulkan device here ({cause}); Slang kernels of CPU-placed JAX run on SlangPy's "
-        f"CPU device, in place on XLA's buffers. {DEVICE_ENV_VAR}=cpu chooses it without this note; "
-        "a Vulkan driver (Mesa 25's lavapipe) is faster on large arrays.",
+        f"CPU device, in place on XLA's buffers, one core per launch. {DEVICE_ENV_VAR}=cpu chooses it "
+        "without this note; with a Vulkan driver (Mesa 25's lavapipe) slax would use that instead.",
         file=sys.stderr,
     )
     return DeviceKind.CPU
