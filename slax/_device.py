@@ -9,11 +9,13 @@ choice for CPU-placed computations.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import pathlib
 import tempfile
 import threading
+from collections.abc import Iterator
 
 import jax
 import slangpy as spy
@@ -168,17 +170,32 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
         # GPU 0 uses SlangPy's default adapter, as verified to share JAX's CUDA context.
         adapter_luid = adapters[ordinal].luid if ordinal else None
     try:
-        return spy.Device(
-            type=spy.DeviceType.cuda if kind is DeviceKind.CUDA else spy.DeviceType.vulkan,
-            compiler_options=options,
-            module_cache_path=str(cache / "modules"),
-            shader_cache_path=str(cache / "shaders"),
-            adapter_luid=adapter_luid,
-            enable_hot_reload=False,
-            label=f"slax-{kind.value}-{ordinal}",
-        )
+        with _quiet_slangpy():
+            return spy.Device(
+                type=spy.DeviceType.cuda if kind is DeviceKind.CUDA else spy.DeviceType.vulkan,
+                compiler_options=options,
+                module_cache_path=str(cache / "modules"),
+                shader_cache_path=str(cache / "shaders"),
+                adapter_luid=adapter_luid,
+                enable_hot_reload=False,
+                label=f"slax-{kind.value}-{ordinal}",
+            )
     except Exception as error:
         raise DeviceUnavailableError(_missing_device_advice(kind, error)) from error
+
+
+@contextlib.contextmanager
+def _quiet_slangpy() -> Iterator[None]:
+    """SlangPy's log at errors only: creating a CUDA device logs a warning to stdout ("No supported
+    shader model found, pretending to support sm_6_0") that is about SlangPy's own shader models,
+    not slax's kernels, and would land in every user program's output. Failures still raise."""
+    logger = spy.Logger.get()
+    level = logger.level
+    logger.level = spy.LogLevel.error
+    try:
+        yield
+    finally:
+        logger.level = level
 
 
 def _missing_device_advice(kind: DeviceKind, error: Exception) -> str:

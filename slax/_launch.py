@@ -5,10 +5,11 @@ the XLA computation being built. The routes:
 
 - ``"host-copy"`` (:class:`slax._bridge.HostCopyLauncher`): JAX on the CPU. A ``buffer_callback``
   copies XLA's host buffers through device buffers and dispatches with SlangPy (Vulkan by default).
+- ``"ptx"`` (:class:`slax._ptx_launch.PtxLauncher`, the default): JAX on CUDA. An FFI custom call
+  that XLA launches itself (jaxlib's Triton kernel launcher), with no Python per call.
 - ``"slangpy"`` (:class:`slax._bridge.ZeroCopyLauncher`): JAX on CUDA. A ``buffer_callback``
-  dispatches with SlangPy on XLA's device buffers and stream, zero-copy.
-- ``"ptx"`` (:class:`slax._ptx_launch.PtxLauncher`): JAX on CUDA. An FFI custom call that XLA
-  launches itself (jaxlib's Triton kernel launcher), with no Python per call.
+  dispatches with SlangPy on XLA's device buffers and stream, zero-copy; also where the PTX route
+  cannot launch a kernel.
 
 :func:`launcher_for` is where the route is chosen: from the platform the computation is lowered
 for and the :class:`~slax._config.LaunchRoutes` it was traced with (a parameter of the launch).
@@ -68,7 +69,7 @@ def launcher_for(platform: str, routes: LaunchRoutes) -> Launcher:
 
 def _new_launcher(route: str, kind: DeviceKind) -> Launcher:
     if route == "ptx":
-        return PtxLauncher()
+        return PtxLauncher(fallback=ZeroCopyLauncher(kind))
     if route == "slangpy":
         return ZeroCopyLauncher(kind)
     return HostCopyLauncher(get_device(kind))

@@ -102,7 +102,7 @@ def test_changing_cuda_launch_retraces_a_jitted_function(poly):
     assert routes == [LaunchRoutes(cuda=other)]
 
 
-def test_the_launcher_follows_the_platform_and_the_routes(default_devices):
+def test_the_launcher_follows_the_platform_and_the_routes(default_devices, cpu_path):
     for route in slax.config.CUDA_LAUNCHES:
         assert isinstance(launcher_for("cpu", LaunchRoutes(cuda=route)), HostCopyLauncher)
     assert isinstance(launcher_for("cuda", LaunchRoutes(cuda="slangpy")), ZeroCopyLauncher)
@@ -111,7 +111,7 @@ def test_the_launcher_follows_the_platform_and_the_routes(default_devices):
 
 
 @pytest.mark.parametrize("route", slax.config.CUDA_LAUNCHES)
-def test_launch_route_names_the_route_taken(default_devices, device_kind, route):
+def test_launch_route_names_the_route_taken(default_devices, device_kind, route, cpu_path):
     with slax.config.override(cuda_launch=route):
         assert slax.launch_route("cpu") == "host-copy"
         assert slax.launch_route("cuda") == route
