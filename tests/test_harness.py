@@ -6,6 +6,7 @@ before anything is created."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import textwrap
@@ -128,15 +129,18 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
         "1",
     ]
     whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
-    finished = run_python(*args, "--out", str(whole))
+    # XLA on GPUs sums some reductions with atomics, in a different order each run, unless asked not
+    # to (slax's kernels sum in a fixed order): the same bits twice need its deterministic ops.
+    env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()}
+    finished = run_python(*args, "--out", str(whole), env=env)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     # Killed (SIGKILL, no chance to clean up) right after its first checkpoint at step >= 200: at the
     # same point on every machine, however fast it trains (a GPU finishes 600 steps before a poll).
-    killed = run_python("-c", _KILLED_AFTER_A_CHECKPOINT, *args, "--out", str(interrupted))
+    killed = run_python("-c", _KILLED_AFTER_A_CHECKPOINT, *args, "--out", str(interrupted), env=env)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     checkpoint = interrupted / "checkpoint-slax.npz"
     assert 200 <= int(np.load(checkpoint)["step"]) < 600, "the run was not interrupted mid-way"
-    resumed = run_python(*args, "--out", str(interrupted), "--resume")
+    resumed = run_python(*args, "--out", str(interrupted), "--resume", env=env)
     assert resumed.returncode == 0 and "resuming from step" in resumed.stdout, resumed.stdout + resumed.stderr
     for model in ("slax", "jax"):
         a, b = np.load(whole / f"checkpoint-{model}.npz"), np.load(interrupted / f"checkpoint-{model}.npz")
