@@ -131,7 +131,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
     # XLA on GPUs sums some reductions with atomics, in a different order each run, unless asked not
     # to (slax's kernels sum in a fixed order): the same bits twice need its deterministic ops.
-    env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()}
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()
+    env = {**os.environ, "XLA_FLAGS": flags}
     finished = run_python(*args, "--out", str(whole), env=env)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     # Killed (SIGKILL, no chance to clean up) right after its first checkpoint at step >= 200: at the
