@@ -192,15 +192,20 @@ def _spec(tmp_path, name, source, entry):
     return KernelSpec(entry, path=str(path))
 
 
-@needs_tools
-def test_kernels_outside_the_convention_are_refused(nvrtc, tmp_path):
-    square = _spec(
+def _square_groups(tmp_path) -> KernelSpec:
+    """A kernel of 8x8 thread groups, which the PTX launcher cannot run."""
+    return _spec(
         tmp_path,
         "square_groups",
         '[shader("compute")]\n[numthreads(8, 8, 1)]\n'
         "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count) { x[t.x] = 1; }\n",
         "k",
     )
+
+
+@needs_tools
+def test_kernels_outside_the_convention_are_refused(nvrtc, tmp_path):
+    square = _square_groups(tmp_path)
     with pytest.raises(PtxLaunchError, match=r"numthreads\(8, 8, 1\).*numthreads\(32\*k, 1, 1\)"):
         launch_plan(square, [("count", 10)], 10)
     half_scalar = _spec(
@@ -298,13 +303,7 @@ def test_kernels_outside_the_convention_take_the_slangpy_route(tmp_path, cpu_pat
         def lower(self, ctx, operands, **launch):
             return ("lowered by the fallback", launch["spec"].entry)
 
-    square = _spec(
-        tmp_path,
-        "square_groups",
-        '[shader("compute")]\n[numthreads(8, 8, 1)]\n'
-        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count) { x[t.x] = 1; }\n",
-        "k",
-    )
+    square = _square_groups(tmp_path)
     launcher = PtxLauncher(fallback=Fallback())
     with pytest.warns(UserWarning, match=r"numthreads\(8, 8, 1\).*runs on the SlangPy route instead"):
         lowered = launcher.lower(None, [], spec=square, scalars=(("count", 10),), count=10, aliases=())
