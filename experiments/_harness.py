@@ -56,9 +56,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
     parser.add_argument(
         "--device",
-        choices=("auto", "vulkan", "cuda"),
+        choices=("auto", "vulkan", "cpu", "cuda"),
         default="auto",
-        help="SlangPy device for CPU-placed JAX (auto: follow JAX; JAX on CUDA always uses cuda)",
+        help="SlangPy device for CPU-placed JAX (auto: SLAX_DEVICE, else Vulkan where a driver exists, "
+        "else SlangPy's CPU device; JAX on CUDA always uses cuda)",
     )
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="output dir (default runs/<name>/<time>)"
@@ -98,7 +99,8 @@ def on_cuda() -> bool:
 def describe_platform() -> str:
     """One line naming JAX's device and the device that runs slax kernels."""
     device = jax.devices()[0].device_kind
-    return f"JAX {jax.__version__} on {device}; Slang kernels on {slax.describe_device()}"
+    slang = f"{slax.describe_device()} ({slax.launch_route()} route)"
+    return f"JAX {jax.__version__} on {device}; Slang kernels on {slang}"
 
 
 EXTRAS_HINT = "pip install 'slang-jax[experiments]' for tqdm, matplotlib and scikit-learn"
@@ -123,10 +125,9 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     if args.resume and args.out is None:
         raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
     out = run_directory(name, args.out)
-    device = {"jax": str(jax.devices()[0]), "slang": slax.describe_device()}
+    device = {"jax": str(jax.devices()[0]), "slang": f"{slax.describe_device()}, {slax.launch_route()} route"}
     if on_cuda():
         device["cuda_launch"] = args.launch
-        device["slang"] += f", {args.launch} launch route"
     print(f"{name}: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
     return out, device
 

@@ -1,21 +1,23 @@
 """Check the bridge where JAX runs (CPU or CUDA): results, zero-copy, and the cost of a call.
 
 For each launch route (on CUDA both ``slangpy``, SlangPy dispatching from a buffer callback, and
-``ptx``, XLA launching Slang's PTX itself; on CPU the host-copy route):
+``ptx``, XLA launching Slang's PTX itself; on CPU the route of the device kind chosen, ``host-copy``
+for Vulkan or ``host-pointer`` for SlangPy's CPU device: ``SLAX_DEVICE`` picks it):
 
 1. ``y = a * x + b`` through the hand-written kernel shaders/kernels/scale_shift.slang, compared with
    NumPy for float32, float16 and int32.
 2. In place and zero-copy: a kernel writing into a donated buffer returns an array at the very
    address XLA handed to it; with JAX on CUDA no route may copy through the host.
-3. Per-call cost inside a jitted ``lax.fori_loop`` of 1000 steps, at 256 and 2^20 elements, next to
-   the same update as a plain XLA op: median of several timed runs after a warm-up.
+3. Per-call cost inside a jitted ``lax.fori_loop`` of 1000 steps, at 256 and 2^20 elements
+   (``--sizes``), next to the same update as a plain XLA op: median of several timed runs after a
+   warm-up.
 
 On CUDA, then: the PTX route against the SlangPy route (the reference) on the Slang functions'
 derivatives, both MLPs' apply, its VJP and the fused loss and gradient, and the polynomial network's
 parameters and losses over 100 Adam steps, in float32 and float16; the results must be bitwise
 identical.
 
-    python experiments/bridge_check.py [--steps 1000] [--repeats 5] [--json out.json]
+    python experiments/bridge_check.py [--steps 1000] [--repeats 5] [--sizes 256 1048576] [--json out.json]
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def check_in_place(module, route: str) -> bool:
     print(f"  result at the donated buffer's address: {same}; exact: {exact}")
     taken = slax.launch_route()
     zero_copy = taken != "host-copy"
-    print(f"  kernel reads and writes XLA's device buffers directly (no host copy): {zero_copy}")
-    return same and exact and taken == route and (zero_copy or not harness.on_cuda())
+    print(f"  kernel reads and writes XLA's buffers directly (no copy): {zero_copy}")
+    return same and exact and taken == route and (zero_copy or route == "host-copy")
 
 
 def time_per_call(fn, x, steps, repeats) -> float:
@@ -106,8 +108,9 @@ def time_per_call(fn, x, steps, repeats) -> float:
 
 
 def routes() -> list[str]:
-    """The launch routes where JAX runs: both CUDA routes on a GPU, the host-copy route on CPU."""
-    return ["slangpy", "ptx"] if harness.on_cuda() else ["host-copy"]
+    """The launch routes where JAX runs: both CUDA routes on a GPU, on the CPU the one of the device
+    kind chosen (``host-copy`` or ``host-pointer``)."""
+    return ["slangpy", "ptx"] if harness.on_cuda() else [slax.launch_route()]
 
 
 def _training_trajectory(dtype, steps: int = 100, batch: int = 4096) -> Callable[[jax.Array], Any]:
@@ -184,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=1000, help="loop steps per timed run")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per case (median)")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[256, 1 << 20],
+        help="elements per timed call (default %(default)s)",
+    )
     parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
     args = parser.parse_args(argv)
     module = slax.load_module("kernels/scale_shift.slang")
@@ -192,13 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     in_place = {}
     rows: list[dict[str, Any]] = []
     for route in routes():
-        launch = {} if route == "host-copy" else {"cuda_launch": route}
+        launch = {"cuda_launch": route} if harness.on_cuda() else {}
         with slax.config.override(**launch):
             print(f"\n[{route}] results:")
             failures += [f"{route} {dtype}" for dtype in check_results(module)]
             print(f"[{route}] in place / zero-copy:")
             in_place[route] = check_in_place(module, route)
-            for size in (256, 1 << 20):
+            for size in args.sizes:
                 x = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
                 slang = time_per_call(
                     lambda y: scale_shift(module, y, 0.5, 0.25), x, args.steps, args.repeats
@@ -212,14 +222,14 @@ def main(argv: list[str] | None = None) -> int:
             args.repeats,
         )
         * 1e6
-        for size in (256, 1 << 20)
+        for size in args.sizes
     }
     for row in rows:
         row["xla_us"] = xla_us[row["elements"]]
     print(f"\nper call inside jit(fori_loop({args.steps})), median of {args.repeats}:")
-    print(f"{'route':>10}  {'elements':>10}  {'slax kernel (us)':>16}  {'XLA op (us)':>12}")
+    print(f"{'route':>12}  {'elements':>10}  {'slax kernel (us)':>16}  {'XLA op (us)':>12}")
     for row in rows:
-        print(f"{row['route']:>10}  {row['elements']:>10}  {row['slax_us']:>16.1f}  {row['xla_us']:>12.2f}")
+        print(f"{row['route']:>12}  {row['elements']:>10}  {row['slax_us']:>16.1f}  {row['xla_us']:>12.2f}")
     parity = []
     if "ptx" in routes():
         parity = compare_routes(np.random.default_rng(1))

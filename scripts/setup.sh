@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Installs what slax needs on a fresh Debian 12 machine: a Vulkan driver when no GPU driver is
-# present (Mesa 25's lavapipe from bookworm-backports; bookworm's Mesa 22 cannot run SlangPy), and
-# a virtual environment .venv with slax and its Python dependencies. Idempotent; the other scripts
-# source it and run Python from $venv.
+# Installs what slax needs, and says where its kernels will run: a virtual environment .venv with
+# slax and its Python dependencies; no system packages where a GPU driver, a recent Vulkan driver or
+# a C++ compiler is there. Without a Vulkan driver, slax runs kernels of CPU-placed JAX on SlangPy's
+# CPU device, which builds them with the system's g++ or clang++ (installed with apt-get, as root or
+# through sudo, only if neither is there). SLAX_INSTALL_LAVAPIPE=1 installs a Vulkan driver that runs
+# on the CPU instead (Mesa 25's lavapipe from Debian 12's bookworm-backports, as root; bookworm's
+# Mesa 22 cannot run SlangPy): CI does, to test both CPU routes. Idempotent; the other scripts source
+# it and run Python from $venv.
 #
 # Another interpreter or JAX release (CI checks the GPU machine's Python 3.12 and JAX 0.11.2 this way):
 #   SLAX_PYTHON=python3.12 SLAX_VENV=.venv-312 SLAX_JAX_VERSION=0.11.2 bash scripts/test.sh
@@ -13,9 +17,19 @@ case "$venv" in /*) ;; *) venv="$root/$venv" ;; esac
 jax_pin=()
 [ -z "${SLAX_JAX_VERSION:-}" ] || jax_pin=("jax==$SLAX_JAX_VERSION" "jaxlib==$SLAX_JAX_VERSION")
 
+vulkan_driver_files() {
+  # The driver manifests the Vulkan loader reads: those VK_DRIVER_FILES or VK_ICD_FILENAMES list,
+  # when set (as the loader does), else the system's.
+  local listed="${VK_DRIVER_FILES:-${VK_ICD_FILENAMES:-}}" file
+  if [ -n "$listed" ]; then
+    for file in ${listed//:/ }; do [ -e "$file" ] && echo "$file"; done
+  else
+    compgen -G '/usr/share/vulkan/icd.d/*.json' || compgen -G '/etc/vulkan/icd.d/*.json' || true
+  fi
+}
+
 have_vulkan_driver() {
-  { compgen -G '/usr/share/vulkan/icd.d/*.json' || compgen -G '/etc/vulkan/icd.d/*.json'; } >/dev/null &&
-    ldconfig -p | grep -q 'libvulkan.so.1'
+  [ -n "$(vulkan_driver_files)" ] && ldconfig -p | grep -q 'libvulkan.so.1'
 }
 
 lavapipe_is_recent() {
@@ -24,23 +38,54 @@ lavapipe_is_recent() {
   [ -z "$version" ] || dpkg --compare-versions "$version" ge 25
 }
 
-if command -v nvidia-smi >/dev/null 2>&1; then
-  echo "setup: NVIDIA driver found; slax will use CUDA where JAX does."
-elif ! have_vulkan_driver || ! lavapipe_is_recent; then
-  if [ -r /etc/os-release ] && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release; then
-    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-    echo "setup: installing Mesa 25 lavapipe (Vulkan on the CPU) from bookworm-backports"
-    if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-      printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' |
-        $sudo tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null
-    fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -t bookworm-backports \
-      mesa-vulkan-drivers libvulkan1 >/dev/null
-  else
-    echo "setup: no Vulkan driver found. Install Mesa >= 25 (mesa-vulkan-drivers) or a GPU driver." >&2
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+install_lavapipe() {
+  if ! { [ -r /etc/os-release ] && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release; }; then
+    echo "setup: SLAX_INSTALL_LAVAPIPE=1 installs Mesa 25 on Debian 12 only; install Mesa >= 25" \
+      "(mesa-vulkan-drivers) yourself, or unset it to use SlangPy's CPU device." >&2
     exit 1
   fi
+  echo "setup: installing Mesa 25 lavapipe (Vulkan on the CPU) from bookworm-backports"
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' |
+      as_root tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null
+  fi
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
+    mesa-vulkan-drivers libvulkan1 >/dev/null
+}
+
+use_cpu_device() {
+  # No usable Vulkan driver: SlangPy's CPU device, which needs a C++ compiler.
+  if ! command -v g++ >/dev/null 2>&1 && ! command -v clang++ >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1; }; then
+      echo "setup: installing g++, with which SlangPy's CPU device builds slax's kernels"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null
+    else
+      echo "setup: slax needs a Vulkan driver or a C++ compiler (g++ or clang++) for SlangPy's CPU" \
+        "device, and this machine has neither; install g++ (or conda's gxx), or Mesa >= 25." >&2
+      exit 1
+    fi
+  fi
+  echo "setup: $1; slax runs kernels of CPU-placed JAX on SlangPy's CPU device, in place on XLA's" \
+    "buffers (SLAX_INSTALL_LAVAPIPE=1 installs Mesa 25's lavapipe for the Vulkan route instead)."
+}
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo "setup: NVIDIA driver found; slax will use CUDA where JAX does."
+elif have_vulkan_driver && lavapipe_is_recent; then
+  echo "setup: Vulkan driver found; slax runs kernels of CPU-placed JAX on it (host-copy route)."
+elif [ "${SLAX_INSTALL_LAVAPIPE:-0}" = 1 ]; then
+  install_lavapipe
+elif have_vulkan_driver; then
+  use_cpu_device "only Mesa < 25 here, whose Vulkan driver cannot run SlangPy"
+  export SLAX_DEVICE="${SLAX_DEVICE:-cpu}" SLAX_TEST_DEVICES="${SLAX_TEST_DEVICES:-cpu}"
+else
+  use_cpu_device "no Vulkan driver here"
 fi
 
 if [ ! -x "$venv/bin/python" ]; then

@@ -1,8 +1,8 @@
 """slax: differentiable Slang kernels as JAX functions."""
 
 from slax import nn, parallel, testing
-from slax._config import config
-from slax._device import DeviceKind, describe_device, set_device_kind
+from slax._config import DeviceKind, config, set_device_kind
+from slax._device import describe_device
 from slax._errors import DeviceUnavailableError, SlangCompileError
 from slax._function import SlangFunction
 from slax._kernel import SlangKernel

@@ -1,12 +1,13 @@
 """Moving JAX buffers to Slang kernels and launching them with SlangPy, inside ``buffer_callback``.
 
-Two launchers (the interface is :class:`slax._launch.Launcher`) lower a launch to a
+Three launchers (the interface is :class:`slax._launch.Launcher`) lower a launch to a
 ``jax.experimental.buffer_callback`` that runs their :meth:`callback` with XLA's buffers:
 
-- :class:`HostCopyLauncher` (route ``"host-copy"``) for CPU-resident JAX buffers: copy operands
-  into device buffers kept per call site (reused across calls, resized only when a shape changes),
-  dispatch, copy results back. Works with any SlangPy device; the default on CPU is Vulkan
-  (lavapipe without a GPU).
+- :class:`HostCopyLauncher` (route ``"host-copy"``) for CPU-resident JAX buffers and a Vulkan (or
+  CUDA) device: copy operands into device buffers kept per call site (reused across calls, resized
+  only when a shape changes), dispatch, copy results back.
+- :class:`HostPointerLauncher` (route ``"host-pointer"``) for CPU-resident JAX buffers and
+  SlangPy's CPU device, whose kernels are host code: they receive XLA's host addresses, no copies.
 - :class:`ZeroCopyLauncher` (route ``"slangpy"``) for CUDA-resident JAX buffers: the kernel receives
   XLA's device pointers and runs on XLA's stream, with no copies and no synchronisation.
 """
@@ -97,6 +98,38 @@ class HostCopyLauncher(_CallbackLauncher):
                     for array, buffer in zip(host_outs, out_buffers):
                         data = buffer.to_numpy().view(np.uint8)[: array.nbytes]
                         array[...] = data.view(array.dtype).reshape(array.shape)
+
+        return run
+
+
+class HostPointerLauncher(_CallbackLauncher):
+    """Runs kernels of SlangPy's CPU device on XLA's host buffers in place: the kernel's pointers
+    are the buffers' addresses.
+
+    SlangPy's CPU device runs a dispatch's thread groups one after another on the calling thread,
+    holding the GIL (measured in BENCHMARKS.md: a launch split over Python threads takes as long
+    as one), so a launch uses one core.
+    """
+
+    name = "host-pointer"
+
+    def __init__(self, device: spy.Device):
+        self.device = device
+        self._lock = threading.Lock()  # one dispatch at a time on the device's command queue
+
+    def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
+        compiled = compile_kernel(self.device, spec)
+        names = [name for name, _ in compiled.parameters.pointers]
+        scalar_args = dict(scalars)
+        aliased = {result for _, result in aliases}
+
+        def run(ctx, outs: Sequence, *ins) -> None:
+            del ctx
+            fresh = [b for k, b in enumerate(outs) if k not in aliased]
+            arrays = [_host_array(b, "operand") for b in ins] + [_host_array(b, "result") for b in fresh]
+            pointers = [array.ctypes.data for array in arrays]
+            with self._lock, _explained_device_errors(self.device, spec):
+                compiled.kernel.dispatch(thread_grid(count), **dict(zip(names, pointers)), **scalar_args)
 
         return run
 

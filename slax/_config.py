@@ -4,12 +4,39 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import os
 from typing import ClassVar
 
 import jax
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
+DEVICE_ENV_VAR = "SLAX_DEVICE"
+
+
+class DeviceKind(enum.Enum):
+    """The SlangPy device types slax runs kernels on."""
+
+    VULKAN = "vulkan"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def parse_device_kind(value: str | DeviceKind | None, *, source: str) -> DeviceKind | None:
+    """Turns a user-given name into a :class:`DeviceKind` (``None`` and ``""``: automatic), or says
+    which names are valid."""
+    if value is None or isinstance(value, DeviceKind):
+        return value
+    if not value.strip():
+        return None
+    try:
+        return DeviceKind(value.strip().lower())
+    except ValueError:
+        valid = ", ".join(repr(k.value) for k in DeviceKind)
+        raise ValueError(
+            f"slax: unknown device kind {value!r} from {source}; expected one of {valid}, or None "
+            "to let slax choose."
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,14 +45,17 @@ class LaunchRoutes:
 
     Every slax primitive carries it as its ``routes`` parameter, so its lowering takes the route
     it was traced with and never reads a setting; and JAX's caches are keyed by it (a JAX user
-    context, :func:`current_routes`), so changing ``slax.config.cuda_launch`` retraces a jitted
-    function instead of reusing a lowering made for the other route.
+    context, :func:`current_routes`), so changing ``slax.config.cuda_launch`` or the device kind
+    retraces a jitted function instead of reusing a lowering made for the other route.
 
     Attributes:
       cuda: the launch route on CUDA GPUs, one of ``CUDA_LAUNCHES`` (``slax.config.cuda_launch``).
+      cpu: the SlangPy device kind that runs kernels of CPU-placed JAX (``slax.config.device_kind``);
+        ``None``: Vulkan where a driver exists, else SlangPy's CPU device.
     """
 
     cuda: str = "slangpy"
+    cpu: DeviceKind | None = None
 
 
 _traced_routes = jax.make_user_context(LaunchRoutes())
@@ -40,7 +70,8 @@ def current_routes() -> LaunchRoutes:
 class Config:
     """Switches of slax.
 
-    ``cuda_launch`` is part of what JAX traces (a jitted function retraces when it changes);
+    ``cuda_launch`` and ``device_kind`` are part of what JAX traces (a jitted function retraces
+    when one changes);
     ``debug_nans`` is read when a call is traced (a jitted function already compiled keeps the
     setting it was compiled with).
 
@@ -55,6 +86,11 @@ class Config:
         ``slax/_ptx_launch.py``); kernels it cannot launch take the SlangPy route, with a warning.
         ``"slangpy"``: SlangPy dispatches each kernel from a ``buffer_callback`` on XLA's buffers
         and stream. Also set by ``SLAX_CUDA_LAUNCH``.
+      device_kind: the SlangPy device that runs kernels of CPU-placed JAX: ``"vulkan"`` (a GPU
+        driver, or Mesa's lavapipe on the CPU; host copies), ``"cpu"`` (SlangPy's CPU device, on
+        XLA's host buffers in place) or ``"cuda"`` (host copies). ``None``, the default: Vulkan
+        where a driver exists, else the CPU device, saying so once. Also set by ``SLAX_DEVICE`` and
+        :func:`set_device_kind`; JAX placed on a CUDA GPU always uses that GPU's CUDA device.
     """
 
     CUDA_LAUNCHES: ClassVar[tuple[str, ...]] = CUDA_LAUNCHES
@@ -64,16 +100,26 @@ class Config:
         default_factory=lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0")
     )
     cuda_launch: str = dataclasses.field(default_factory=lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "ptx")
+    device_kind: DeviceKind | None = dataclasses.field(
+        default_factory=lambda: parse_device_kind(
+            os.environ.get(DEVICE_ENV_VAR), source=f"the {DEVICE_ENV_VAR} variable"
+        )
+    )
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "cuda_launch":
-            if value not in CUDA_LAUNCHES:
-                raise ValueError(
-                    f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
-                    f"SLAX_CUDA_LAUNCH); got {value!r}."
-                )
-            _traced_routes.set_global(LaunchRoutes(cuda=value))
+        if name == "cuda_launch" and value not in CUDA_LAUNCHES:
+            raise ValueError(
+                f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
+                f"SLAX_CUDA_LAUNCH); got {value!r}."
+            )
+        if name == "device_kind":
+            value = parse_device_kind(value, source="slax.config.device_kind")
         super().__setattr__(name, value)
+        if name in ("cuda_launch", "device_kind"):
+            routes = LaunchRoutes(
+                cuda=getattr(self, "cuda_launch", "slangpy"), cpu=getattr(self, "device_kind", None)
+            )
+            _traced_routes.set_global(routes)
 
     @contextlib.contextmanager
     def override(self, **changes):
@@ -90,3 +136,11 @@ class Config:
 
 
 config = Config()
+
+
+def set_device_kind(kind: str | DeviceKind | None) -> None:
+    """Chooses the SlangPy device for CPU-placed JAX computations (``slax.config.device_kind``):
+    ``"vulkan"``, ``"cpu"`` or ``"cuda"``; ``None`` lets slax choose. Takes precedence over
+    ``SLAX_DEVICE``. JAX computations placed on a CUDA GPU always use the CUDA device of that GPU,
+    since their buffers live there."""
+    config.device_kind = parse_device_kind(kind, source="slax.set_device_kind")

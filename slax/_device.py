@@ -1,18 +1,21 @@
 """Which SlangPy device runs slax kernels, and creating it once per process.
 
-JAX decides where arrays live; slax follows it. A JAX computation lowered for the CPU runs its Slang
-kernels on a Vulkan device (a real GPU driver where there is one, Mesa's lavapipe CPU driver
-otherwise) with host copies; one lowered for CUDA runs them on a SlangPy CUDA device that shares
-JAX's CUDA context, zero-copy. ``SLAX_DEVICE=cuda|vulkan`` or :func:`set_device_kind` override the
-choice for CPU-placed computations.
+JAX decides where arrays live; slax follows it. A JAX computation lowered for CUDA runs its Slang
+kernels on a SlangPy CUDA device that shares JAX's CUDA context, zero-copy. One lowered for the CPU
+runs them on a Vulkan device (a GPU driver, or Mesa's lavapipe CPU driver) with host copies, or,
+where no Vulkan driver exists, on SlangPy's CPU device, on XLA's host buffers in place.
+``slax.config.device_kind`` (``SLAX_DEVICE``, :func:`slax.set_device_kind`) chooses for
+CPU-placed computations; it is part of what JAX traces (:class:`slax._config.LaunchRoutes`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
+import functools
 import os
 import pathlib
+import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from collections.abc import Iterator
 import jax
 import slangpy as spy
 
+from slax._config import DEVICE_ENV_VAR, DeviceKind, LaunchRoutes, current_routes
 from slax._errors import DeviceUnavailableError
 
 
@@ -58,65 +62,50 @@ def include_paths() -> list[str]:
     return [str(SHADER_DIR), *(str(path) for path in SLANGPY_INCLUDE_PATHS)]
 
 
-ENV_VAR = "SLAX_DEVICE"
-
-
-class DeviceKind(enum.Enum):
-    """The SlangPy device types slax runs kernels on."""
-
-    VULKAN = "vulkan"
-    CUDA = "cuda"
-
-
 _lock = threading.Lock()
 _devices: dict[tuple[DeviceKind, int], spy.Device] = {}
-_override: DeviceKind | None = None
 
 
-def parse_device_kind(value: str, *, source: str) -> DeviceKind:
-    """Turns a user-given name into a :class:`DeviceKind`, or says which names are valid."""
-    try:
-        return DeviceKind(value.strip().lower())
-    except ValueError:
-        valid = ", ".join(repr(k.value) for k in DeviceKind)
-        raise ValueError(
-            f"slax: unknown device kind {value!r} from {source}; expected one of {valid}."
-        ) from None
-
-
-def set_device_kind(kind: str | DeviceKind | None) -> None:
-    """Chooses the device for CPU-placed JAX computations; ``None`` restores the default.
-
-    Takes precedence over ``SLAX_DEVICE``. JAX computations placed on a CUDA GPU always use
-    the CUDA device of that GPU, since their buffers live there.
-    """
-    global _override
-    if kind is None or isinstance(kind, DeviceKind):
-        _override = kind
-    else:
-        _override = parse_device_kind(kind, source="slax.set_device_kind")
-
-
-def device_kind_for_platform(platform: str) -> DeviceKind:
-    """The device kind that runs kernels of a JAX computation lowered for ``platform``.
+def device_kind_for_platform(platform: str, routes: LaunchRoutes | None = None) -> DeviceKind:
+    """The device kind that runs kernels of a JAX computation lowered for ``platform`` and traced
+    with ``routes`` (default: the routes of ``slax.config`` now).
 
     Args:
       platform: JAX's lowering platform, ``"cpu"`` or ``"cuda"``.
+      routes: the routes the computation was traced with; their ``cpu`` device kind, or the
+        automatic choice (:func:`automatic_cpu_device_kind`) where it is None.
     """
-    requested = _override
-    if requested is None and os.environ.get(ENV_VAR):
-        requested = parse_device_kind(os.environ[ENV_VAR], source=f"the {ENV_VAR} variable")
+    requested = (routes or current_routes()).cpu
     if platform == "cuda":
-        if requested is DeviceKind.VULKAN:
+        if requested in (DeviceKind.VULKAN, DeviceKind.CPU):
             raise ValueError(
                 "slax: JAX placed this computation on a CUDA GPU, whose buffers only a SlangPy "
-                "CUDA device can read without copies; unset SLAX_DEVICE=vulkan or run JAX on the "
-                "CPU (JAX_PLATFORMS=cpu)."
+                f"CUDA device can read without copies; unset {DEVICE_ENV_VAR}={requested.value} "
+                "(slax.config.device_kind) or run JAX on the CPU (JAX_PLATFORMS=cpu)."
             )
         return DeviceKind.CUDA
     if platform == "cpu":
-        return requested or DeviceKind.VULKAN
+        return requested or automatic_cpu_device_kind()
     raise ValueError(f"slax: JAX platform {platform!r} is not supported; use cpu or cuda.")
+
+
+@functools.cache
+def automatic_cpu_device_kind() -> DeviceKind:
+    """Vulkan where this process can create a Vulkan device (a GPU driver, or lavapipe), else
+    SlangPy's CPU device, with one note on stderr saying so and why: the choice changes speed, and
+    a silent one would hide a broken driver."""
+    try:
+        get_device(DeviceKind.VULKAN)
+        return DeviceKind.VULKAN
+    except DeviceUnavailableError as error:
+        cause = str(error.__cause__ or error).strip().splitlines()[0]
+    print(
+        f"slax: no Vulkan device here ({cause}); Slang kernels of CPU-placed JAX run on SlangPy's "
+        f"CPU device, in place on XLA's buffers. {DEVICE_ENV_VAR}=cpu chooses it without this note; "
+        "a Vulkan driver (Mesa 25's lavapipe) is faster on large arrays.",
+        file=sys.stderr,
+    )
+    return DeviceKind.CPU
 
 
 def cache_dir() -> pathlib.Path:
@@ -156,8 +145,23 @@ def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
         return device
 
 
+_SPY_DEVICE_TYPES = {
+    DeviceKind.VULKAN: spy.DeviceType.vulkan,
+    DeviceKind.CPU: spy.DeviceType.cpu,
+    DeviceKind.CUDA: spy.DeviceType.cuda,
+}
+
+
 def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
-    options = spy.SlangCompilerOptions({"include_paths": include_paths()})
+    if kind is DeviceKind.CPU and not cpp_compiler():
+        raise DeviceUnavailableError(_missing_device_advice(kind, RuntimeError("no C++ compiler found")))
+    options = {"include_paths": include_paths()}
+    if kind is DeviceKind.CPU:
+        # Slang builds CPU kernels with the C++ compiler at -Os by default; "maximal" gives -O3,
+        # which vectorises the loop over a group's threads: 2^20 elements of a*x+b take ~2 ms
+        # instead of ~50 ms (BENCHMARKS.md). Floating point stays IEEE: no fast-math, no
+        # contraction in ISO C++ mode.
+        options["optimization"] = spy.SlangOptimizationLevel.maximal
     cache = writable_cache_dir(kind.value)
     adapter_luid = None
     if kind is DeviceKind.CUDA:
@@ -169,11 +173,15 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
         # GPU 0 uses SlangPy's default adapter, as verified to share JAX's CUDA context.
         adapter_luid = adapters[ordinal].luid if ordinal else None
+    logger = spy.Logger.get()
+    level = logger.level
+    if kind is DeviceKind.CPU:  # its "No supported shader model found" warning concerns GPUs only
+        logger.level = spy.LogLevel.error
     try:
         with _quiet_slangpy():
             return spy.Device(
-                type=spy.DeviceType.cuda if kind is DeviceKind.CUDA else spy.DeviceType.vulkan,
-                compiler_options=options,
+                type=_SPY_DEVICE_TYPES[kind],
+                compiler_options=spy.SlangCompilerOptions(options),
                 module_cache_path=str(cache / "modules"),
                 shader_cache_path=str(cache / "shaders"),
                 adapter_luid=adapter_luid,
@@ -182,6 +190,19 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
     except Exception as error:
         raise DeviceUnavailableError(_missing_device_advice(kind, error)) from error
+    finally:
+        logger.level = level
+
+
+CPP_COMPILERS = ("clang++", "g++")
+"""The compilers Slang's CPU target builds kernels with (its "pass-through" compilers), in the
+order it looks for them on ``PATH``."""
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler SlangPy's CPU device will build kernels with, or None: Slang's CPU target
+    writes C++ and compiles it with the system's clang++ or g++ (the SlangPy wheel ships no LLVM)."""
+    return next((path for path in map(shutil.which, CPP_COMPILERS) if path), None)
 
 
 @contextlib.contextmanager
@@ -202,13 +223,21 @@ def _missing_device_advice(kind: DeviceKind, error: Exception) -> str:
     if kind is DeviceKind.CUDA:
         return (
             f"slax: could not create a SlangPy CUDA device ({error}). It needs an NVIDIA GPU and "
-            "driver; without one, run JAX on the CPU and let slax use Vulkan (unset SLAX_DEVICE)."
+            f"driver; without one, run JAX on the CPU and let slax choose (unset {DEVICE_ENV_VAR})."
+        )
+    if kind is DeviceKind.CPU:
+        return (
+            f"slax: cannot run Slang kernels on SlangPy's CPU device ({error}): Slang compiles them "
+            f"as C++ with the system's {' or '.join(CPP_COMPILERS)}, and neither is on PATH. Install "
+            "one (Debian: `apt-get install g++`; conda: `conda install gxx`), or a Vulkan driver."
         )
     return (
-        f"slax: could not create a SlangPy Vulkan device ({error}). Without a GPU driver, "
-        "install Mesa 25's CPU driver lavapipe: on Debian 12, add bookworm-backports to apt "
-        "and run `apt-get install -t bookworm-backports mesa-vulkan-drivers libvulkan1` "
-        "(Mesa 22 from plain bookworm lacks VK_KHR_shader_non_semantic_info and fails)."
+        f"slax: could not create a SlangPy Vulkan device ({error}). Without a GPU driver, either "
+        f"use SlangPy's CPU device ({DEVICE_ENV_VAR}=cpu or slax.set_device_kind('cpu'), or leave "
+        "the device kind unset to let slax choose), or install Mesa 25's CPU driver lavapipe: on "
+        "Debian 12, add bookworm-backports to apt and run `apt-get install -t bookworm-backports "
+        "mesa-vulkan-drivers libvulkan1` (Mesa 22 from plain bookworm lacks "
+        "VK_KHR_shader_non_semantic_info and fails)."
     )
 
 
@@ -225,7 +254,7 @@ def reflection_device() -> spy.Device:
 
 def describe_device(platform: str | None = None) -> str:
     """Which SlangPy device runs slax kernels in computations lowered for ``platform`` (``"cpu"`` or
-    ``"cuda"``; default: JAX's default platform), for logs: ``"vulkan (llvmpipe ...)"``, naming the
-    device kind and its adapter. ``slax.describe_device()``."""
+    ``"cuda"``; default: JAX's default platform) traced now, for logs: ``"vulkan (llvmpipe ...)"``,
+    ``"cpu (CPU)"``, naming the device kind and its adapter. ``slax.describe_device()``."""
     kind = device_kind_for_platform(platform or default_platform())
     return f"{kind.value} ({get_device(kind).info.adapter_name})"

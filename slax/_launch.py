@@ -3,8 +3,12 @@
 A launcher lowers one slax kernel launch (``slang_kernel_p``, ``slax/_kernel_primitive.py``) into
 the XLA computation being built. The routes:
 
-- ``"host-copy"`` (:class:`slax._bridge.HostCopyLauncher`): JAX on the CPU. A ``buffer_callback``
-  copies XLA's host buffers through device buffers and dispatches with SlangPy (Vulkan by default).
+- ``"host-copy"`` (:class:`slax._bridge.HostCopyLauncher`): JAX on the CPU, kernels on a Vulkan
+  (or CUDA) device. A ``buffer_callback`` copies XLA's host buffers through device buffers and
+  dispatches with SlangPy.
+- ``"host-pointer"`` (:class:`slax._bridge.HostPointerLauncher`): JAX on the CPU, kernels on
+  SlangPy's CPU device. A ``buffer_callback`` dispatches with SlangPy on XLA's host buffers'
+  addresses, zero-copy.
 - ``"ptx"`` (:class:`slax._ptx_launch.PtxLauncher`, the default): JAX on CUDA. An FFI custom call
   that XLA launches itself (jaxlib's Triton kernel launcher), with no Python per call.
 - ``"slangpy"`` (:class:`slax._bridge.ZeroCopyLauncher`): JAX on CUDA. A ``buffer_callback``
@@ -21,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from slax._bridge import HostCopyLauncher, ZeroCopyLauncher
+from slax._bridge import HostCopyLauncher, HostPointerLauncher, ZeroCopyLauncher
 from slax._compile import Aliases, KernelSpec, Scalars
 from slax._config import LaunchRoutes, current_routes
 from slax._device import DeviceKind, default_platform, device_kind_for_platform, get_device
@@ -32,7 +36,7 @@ class Launcher(Protocol):
     """Lowers slax kernel launches on one route."""
 
     name: str
-    """The route: ``"host-copy"``, ``"slangpy"`` or ``"ptx"``."""
+    """The route: ``"host-copy"``, ``"host-pointer"``, ``"slangpy"`` or ``"ptx"``."""
 
     def lower(
         self,
@@ -58,8 +62,11 @@ _lock = threading.Lock()
 def launcher_for(platform: str, routes: LaunchRoutes) -> Launcher:
     """The launcher of kernels in a computation lowered for ``platform`` (``"cpu"`` or ``"cuda"``)
     and traced with ``routes``; one per route and device kind, made on first use."""
-    kind = device_kind_for_platform(platform)
-    route = routes.cuda if platform == "cuda" else "host-copy"
+    kind = device_kind_for_platform(platform, routes)
+    if platform == "cuda":
+        route = routes.cuda
+    else:
+        route = "host-pointer" if kind is DeviceKind.CPU else "host-copy"
     with _lock:
         launcher = _launchers.get((route, kind))
         if launcher is None:
@@ -72,12 +79,16 @@ def _new_launcher(route: str, kind: DeviceKind) -> Launcher:
         return PtxLauncher(fallback=ZeroCopyLauncher(kind))
     if route == "slangpy":
         return ZeroCopyLauncher(kind)
+    if route == "host-pointer":
+        return HostPointerLauncher(get_device(kind))
     return HostCopyLauncher(get_device(kind))
 
 
 def launch_route(platform: str | None = None) -> str:
     """The route slax kernels take in computations traced now and lowered for ``platform``
-    (``"cpu"`` or ``"cuda"``; default: JAX's default platform): ``"host-copy"`` (JAX on the CPU:
-    copies through device buffers), ``"slangpy"`` or ``"ptx"`` (JAX on CUDA, zero-copy; chosen by
-    ``slax.config.cuda_launch``). For logs and checks: ``slax.launch_route()``."""
+    (``"cpu"`` or ``"cuda"``; default: JAX's default platform): on the CPU ``"host-copy"`` (a Vulkan
+    or CUDA device, copies through device buffers) or ``"host-pointer"`` (SlangPy's CPU device,
+    zero-copy), as ``slax.config.device_kind`` chooses; on CUDA ``"slangpy"`` or ``"ptx"``
+    (zero-copy, as ``slax.config.cuda_launch`` chooses). For logs and checks:
+    ``slax.launch_route()``."""
     return launcher_for(platform or default_platform(), current_routes()).name

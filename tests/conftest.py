@@ -1,4 +1,5 @@
-"""One device fixture for the whole suite: each test runs on every device kind this machine has."""
+"""One device fixture for the whole suite: each test runs on every device kind this machine has
+(``SLAX_TEST_DEVICES`` picks some)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from _helpers import run_python
 
 import slax
+from slax._device import cpp_compiler, get_device
 
 
 def pytest_report_header(config) -> str:
@@ -17,46 +19,92 @@ def pytest_report_header(config) -> str:
     import jaxlib
     import slangpy
 
-    return f"slax under JAX {jax.__version__} (jaxlib {jaxlib.__version__}), SlangPy {slangpy.__version__}"
+    return (
+        f"slax under JAX {jax.__version__} (jaxlib {jaxlib.__version__}), SlangPy {slangpy.__version__}; "
+        f"device kinds under test: {', '.join(_device_kinds())}"
+    )
 
 
-def _available_kinds() -> list[str]:
-    kinds = ["vulkan"]
+DEVICES_ENV_VAR = "SLAX_TEST_DEVICES"
+"""Restricts the device kinds the suite runs on (comma-separated, e.g. ``cpu``); default: all."""
+
+
+@functools.cache
+def _device_kinds() -> list[str]:
+    """The device kinds under test: CUDA on a GPU machine; elsewhere both CPU routes, Vulkan
+    (lavapipe) where a Vulkan device can be created and SlangPy's CPU device where a C++ compiler
+    exists; ``SLAX_TEST_DEVICES`` picks some of them (CI runs one in its second run)."""
     if any(d.platform == "gpu" for d in jax.devices()):
-        kinds = ["cuda"]
+        return ["cuda"]
+    kinds = []
+    try:
+        get_device(slax.DeviceKind.VULKAN)
+        kinds.append("vulkan")
+    except slax.DeviceUnavailableError:
+        pass
+    if cpp_compiler():
+        kinds.append("cpu")
+    chosen = os.environ.get(DEVICES_ENV_VAR)
+    if chosen:
+        wanted = [kind.strip() for kind in chosen.split(",") if kind.strip()]
+        missing = [kind for kind in wanted if kind not in kinds]
+        if missing:
+            raise pytest.UsageError(
+                f"{DEVICES_ENV_VAR}={chosen!r} asks for {missing}, which this machine lacks; it has {kinds}."
+            )
+        kinds = wanted
+    if not kinds:
+        raise pytest.UsageError("no device runs slax kernels here: no Vulkan driver and no C++ compiler.")
     return kinds
 
 
-@pytest.fixture(params=_available_kinds(), autouse=True)
-def device_kind(request):
-    """The SlangPy device kind under test (Vulkan/lavapipe on CPU machines, CUDA with a GPU)."""
-    slax.set_device_kind(request.param if request.param != "cuda" else None)
-    yield request.param
-    slax.set_device_kind(None)
+def pytest_generate_tests(metafunc):
+    """Every test runs on each device kind under test (:func:`device_kind`), but tests marked
+    ``one_device_kind`` (which choose their devices themselves, in the processes they start) run
+    once, on the first kind."""
+    if "device_kind" in metafunc.fixturenames:
+        kinds = _device_kinds()
+        if metafunc.definition.get_closest_marker("one_device_kind"):
+            kinds = kinds[:1]
+        metafunc.parametrize("device_kind", kinds, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def device_kind(request, monkeypatch):
+    """The SlangPy device kind under test, for this process (``slax.config.device_kind``) and the
+    processes tests start (``SLAX_DEVICE``): on CPU machines each test runs on Vulkan (lavapipe) and
+    on SlangPy's CPU device; with a GPU on CUDA, which JAX's placement chooses."""
+    if request.param == "cuda":
+        yield request.param
+        return
+    monkeypatch.setenv("SLAX_DEVICE", request.param)
+    with slax.config.override(device_kind=request.param):
+        yield request.param
 
 
 @functools.cache
 def _cpu_path_missing() -> str | None:
     """Why CPU-placed JAX cannot run Slang kernels here, or None if it can. Only asked on machines
-    with a GPU (elsewhere the whole suite runs on the CPU path): they may have no Vulkan driver, so
-    a fresh process tries to create the Vulkan device that CPU-placed JAX would use."""
-    if "vulkan" in _available_kinds():
+    with a GPU (elsewhere the whole suite runs on the CPU path): they may have neither a Vulkan
+    driver nor a C++ compiler, so a fresh process asks slax to choose the device CPU-placed JAX
+    would use, and creates it."""
+    if "cuda" not in _device_kinds():
         return None
-    probe = "import slax._device as d; d.get_device(d.DeviceKind.VULKAN)"
+    probe = "import slax._device as d; d.get_device(d.device_kind_for_platform('cpu'))"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     result = run_python("-c", probe, env=env, timeout=300)
     if result.returncode == 0:
         return None
-    return "no Vulkan device on this machine: " + (result.stderr.strip().splitlines() or ["?"])[-1][:300]
+    return "no device for it on this machine: " + (result.stderr.strip().splitlines() or ["?"])[-1][:300]
 
 
 @pytest.fixture
 def cpu_path():
     """For tests of CPU-placed JAX (host devices, cross-lowering) in a subprocess: skips, saying
-    why, on a GPU machine without the Vulkan driver that path runs its kernels on."""
+    why, on a GPU machine with neither a Vulkan driver nor a C++ compiler for SlangPy's CPU device."""
     missing = _cpu_path_missing()
     if missing:
-        pytest.skip(f"tests slax with JAX on the CPU, which needs a Vulkan device; {missing}")
+        pytest.skip(f"tests slax with JAX on the CPU; {missing}")
 
 
 @pytest.fixture

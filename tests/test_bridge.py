@@ -317,3 +317,34 @@ def test_failing_dispatch_is_explained(module, monkeypatch):
         pytest.raises(Exception, match=r"(?s)'scale_shift_float' on .*VK_ERROR_DEVICE_LOST.*restart"),
     ):
         jax.block_until_ready(jax.jit(lambda x: _scale_shift(module, x, 3.0, 1.0))(x))
+
+
+_ADDRESS_OF = """
+import slax.kernel;
+
+// Writes the address its pointer x received, as two 32-bit words (low, high).
+[shader("compute")]
+[numthreads(SLAX_GROUP_SIZE, 1, 1)]
+void address_of(uint3 thread_id : SV_DispatchThreadID, uniform float* x, uniform uint* address)
+{
+    uint64_t value = bit_cast<uint64_t>(x);
+    if (slax_thread_index(thread_id) == 0)
+    {
+        address[0] = uint(value);
+        address[1] = uint(value >> 32);
+    }
+}
+"""
+
+
+def test_the_cpu_device_reads_xlas_buffers_in_place(device_kind):
+    """On SlangPy's CPU device ("host-pointer") a kernel's pointer is the address of XLA's own
+    buffer: no copy. The host-copy route (Vulkan) hands it a device buffer's address instead."""
+    if device_kind == "cuda":
+        pytest.skip("JAX on CUDA: the zero-copy CUDA routes are checked by experiments/bridge_check.py")
+    kernel = slax.load_module_from_source("address_of", _ADDRESS_OF).kernel("address_of")
+    x = jnp.arange(1024, dtype=jnp.float32)
+    (words,) = jax.jit(lambda x: kernel(x, results=[jax.ShapeDtypeStruct((2,), jnp.uint32)], threads=1))(x)
+    low, high = (int(word) for word in np.asarray(words))
+    received = low | high << 32
+    assert (received == x.unsafe_buffer_pointer()) == (slax.launch_route() == "host-pointer")

@@ -13,42 +13,60 @@ import slangpy
 from _helpers import ROOT, run_python
 
 import slax
-from slax._device import SHADER_DIR, DeviceKind, device_kind_for_platform, get_device, include_paths
+from slax._config import DeviceKind, LaunchRoutes
+from slax._device import SHADER_DIR, device_kind_for_platform, get_device, include_paths
 from slax.testing import check_grads
 
 
-def test_cpu_defaults_to_vulkan(monkeypatch):
-    monkeypatch.delenv("SLAX_DEVICE", raising=False)
-    slax.set_device_kind(None)
-    assert device_kind_for_platform("cpu") is DeviceKind.VULKAN
+def _vulkan_available() -> bool:
+    try:
+        get_device(DeviceKind.VULKAN)
+        return True
+    except slax.DeviceUnavailableError:
+        return False
 
 
-def test_cuda_platform_uses_cuda(monkeypatch):
-    monkeypatch.delenv("SLAX_DEVICE", raising=False)
-    slax.set_device_kind(None)
-    assert device_kind_for_platform("cuda") is DeviceKind.CUDA
+def test_automatic_choice_is_vulkan_where_a_driver_exists():
+    if not _vulkan_available():
+        pytest.skip("no Vulkan driver on this machine")
+    assert device_kind_for_platform("cpu", LaunchRoutes(cpu=None)) is DeviceKind.VULKAN
 
 
-@pytest.mark.parametrize("value, kind", [("cuda", DeviceKind.CUDA), (" Vulkan ", DeviceKind.VULKAN)])
-def test_env_var_is_honoured(monkeypatch, value, kind):
-    slax.set_device_kind(None)
-    monkeypatch.setenv("SLAX_DEVICE", value)
-    assert device_kind_for_platform("cpu") is kind
+def test_cuda_platform_uses_cuda():
+    assert device_kind_for_platform("cuda", LaunchRoutes(cpu=None)) is DeviceKind.CUDA
 
 
-def test_argument_overrides_env_var(monkeypatch):
-    monkeypatch.setenv("SLAX_DEVICE", "cuda")
-    slax.set_device_kind("vulkan")
-    assert device_kind_for_platform("cpu") is DeviceKind.VULKAN
+@pytest.mark.parametrize("kind", list(DeviceKind))
+def test_the_traced_device_kind_chooses_for_the_cpu(kind):
+    assert device_kind_for_platform("cpu", LaunchRoutes(cpu=kind)) is kind
 
 
-def test_unknown_env_value_is_rejected(monkeypatch):
-    slax.set_device_kind(None)
-    monkeypatch.setenv("SLAX_DEVICE", "metal")
-    with pytest.raises(
-        ValueError, match=r"unknown device kind 'metal' from the SLAX_DEVICE .*'vulkan', 'cuda'"
-    ):
-        device_kind_for_platform("cpu")
+_SHOW_CHOICE = """
+import slax
+slax.set_device_kind(slax.config.device_kind)  # what SLAX_DEVICE chose, through the API
+print(slax.config.device_kind.value, slax.launch_route("cpu"))
+slax.set_device_kind("vulkan")
+print(slax.config.device_kind.value)
+"""
+
+
+@pytest.mark.parametrize(
+    "value, kind, route", [(" Cpu ", "cpu", "host-pointer"), ("vulkan", "vulkan", "host-copy")]
+)
+def test_env_var_chooses_and_the_api_overrides_it(value, kind, route):
+    """``SLAX_DEVICE`` is read when slax is imported (a fresh process), ``set_device_kind`` after."""
+    result = run_python("-c", _SHOW_CHOICE, env={**os.environ, "SLAX_DEVICE": value}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-2:] == [f"{kind} {route}", "vulkan"]
+
+
+def test_unknown_env_value_is_rejected():
+    result = run_python("-c", "import slax", env={**os.environ, "SLAX_DEVICE": "metal"}, timeout=300)
+    assert result.returncode != 0
+    assert (
+        "unknown device kind 'metal' from the SLAX_DEVICE variable; expected one of 'vulkan', 'cpu', 'cuda'"
+        in (result.stderr)
+    )
 
 
 def test_unknown_argument_is_rejected():
@@ -56,11 +74,54 @@ def test_unknown_argument_is_rejected():
         slax.set_device_kind("gpu")
 
 
-def test_vulkan_cannot_serve_cuda_buffers(monkeypatch):
-    monkeypatch.setenv("SLAX_DEVICE", "vulkan")
-    slax.set_device_kind(None)
-    with pytest.raises(ValueError, match="CUDA GPU.*SLAX_DEVICE=vulkan"):
-        device_kind_for_platform("cuda")
+@pytest.mark.parametrize("kind", [DeviceKind.VULKAN, DeviceKind.CPU])
+def test_host_devices_cannot_serve_cuda_buffers(kind):
+    with pytest.raises(ValueError, match=f"CUDA GPU.*SLAX_DEVICE={kind.value}"):
+        device_kind_for_platform("cuda", LaunchRoutes(cpu=kind))
+
+
+_TRAIN_A_LITTLE = """
+import jax, jax.numpy as jnp, slax
+from slax import nn
+x = jnp.linspace(-1.0, 1.0, 64).reshape(16, 4)
+params = nn.mlp_init(jax.random.key(0), (4, 8, 4))
+_, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, x)
+loss = lambda p: jnp.mean(jnp.sum((nn.mlp_apply_reference(p, x) - x) ** 2, -1))
+pairs = zip(jax.tree.leaves(grads), jax.tree.leaves(jax.grad(loss)(params)))
+error = max(float(jnp.max(jnp.abs(a - b))) for a, b in pairs)
+value = slax.load_module("poly").polynomial(2.0, 8.0, -1.0, 3.0)
+print(slax.launch_route(), slax.describe_device(), value, error < 1e-5)
+"""
+
+NO_VULKAN_DRIVER = {"VK_DRIVER_FILES": "/nonexistent", "VK_ICD_FILENAMES": "/nonexistent"}
+"""Hides every Vulkan driver from the Vulkan loader (it honours either variable)."""
+
+
+def test_without_a_vulkan_driver_slax_uses_the_cpu_device_and_says_so_once():
+    env = {**os.environ, **NO_VULKAN_DRIVER, "JAX_PLATFORMS": "cpu"}
+    env.pop("SLAX_DEVICE", None)
+    result = run_python("-c", _TRAIN_A_LITTLE, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "host-pointer cpu (CPU) 41.0 True"
+    assert result.stderr.count("slax: no Vulkan device here") == 1, result.stderr
+
+
+def test_without_a_cpp_compiler_the_cpu_device_says_what_to_install(tmp_path):
+    """Slang's CPU target builds kernels with the system's clang++ or g++: without one on PATH, the
+    error says so and what to install, rather than Slang's "pass-through compiler not found"."""
+    env = {**os.environ, "PATH": str(tmp_path), "SLAX_DEVICE": "cpu"}
+    script = textwrap.dedent(
+        """
+        import slax
+        try:
+            slax.load_module("poly")
+        except slax.DeviceUnavailableError as error:
+            print(error)
+        """
+    )
+    result = run_python("-c", script, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "neither is on PATH" in result.stdout and "apt-get install g++" in result.stdout, result.stdout
 
 
 def test_device_is_created_once(device_kind):
@@ -68,7 +129,7 @@ def test_device_is_created_once(device_kind):
     assert get_device(kind) is get_device(kind)
 
 
-def test_missing_cuda_device_explains(monkeypatch):
+def test_missing_cuda_device_explains():
     if any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("this machine has a CUDA GPU")
     with pytest.raises(slax.DeviceUnavailableError, match="CUDA"):
@@ -86,8 +147,7 @@ def test_second_process_reuses_compiled_modules(tmp_path):
         print(value, len(files))  # last line: SlangPy's CUDA device logs to stdout before it
         """
     )
-    env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path)}
-    env.pop("SLAX_DEVICE", None)
+    env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path)}  # SLAX_DEVICE: the device under test
     results = [run_python("-c", script, str(tmp_path), env=env, timeout=300) for _ in range(2)]
     assert all(r.returncode == 0 for r in results), [r.stderr[-3000:] for r in results]
     runs = [r.stdout.splitlines()[-1].split() for r in results]
@@ -148,7 +208,6 @@ def test_unwritable_cache_directory_says_so(tmp_path):
         """
     )
     env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path / "a_file" / "cache")}
-    env.pop("SLAX_DEVICE", None)
     result = run_python("-c", script, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cannot write to its cache directory" in result.stdout and "SLAX_CACHE_DIR" in result.stdout

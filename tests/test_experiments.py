@@ -27,7 +27,7 @@ def test_polynomial_trains_and_writes_outputs(tmp_path):
         < 1e-3 * metrics["jax"]["test_mse"] + 1e-6
     )
     assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
-    assert metrics["device"]["slang"].startswith(("vulkan", "cuda"))
+    assert metrics["device"]["slang"].startswith(("vulkan", "cpu", "cuda"))
     assert metrics["config"]["devices"] is None and metrics["config"]["out"] == str(tmp_path)
     for model in ("slax", "jax"):
         assert metrics[model]["timed_steps"] == 400 and metrics[model]["compile_time_s"] > 0
@@ -139,7 +139,7 @@ def test_bridge_check_runs(device_kind, tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "bridge.json").read_text())
-    routes = ["slangpy", "ptx"] if device_kind == "cuda" else ["host-copy"]
+    routes = {"cuda": ["slangpy", "ptx"], "vulkan": ["host-copy"], "cpu": ["host-pointer"]}[device_kind]
     assert report["in_place"] == dict.fromkeys(routes, True)
     assert [(row["route"], row["elements"]) for row in report["rows"]] == [
         (route, size) for route in routes for size in (256, 1 << 20)
@@ -195,7 +195,8 @@ def test_soak_reads_memory_after_every_chunk(device_kind, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "soak.json").read_text())
     assert [r["step"] for r in report["readings"]] == [0, 500, 1000, 1500, 2000]
-    # On the CPU path only host memory has a reading (lavapipe's device memory is host memory); on
+    # On the CPU path only host memory has a reading (lavapipe's device memory is host memory, and
+    # the CPU device's kernels run on XLA's buffers); on
     # CUDA also XLA's bytes in use and the driver's count of the whole GPU's memory.
     if device_kind == "cuda":
         assert set(report["growth_mb"]) == {"host_rss_mb", "jax_device_mb", "cuda_used_mb"}

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
 import slax
 from slax import nn
-from slax._bridge import HostCopyLauncher, ZeroCopyLauncher
-from slax._config import LaunchRoutes
+from slax._bridge import HostCopyLauncher, HostPointerLauncher, ZeroCopyLauncher
+from slax._config import DeviceKind, LaunchRoutes
 from slax._launch import launcher_for
 from slax._ptx_launch import PtxLauncher
 
@@ -41,11 +42,11 @@ def scale_shift():
 
 
 @pytest.fixture
-def default_devices(monkeypatch):
+def default_devices():
     """slax's own choice of device per platform (a CUDA device for JAX on CUDA), whatever the
     device fixture chose for CPU-placed JAX."""
-    monkeypatch.delenv("SLAX_DEVICE", raising=False)
-    slax.set_device_kind(None)
+    with slax.config.override(device_kind=None):
+        yield
 
 
 def _slax_equations(jaxpr):
@@ -76,7 +77,7 @@ def test_every_slax_primitive_is_traced_with_the_route(poly, scale_shift, route)
         jaxpr = jax.make_jaxpr(program)(jnp.linspace(-1, 1, 8))
     equations = list(_slax_equations(jaxpr.jaxpr))
     assert {e.primitive.name for e in equations} == SLAX_PRIMITIVES
-    assert {e.params["routes"] for e in equations} == {LaunchRoutes(cuda=route)}
+    assert {e.params["routes"] for e in equations} == {LaunchRoutes(cuda=route, cpu=slax.config.device_kind)}
 
 
 def test_changing_cuda_launch_retraces_a_jitted_function(poly):
@@ -99,20 +100,48 @@ def test_changing_cuda_launch_retraces_a_jitted_function(poly):
         routes = [e.params["routes"] for e in _slax_equations(f.trace(x).jaxpr.jaxpr)]
     f(x)
     assert traced == [first, other]
-    assert routes == [LaunchRoutes(cuda=other)]
+    assert routes == [LaunchRoutes(cuda=other, cpu=slax.config.device_kind)]
 
 
-def test_the_launcher_follows_the_platform_and_the_routes(default_devices, cpu_path):
+def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind):
+    """The device kind for CPU-placed JAX is traced too: a jitted function runs on the device it
+    was traced for, and is traced again (not reused) for the other."""
+    if device_kind == "cuda":
+        pytest.skip("JAX on CUDA always uses the CUDA device")
+    traced = []
+
+    @jax.jit
+    def f(x):
+        traced.append(slax.config.device_kind)
+        return poly(2.0, 8.0, -1.0, x)
+
+    x = jnp.arange(4.0)
+    other = DeviceKind.CPU if device_kind == "vulkan" else DeviceKind.VULKAN
+    results = [f(x)]
+    with slax.config.override(device_kind=other):
+        results.append(f(x))
+        assert slax.launch_route("cpu") == ("host-pointer" if other is DeviceKind.CPU else "host-copy")
+    results.append(f(x))
+    assert traced == [DeviceKind(device_kind), other]
+    assert all(np.array_equal(r, [-1.0, 9.0, 23.0, 41.0]) for r in results)
+
+
+def test_the_launcher_follows_the_platform_and_the_routes(default_devices, device_kind):
     for route in slax.config.CUDA_LAUNCHES:
-        assert isinstance(launcher_for("cpu", LaunchRoutes(cuda=route)), HostCopyLauncher)
+        if device_kind != "cuda":
+            assert isinstance(launcher_for("cpu", LaunchRoutes(route, DeviceKind.VULKAN)), HostCopyLauncher)
+            assert isinstance(launcher_for("cpu", LaunchRoutes(route, DeviceKind.CPU)), HostPointerLauncher)
     assert isinstance(launcher_for("cuda", LaunchRoutes(cuda="slangpy")), ZeroCopyLauncher)
     assert isinstance(launcher_for("cuda", LaunchRoutes(cuda="ptx")), PtxLauncher)
     assert launcher_for("cuda", LaunchRoutes(cuda="ptx")) is launcher_for("cuda", LaunchRoutes(cuda="ptx"))
 
 
 @pytest.mark.parametrize("route", slax.config.CUDA_LAUNCHES)
-def test_launch_route_names_the_route_taken(default_devices, device_kind, route, cpu_path):
+def test_launch_route_names_the_route_taken(device_kind, route):
+    on_cpu = {"cpu": "host-pointer", "vulkan": "host-copy", "cuda": None}[device_kind]
     with slax.config.override(cuda_launch=route):
-        assert slax.launch_route("cpu") == "host-copy"
-        assert slax.launch_route("cuda") == route
-        assert slax.launch_route() == (route if device_kind == "cuda" else "host-copy")
+        if on_cpu:
+            assert slax.launch_route("cpu") == on_cpu
+        with slax.config.override(device_kind=None):
+            assert slax.launch_route("cuda") == route
+        assert slax.launch_route() == (on_cpu or route)

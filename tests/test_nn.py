@@ -11,6 +11,7 @@ import optax
 import pytest
 from _training import cast, training_step
 
+import slax
 from slax import nn
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
@@ -223,3 +224,32 @@ def test_reference_multiplies_at_the_requested_precision():
 
     assert precisions() == {"(Precision.HIGHEST, Precision.HIGHEST)"}
     assert precisions(precision=None) == {"None"}
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_cpu_device_gives_the_vulkan_routes_results(dtype):
+    """Both CPU routes in one process, on the same inputs: apply, its VJP and the fused loss and
+    gradient on SlangPy's CPU device (whose gradient sums run a thread group's samples on one
+    thread) agree with Vulkan's (sums through group-shared memory) within the dtype's tolerance."""
+    for kind in ("vulkan", "cpu"):
+        try:
+            with slax.config.override(device_kind=kind):
+                slax.launch_route("cpu")
+        except slax.DeviceUnavailableError as error:
+            pytest.skip(f"needs both CPU routes; {kind}: {error}")
+    keys = jax.random.split(jax.random.key(11), 4)
+    params = nn.mlp_init(keys[0], (64, 128, 64, 10), dtype)
+    x, target = _inputs(params, keys[1], 1000, dtype), _draw(keys[2], (1000, 10), dtype)
+    dy = _draw(keys[3], (1000, 10), dtype)
+
+    def run():
+        y, pullback = jax.vjp(nn.mlp_apply, params, x)
+        return y, pullback(dy), jax.jit(nn.mlp_loss_and_grad)(params, x, target)
+
+    results = {}
+    for kind in ("vulkan", "cpu"):
+        with slax.config.override(device_kind=kind):
+            results[kind] = run()
+    for got, want in zip(jax.tree.leaves(results["cpu"]), jax.tree.leaves(results["vulkan"])):
+        assert _relative_error(got, want) < RELATIVE_TOLERANCE[dtype]

@@ -52,7 +52,9 @@ def nvrtc(monkeypatch):
 @functools.cache
 def _report() -> dict:
     env = {
-        **os.environ,
+        # It lowers for CUDA, which takes no SLAX_DEVICE (the device_kind fixture's choice for
+        # CPU-placed JAX): slax refuses a Vulkan or CPU device for CUDA-placed computations.
+        **{k: v for k, v in os.environ.items() if k != "SLAX_DEVICE"},
         "PYTHONPATH": os.pathsep.join([str(TOOLS), str(ROOT)]),
         "SLAX_NVRTC": str(NVRTC),
         "SLAX_CUDA_COMPUTE_CAPABILITY": "90",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
+import jaxlib
 import pytest
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -22,3 +26,64 @@ def test_snippet_runs(index, monkeypatch):
     for earlier in SNIPPETS[:index]:  # later snippets build on earlier ones, as a reader would
         exec(compile(earlier, f"README snippet {SNIPPETS.index(earlier)}", "exec"), namespace)
     exec(compile(SNIPPETS[index], f"README snippet {index}", "exec"), namespace)
+
+
+NO_VULKAN_DRIVER = {"VK_DRIVER_FILES": "/nonexistent", "VK_ICD_FILENAMES": "/nonexistent"}
+"""Hides every Vulkan driver from the Vulkan loader (it honours either variable) and from
+scripts/setup.sh, which reads them as the loader does."""
+
+
+def _this_environment_as_a_venv(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A virtual environment for scripts/setup.sh that is the one running the tests (its files
+    linked) and counts as installed (stamps newer than pyproject.toml, CUDA tools marked present),
+    so that the scripts install nothing and run this checkout (the tests' PYTHONPATH)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text((pathlib.Path(sys.prefix) / "pyvenv.cfg").read_text())
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "lib").symlink_to(pathlib.Path(sys.prefix) / "lib")
+    jax_version = os.environ.get("SLAX_JAX_VERSION")
+    (venv / (".slax-installed" + (f"-jax-{jax_version}" if jax_version else ""))).touch()
+    # scripts/test.sh fetches CUDA tools unless they are marked installed; the README snippets
+    # this test runs need none.
+    (venv / "cuda-tools").mkdir()
+    (venv / "cuda-tools" / f".installed-{jaxlib.__version__}").touch()
+    return venv
+
+
+@pytest.mark.one_device_kind
+def test_the_two_commands_work_without_a_vulkan_driver_and_say_which_route(tmp_path):
+    """scripts/train.sh and scripts/test.sh on a machine whose Vulkan loader finds no driver:
+    setup installs nothing (a C++ compiler is here), says slax uses SlangPy's CPU device, and
+    both run on it and say so."""
+    env = {**os.environ, **NO_VULKAN_DRIVER, "SLAX_VENV": str(_this_environment_as_a_venv(tmp_path))}
+    for variable in ("SLAX_DEVICE", "SLAX_TEST_DEVICES", "SLAX_INSTALL_LAVAPIPE"):
+        env.pop(variable, None)
+    root = README.parent
+    train = ["bash", "scripts/train.sh", "--steps", "20", "--chunk", "10", "--batch", "256"]
+    trained = subprocess.run(
+        [*train, "--out", str(tmp_path / "run")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert "setup: no Vulkan driver here; slax runs kernels of CPU-placed JAX on SlangPy's CPU device" in (
+        trained.stdout
+    )
+    assert "Slang kernels on cpu (CPU), host-pointer route" in trained.stdout
+    assert trained.stderr.count("slax: no Vulkan device here") == 1, trained.stderr[-3000:]
+    tested = subprocess.run(
+        ["bash", "scripts/test.sh", "-p", "no:cacheprovider", "tests/test_readme.py", "-k", "snippet"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
+    assert "device kinds under test: cpu\n" in tested.stdout
+    summary = tested.stdout.splitlines()[-1]  # the snippets and test_readme_has_snippets
+    assert f" {len(SNIPPETS) + 1} passed" in summary, tested.stdout[-3000:]

@@ -15,11 +15,14 @@ deep the network: Vulkan passes entry-point arguments as push constants, 256 byt
 NVIDIA, which four pointers per layer would exceed at seven layers.
 
 Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``; each group
-is padded to whole thread groups of SLAX_GROUP_SIZE, so thread ``t`` handles sample
+is padded to whole thread groups of SLAX_GROUP_SIZE, so position ``t`` of the launch is sample
 ``t % padded_per_group`` of group ``t / padded_per_group`` when that is below ``samples_per_group``
-(padding threads run with zero cotangents). Each thread group writes one partial weight and bias
-gradient per layer (``groupOuterProductSum``, through ``SCRATCH_FLOATS`` of group-shared memory);
-JAX sums the partials of a group.
+(padding positions run with zero cotangents). Each thread group writes one partial weight and bias
+gradient per layer (``groupOuterProductSum``); JAX sums the partials of a group. The source is the
+same for every target, and so is the launch: on GPUs thread ``t`` runs position ``t`` and the sums
+go through ``SCRATCH_FLOATS`` of group-shared memory; on the CPU, which has no group barriers, the
+first thread of each thread group runs the group's positions in order (``groupSamples`` in
+``shaders/nn/mlp.slang``).
 """
 
 from __future__ import annotations
@@ -94,17 +97,23 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
                 f"    net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == last else HIDDEN_SLOPE};",
                 f"    net.layer{k}.weightGradient = {dw};",
                 f"    net.layer{k}.biasGradient = {db};",
-                f"    net.layer{k}.local = {'local' if with_gradients else '0'};",
             ]
         return "\n".join(lines)
 
     locate = """
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
-    uint inGroup = thread % padded_per_group;
-    bool active = inGroup < samples_per_group;
-    uint sample = (thread / padded_per_group) * samples_per_group + min(inGroup, samples_per_group - 1);
-    uint local = thread % SLAX_GROUP_SIZE, block = thread / SLAX_GROUP_SIZE;"""
+    uint block = thread / SLAX_GROUP_SIZE, first, end;
+    groupSamples(thread % SLAX_GROUP_SIZE, first, end);"""
+    at_sample = "\n".join(
+        [
+            "        uint position = block * SLAX_GROUP_SIZE + local, inGroup = position % padded_per_group;",
+            "        bool active = inGroup < samples_per_group;",
+            "        uint sample = (position / padded_per_group) * samples_per_group"
+            " + min(inGroup, samples_per_group - 1);",
+        ]
+        + [f"        net.layer{k}.local = local;" for k in range(len(layers))]
+    )
     return f"""import slax.kernel;
 import nn.mlp;
 
@@ -172,13 +181,17 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T
 {{{locate}
     Network net;
 {setup(True)}
-    var input = diffPair(loadVec<{n_in}>(x, sample));
-    MLGrad<{n_out}> dOut;
-    for (int i = 0; i < {n_out}; i++)
-        dOut.vals[i] = active ? __realCast<float>(dy[sample * {n_out} + i]) : 0.0;
-    bwd_diff(networkOutput)(net, input, dOut);
-    if (active)
-        for (int i = 0; i < {n_in}; i++) dx[sample * {n_in} + i] = __realCast<T>(input.d.vals[i]);
+    for (uint local = first; local < end; local++)
+    {{
+{at_sample}
+        var input = diffPair(loadVec<{n_in}>(x, sample));
+        MLGrad<{n_out}> dOut;
+        for (int i = 0; i < {n_out}; i++)
+            dOut.vals[i] = active ? __realCast<float>(dy[sample * {n_out} + i]) : 0.0;
+        bwd_diff(networkOutput)(net, input, dOut);
+        if (active)
+            for (int i = 0; i < {n_in}; i++) dx[sample * {n_in} + i] = __realCast<T>(input.d.vals[i]);
+    }}
 }}
 
 [shader("compute")]
@@ -190,11 +203,15 @@ void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform 
 {{{locate}
     Network net;
 {setup(True)}
-    MLVec<T, {n_in}> input = loadVec<{n_in}>(x, sample);
-    MLVec<T, {n_out}> goal = loadVec<{n_out}>(target, sample);
-    if (active)
-        loss[sample] = sampleLoss(net, input, goal);
-    var inputPair = diffPair(input);
-    bwd_diff(sampleLoss)(net, inputPair, goal, active ? loss_scale : 0.0);
+    for (uint local = first; local < end; local++)
+    {{
+{at_sample}
+        MLVec<T, {n_in}> input = loadVec<{n_in}>(x, sample);
+        MLVec<T, {n_out}> goal = loadVec<{n_out}>(target, sample);
+        if (active)
+            loss[sample] = sampleLoss(net, input, goal);
+        var inputPair = diffPair(input);
+        bwd_diff(sampleLoss)(net, inputPair, goal, active ? loss_scale : 0.0);
+    }}
 }}
 """

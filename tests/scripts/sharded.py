@@ -10,12 +10,16 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import slax
-from slax import _bridge, data_parallel, nn
+from slax import data_parallel, nn
+from slax._config import current_routes
+from slax._launch import launcher_for
 
 assert len(jax.devices()) == 2, jax.devices()
 mesh = Mesh(np.array(jax.devices()), ("data",))
 launches = []
-original = _bridge.HostCopyLauncher.callback
+# Count the launches of the launcher CPU-placed JAX takes (host copies or host pointers).
+launcher_type = type(launcher_for("cpu", current_routes()))
+original = launcher_type.callback
 
 
 def recording_callback(self, spec, scalars, count, aliases):
@@ -28,7 +32,7 @@ def recording_callback(self, spec, scalars, count, aliases):
     return recorded
 
 
-_bridge.HostCopyLauncher.callback = recording_callback
+launcher_type.callback = recording_callback
 poly = slax.load_module("poly").polynomial
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.normal(size=(8,)), jnp.float32)
