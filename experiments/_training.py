@@ -146,7 +146,8 @@ def train_in_chunks(
     given, e.g. a test accuracy). With ``checkpoint``, the state is saved there every
     ``checkpoint_every`` steps (rounded up to whole chunks) and at the end, and an existing
     checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
-    to an uninterrupted one.
+    to an uninterrupted one (on a GPU, where XLA's reductions are made deterministic with
+    ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``).
 
     """
     try:

@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         "--launch",
         nargs="+",
         choices=slax.config.CUDA_LAUNCHES,
-        default=["slangpy"],
-        help="CUDA launch routes to time slax with (ignored on CPU)",
+        default=[slax.config.cuda_launch],
+        help="CUDA launch routes to time slax with (ignored on CPU; default: slax.config.cuda_launch)",
     )
     parser.add_argument(
         "--peak-tflops",
@@ -159,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
     args = parser.parse_args(argv)
-    launches = args.launch if harness.on_cuda() else ["slangpy"]
+    # slax's rows: one per CUDA launch route on a GPU; elsewhere the one route there is, by its name.
+    slax_models = (
+        [(f"slax/{launch}", launch) for launch in args.launch]
+        if harness.on_cuda()
+        else [(f"slax/{slax.launch_route()}", slax.config.cuda_launch)]
+    )
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform())
     if peaks:
@@ -177,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 flops, nbytes = step_floor(network, dtype, batch)
                 floor = max(flops / peaks[0], nbytes / peaks[1]) if peaks else None
                 jax_rate = steps_per_second(network, "jax", dtype, batch, args.steps, args.repeats)
-                models = [(f"slax/{launch}", launch) for launch in launches]
-                models += [(name, None) for name in JAX_PRECISIONS]
+                models = slax_models + [(name, None) for name in JAX_PRECISIONS]
                 for model, launch in models:
                     if model == "jax":
                         rate = jax_rate

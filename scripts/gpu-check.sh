@@ -74,6 +74,8 @@ step gradcheck-ptx 600 "$PY" experiments/gradcheck.py --launch ptx --out "$out/g
 # Issue 6 targets 2 and 3, issue 5's benchmark.
 step benchmark 320 "$PY" experiments/benchmark.py --batch 4096 65536 1048576 4194304 --dtype float32 float16 \
   --steps 20 --repeats 3 --launch slangpy ptx --json "$out/bench.json"
+# Issue 16: where a step's time goes, kernel by kernel (JAX's profiler), slax on each route and plain JAX.
+step profile 300 "$PY" experiments/profile_step.py --batch 4096 1048576 --launch ptx slangpy --json "$out/profile.json"
 # Issue 7: 10,000 steps hold host and device memory, on each route.
 step soak-slangpy 600 "$PY" experiments/soak.py --batch 65536 --launch slangpy --json "$out/soak-slangpy.json"
 step soak-ptx 600 "$PY" experiments/soak.py --batch 65536 --launch ptx --json "$out/soak-ptx.json"

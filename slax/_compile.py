@@ -170,7 +170,8 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
     try:
         built = _compile(build, what=f"entry point {spec.entry!r}")
     except SlangCompileError as error:
-        raise _explained_by_push_constants(error, device, spec, parameters) from None
+        error = _explained_by_push_constants(error, device, spec, parameters)
+        raise _explained_by_quoted_path(error, device, spec) from None
     kernel = CompiledKernel(built, parameters)
     with _lock:
         return _kernels.setdefault(key, kernel)
@@ -192,6 +193,20 @@ def uniform_bytes(parameters: EntryPointParameters) -> int:
         size = 8 if name in kinds else _SCALAR_BYTES.get(scalars.get(name, ""), 4)
         offset = -(-offset // size) * size + size
     return offset
+
+
+def _explained_by_quoted_path(
+    error: SlangCompileError, device: spy.Device, spec: KernelSpec
+) -> SlangCompileError:
+    """SlangPy's CUDA compile hands NVRTC ``#line`` directives with the module's path unescaped, so a
+    path holding a double quote fails there with only "expected a file name"; say so."""
+    if device.info.type != spy.DeviceType.cuda or '"' not in (spec.path or ""):
+        return error
+    return SlangCompileError(
+        f"{error}\nslax: the module's path {spec.path!r} holds a double quote, which SlangPy's CUDA "
+        "compile cannot pass to NVRTC. Move or link the module to a path without one, or use the PTX "
+        "route (slax.config.cuda_launch = 'ptx', the default), which compiles it."
+    )
 
 
 def _explained_by_push_constants(

@@ -80,11 +80,12 @@ class Config:
         naming the first kernel (and Slang function) that produced a NaN or Inf. Off by default: it
         copies results to the host. Also on when ``SLAX_DEBUG_NANS=1`` or when JAX's own
         ``jax_debug_nans`` is set.
-      cuda_launch: how kernels run when JAX runs on a CUDA GPU. ``"slangpy"`` (the default and the
-        reference): SlangPy dispatches each kernel from a ``buffer_callback`` on XLA's buffers and
-        stream. ``"ptx"``: Slang compiles the kernel to PTX and XLA launches it through jaxlib's
-        Triton kernel launcher, with no Python per call (see ``slax/_ptx_launch.py``). Also set by
-        ``SLAX_CUDA_LAUNCH``.
+      cuda_launch: how kernels run when JAX runs on a CUDA GPU. ``"ptx"`` (the default, the faster
+        route as measured on an H100; BENCHMARKS.md): Slang compiles the kernel to PTX and XLA
+        launches it through jaxlib's Triton kernel launcher, with no Python per call (see
+        ``slax/_ptx_launch.py``); kernels it cannot launch take the SlangPy route, with a warning.
+        ``"slangpy"``: SlangPy dispatches each kernel from a ``buffer_callback`` on XLA's buffers
+        and stream. Also set by ``SLAX_CUDA_LAUNCH``.
       device_kind: the SlangPy device that runs kernels of CPU-placed JAX: ``"vulkan"`` (a GPU
         driver, or Mesa's lavapipe on the CPU; host copies), ``"cpu"`` (SlangPy's CPU device, on
         XLA's host buffers in place) or ``"cuda"`` (host copies). ``None``, the default: Vulkan
@@ -98,9 +99,7 @@ class Config:
     debug_nans: bool = dataclasses.field(
         default_factory=lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0")
     )
-    cuda_launch: str = dataclasses.field(
-        default_factory=lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "slangpy"
-    )
+    cuda_launch: str = dataclasses.field(default_factory=lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "ptx")
     device_kind: DeviceKind | None = dataclasses.field(
         default_factory=lambda: parse_device_kind(
             os.environ.get(DEVICE_ENV_VAR), source=f"the {DEVICE_ENV_VAR} variable"

@@ -10,6 +10,7 @@ CPU-placed computations; it is part of what JAX traces (:class:`slax._config.Lau
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pathlib
@@ -17,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 
 import jax
 import slangpy as spy
@@ -181,15 +183,16 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
     if kind is DeviceKind.CPU:  # its "No supported shader model found" warning concerns GPUs only
         logger.level = spy.LogLevel.error
     try:
-        return spy.Device(
-            type=_SPY_DEVICE_TYPES[kind],
-            compiler_options=spy.SlangCompilerOptions(options),
-            module_cache_path=str(cache / "modules"),
-            shader_cache_path=str(cache / "shaders"),
-            adapter_luid=adapter_luid,
-            enable_hot_reload=False,
-            label=f"slax-{kind.value}-{ordinal}",
-        )
+        with _quiet_slangpy():
+            return spy.Device(
+                type=_SPY_DEVICE_TYPES[kind],
+                compiler_options=spy.SlangCompilerOptions(options),
+                module_cache_path=str(cache / "modules"),
+                shader_cache_path=str(cache / "shaders"),
+                adapter_luid=adapter_luid,
+                enable_hot_reload=False,
+                label=f"slax-{kind.value}-{ordinal}",
+            )
     except Exception as error:
         raise DeviceUnavailableError(_missing_device_advice(kind, error)) from error
     finally:
@@ -205,6 +208,20 @@ def cpp_compiler() -> str | None:
     """The C++ compiler SlangPy's CPU device will build kernels with, or None: Slang's CPU target
     writes C++ and compiles it with the system's clang++ or g++ (the SlangPy wheel ships no LLVM)."""
     return next((path for path in map(shutil.which, CPP_COMPILERS) if path), None)
+
+
+@contextlib.contextmanager
+def _quiet_slangpy() -> Iterator[None]:
+    """SlangPy's log at errors only: creating a CUDA device logs a warning to stdout ("No supported
+    shader model found, pretending to support sm_6_0") that is about SlangPy's own shader models,
+    not slax's kernels, and would land in every user program's output. Failures still raise."""
+    logger = spy.Logger.get()
+    level = logger.level
+    logger.level = spy.LogLevel.error
+    try:
+        yield
+    finally:
+        logger.level = level
 
 
 def _missing_device_advice(kind: DeviceKind, error: Exception) -> str:

@@ -9,10 +9,11 @@ the XLA computation being built. The routes:
 - ``"host-pointer"`` (:class:`slax._bridge.HostPointerLauncher`): JAX on the CPU, kernels on
   SlangPy's CPU device. A ``buffer_callback`` dispatches with SlangPy on XLA's host buffers'
   addresses, zero-copy.
+- ``"ptx"`` (:class:`slax._ptx_launch.PtxLauncher`, the default): JAX on CUDA. An FFI custom call
+  that XLA launches itself (jaxlib's Triton kernel launcher), with no Python per call.
 - ``"slangpy"`` (:class:`slax._bridge.ZeroCopyLauncher`): JAX on CUDA. A ``buffer_callback``
-  dispatches with SlangPy on XLA's device buffers and stream, zero-copy.
-- ``"ptx"`` (:class:`slax._ptx_launch.PtxLauncher`): JAX on CUDA. An FFI custom call that XLA
-  launches itself (jaxlib's Triton kernel launcher), with no Python per call.
+  dispatches with SlangPy on XLA's device buffers and stream, zero-copy; also where the PTX route
+  cannot launch a kernel.
 
 :func:`launcher_for` is where the route is chosen: from the platform the computation is lowered
 for and the :class:`~slax._config.LaunchRoutes` it was traced with (a parameter of the launch).
@@ -75,7 +76,7 @@ def launcher_for(platform: str, routes: LaunchRoutes) -> Launcher:
 
 def _new_launcher(route: str, kind: DeviceKind) -> Launcher:
     if route == "ptx":
-        return PtxLauncher()
+        return PtxLauncher(fallback=ZeroCopyLauncher(kind))
     if route == "slangpy":
         return ZeroCopyLauncher(kind)
     if route == "host-pointer":

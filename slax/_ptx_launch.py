@@ -1,8 +1,9 @@
 """The PTX launch route on CUDA (:class:`PtxLauncher`): a slax kernel compiled by Slang to PTX,
 launched by XLA itself.
 
-The default CUDA route (:class:`slax._bridge.ZeroCopyLauncher`) calls back into Python on every
-launch so that SlangPy can dispatch. Here the kernel becomes a custom call that jaxlib's Triton
+The default CUDA route. The SlangPy route (:class:`slax._bridge.ZeroCopyLauncher`) calls back into
+Python on every launch so that SlangPy can dispatch (45-90 us a call on an H100, against ~15 us
+here; BENCHMARKS.md). Here the kernel becomes a custom call that jaxlib's Triton
 kernel launcher runs (the ``triton_kernel_call_ffi`` target that jax-triton and Pallas use): XLA
 launches the PTX on its own stream, with its own buffers, on whichever GPU runs the computation,
 and no Python runs per call.
@@ -12,11 +13,13 @@ parameters are all uniform pointers and scalars compiles for CUDA to
 ``extern "C" __global__ void entry(T*..., scalars...)``, which the launcher fills with one array
 parameter per buffer (operands, then fresh results) and one scalar parameter per scalar, in the
 entry point's own order. The PTX's ``.entry`` signature is checked against that list before any
-launch, so a kernel that does not follow the convention fails at trace time, not with wrong numbers.
+launch. A kernel outside the convention (thread groups not whole warps in x, scalars the launcher
+cannot pass) runs on the SlangPy route instead, with a warning naming why, when it is lowered; one
+whose PTX signature does not match fails at trace time, not with wrong numbers.
 
 jaxlib's Triton launcher is private JAX API; slax pins JAX to the versions it tested
 (``pyproject.toml``) and tests this lowering on every version it supports (tests/test_ptx_launch.py).
-Select it with ``slax.config.cuda_launch = "ptx"`` or ``SLAX_CUDA_LAUNCH=ptx``.
+Select the other route with ``slax.config.cuda_launch = "slangpy"`` or ``SLAX_CUDA_LAUNCH=slangpy``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import functools
 import math
 import os
 import re
+import warnings
 import zlib
 from collections.abc import Sequence
 
@@ -42,7 +46,7 @@ from slax._compile import (
 )
 from slax._device import reflection_device
 from slax._slang_c import CodeTarget, compile_entry_point
-from slax._sources import require_unchanged
+from slax._sources import require_unchanged, snapshot
 
 WARP_SIZE = 32
 _TRITON_SCALAR_TYPE = {
@@ -124,9 +128,11 @@ def _arguments(spec: KernelSpec, entry: EntryPointParameters, values: dict) -> t
 def _checked_ptx(spec: KernelSpec, content: str, expected: tuple[str, ...]) -> str:
     """``spec``'s PTX, compiled once per ``content`` (its Slang code's content key), after checking
     its entry signature is ``expected``."""
-    ptx = compile_entry_point(spec, CodeTarget.PTX)
-    # Slang read the files again just now: they must still be the code of ``content``.
-    require_unchanged(content, f"the Slang module of kernel {spec.entry!r}")
+    # The module's files as they were loaded: from disk, or from a snapshot of them once edited.
+    kept = snapshot(content)
+    ptx = compile_entry_point(spec, CodeTarget.PTX, kept)
+    if kept is None:  # Slang read the files on disk just now: they must still be those of ``content``.
+        require_unchanged(content, f"the Slang module of kernel {spec.entry!r}")
     found = tuple(ptx_entry_parameter_types(ptx, spec.entry))
     if found != expected:
         raise PtxLaunchError(
@@ -181,9 +187,13 @@ def kernel_call_opaque(spec: KernelSpec, plan: LaunchPlan) -> bytes:
 
 
 class PtxLauncher:
-    """Lowers a launch to a ``triton_kernel_call_ffi`` custom call (route ``"ptx"``)."""
+    """Lowers a launch to a ``triton_kernel_call_ffi`` custom call (route ``"ptx"``); a kernel the
+    launcher cannot run goes to ``fallback`` (the SlangPy route), with a warning."""
 
     name = "ptx"
+
+    def __init__(self, fallback):
+        self.fallback = fallback
 
     def lower(self, ctx, operands, *, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases):
         """The launcher hands array parameters the custom call's buffers in order, operands then
@@ -191,7 +201,13 @@ class PtxLauncher:
         the fresh results first and the in-place ones after them (never read by the kernel), then
         the lowering puts them back in the primitive's order."""
         in_place = {result: operand for operand, result in aliases}
-        plan = launch_plan(spec, scalars, count)
+        try:
+            plan = launch_plan(spec, scalars, count)
+        except PtxLaunchError as refusal:
+            warnings.warn(f"{refusal} It runs on the SlangPy route instead.", stacklevel=2)
+            return self.fallback.lower(
+                ctx, operands, spec=spec, scalars=scalars, count=count, aliases=aliases
+            )
         order = [k for k in range(len(ctx.avals_out)) if k not in in_place] + sorted(in_place)
         call_ctx = ctx.replace(avals_out=[ctx.avals_out[k] for k in order])
         lowering = jax.ffi.ffi_lowering(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import slangpy as spy
 
+from slax._codegen import slang_string
 from slax._device import include_paths
 from slax._errors import SlangCompileError
 
@@ -157,8 +158,17 @@ def dependency_files(path: str | None = None, source: str | None = None, name: s
             lib.spDestroyCompileRequest(request)
 
 
-def compile_entry_point(spec: KernelSpec, target: CodeTarget) -> str:
-    """The code of ``spec``'s entry point for ``target`` (PTX or CUDA source), as text.
+def relocated(path: str, snapshot_root: str | None) -> str:
+    """Where ``path`` is in the snapshot at ``snapshot_root`` (``path`` itself for None)."""
+    if snapshot_root is None:
+        return path
+    return os.path.join(snapshot_root, os.path.abspath(path).lstrip(os.sep))
+
+
+def compile_entry_point(spec: KernelSpec, target: CodeTarget, snapshot: str | None = None) -> str:
+    """The code of ``spec``'s entry point for ``target`` (PTX or CUDA source), as text; with
+    ``snapshot`` (:func:`slax._sources.snapshot`), from the module's files kept there, ahead of
+    the files on disk.
 
     Raises:
       SlangCompileError: Slang rejected the module; the message carries its diagnostics (file:line).
@@ -173,7 +183,9 @@ def compile_entry_point(spec: KernelSpec, target: CodeTarget) -> str:
                 "packages (pip install 'jax[cuda12]' brings nvidia-cuda-nvrtc-cu12) or a CUDA "
                 "toolkit, or point SLAX_NVRTC at libnvrtc.so."
             )
-        arguments += ["-nvrtc-path", nvrtc]
+        # No #line directives in the CUDA source NVRTC compiles: Slang writes paths into them
+        # unescaped, and a module path with a double quote in it is then a syntax error there.
+        arguments += ["-nvrtc-path", nvrtc, "-line-directive-mode", "none"]
     lib = _library()
     with _lock:
         request = lib.spCreateCompileRequest(_global_session())
@@ -183,13 +195,19 @@ def compile_entry_point(spec: KernelSpec, target: CodeTarget) -> str:
                 raise RuntimeError(f"slax: Slang rejected the options {arguments}.")
             lib.spAddCodeGenTarget(request, int(target))
             for directory in include_paths():
+                if snapshot is not None:
+                    lib.spAddSearchPath(request, relocated(directory, snapshot).encode())
                 lib.spAddSearchPath(request, directory.encode())
             unit = lib.spAddTranslationUnit(request, _SOURCE_LANGUAGE_SLANG, None)
             if spec.source is not None:
                 name = f"{spec.module_name}.slang"
-                lib.spAddTranslationUnitSourceString(request, unit, name.encode(), spec.source.encode())
+                source = spec.source
+                if spec.path is not None:  # a generated kernel imports the module by its path
+                    moved = relocated(spec.path, snapshot)
+                    source = source.replace(slang_string(spec.path), slang_string(moved))
+                lib.spAddTranslationUnitSourceString(request, unit, name.encode(), source.encode())
             else:
-                path = pathlib.Path(spec.path or "")
+                path = pathlib.Path(relocated(spec.path or "", snapshot))
                 lib.spAddSearchPath(request, str(path.parent).encode())
                 lib.spAddTranslationUnitSourceFile(request, unit, str(path).encode())
             entry = lib.spAddEntryPoint(request, unit, spec.entry.encode(), _STAGE_COMPUTE)

@@ -7,7 +7,10 @@ or one of its imports, has a new key, so the next ``slax.load_module`` builds th
 arrays traced against the old module keep running the old code they were traced with.
 
 Listing the files takes a compile (Slang's front end), so each root's file lists are remembered:
-while none of a listed file's bytes changed, the key is known by hashing them again.
+while none of a listed file's bytes changed, the key is known by hashing them again. Their bytes
+are kept too: code compiled later from a module's files (the PTX route compiles each kernel from
+disk when it is first lowered) is compiled from a snapshot of them where they have been edited
+since (:func:`snapshot`), so it is the code that was loaded.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import dataclasses
 import hashlib
 import os
 import re
+import tempfile
 import threading
 
-from slax._slang_c import dependency_files
+from slax._slang_c import dependency_files, relocated
 
 _IDENTIFIER = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -32,11 +36,13 @@ class Closure:
       files: (path, sha256 of its bytes) of each file; a generated source is listed as
         ``("<source>", sha256 of its text)``.
       identifiers: every identifier-like word in those files: the names a user wrote.
+      texts: the bytes of each file of ``files``, as they were.
     """
 
     content: str
     files: tuple[tuple[str, str], ...]
     identifiers: frozenset[str]
+    texts: tuple[bytes, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
 
 _lock = threading.Lock()
@@ -72,7 +78,7 @@ def record_content(root: str, *, source: bool = False) -> str:
     files = tuple((path, hashlib.sha256(data).hexdigest()) for path, data in texts)
     digest = hashlib.sha256("\0".join(f"{path}\0{sha}" for path, sha in files).encode()).hexdigest()
     identifiers = frozenset(w.decode() for _, data in texts for w in _IDENTIFIER.findall(data))
-    closure = Closure(digest, files, identifiers)
+    closure = Closure(digest, files, identifiers, tuple(data for _, data in texts))
     with _lock:
         closure = _closures.setdefault(digest, closure)
         recorded = _by_root.setdefault(_root_key(root, source), [])
@@ -102,6 +108,26 @@ def require_unchanged(content: str, what: str) -> None:
             "and slax cannot build the old code from them again here. Call slax.load_module again "
             "to use the new code, and call it through the new module."
         )
+
+
+def snapshot(content: str) -> str | None:
+    """None while the files of the module with key ``content`` are unchanged on disk; once one was
+    edited, a directory holding all of them as they were when loaded, each at its absolute path
+    below it (:func:`relocated`): compiling from there builds the loaded code."""
+    closure = _closures[content]
+    if _unchanged(closure):
+        return None
+    root = os.path.join(tempfile.gettempdir(), f"slax-{os.getuid()}-snapshots", content)
+    for (path, _), data in zip(closure.files, closure.texts):
+        if path == "<source>":
+            continue
+        target = relocated(path, root)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        partial = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(partial, "wb") as file:
+            file.write(data)
+        os.replace(partial, target)
+    return root
 
 
 def _unchanged(closure: Closure) -> bool:

@@ -296,7 +296,8 @@ def test_code_generation_error_surfaces_at_trace_time_with_file_and_line(tmp_pat
 
 
 def test_failing_dispatch_is_explained(module, monkeypatch):
-    """A dispatch that fails (as on a lost device) surfaces with the kernel, device and advice."""
+    """A dispatch that fails (as on a lost device) surfaces with the kernel, device and advice
+    (SlangPy's dispatch, which on CUDA is the SlangPy route)."""
     from slax import _bridge, _compile
 
     real = _compile.compile_kernel
@@ -311,7 +312,10 @@ def test_failing_dispatch_is_explained(module, monkeypatch):
 
     monkeypatch.setattr(_bridge, "compile_kernel", failing)
     x = jnp.arange(7, dtype=jnp.float32) + 0.5  # a shape no other test compiled
-    with pytest.raises(Exception, match=r"(?s)'scale_shift_float' on .*VK_ERROR_DEVICE_LOST.*restart"):
+    with (
+        slax.config.override(cuda_launch="slangpy"),
+        pytest.raises(Exception, match=r"(?s)'scale_shift_float' on .*VK_ERROR_DEVICE_LOST.*restart"),
+    ):
         jax.block_until_ready(jax.jit(lambda x: _scale_shift(module, x, 3.0, 1.0))(x))
 
 

@@ -9,6 +9,8 @@ import subprocess
 import pytest
 from _helpers import ROOT, run_python
 
+import slax
+
 
 def test_polynomial_trains_and_writes_outputs(tmp_path):
     """400 steps in chunks of 300 (a shorter last chunk), a target it meets: exit 0, the outputs
@@ -170,7 +172,7 @@ def test_benchmark_runs(tmp_path):
     assert [(r["network"], r["batch"], r["model"]) for r in rows] == [
         (network, 64, model)
         for network in ("polynomial", "digits")
-        for model in ("slax/slangpy", "jax", "jax-f32")
+        for model in (f"slax/{slax.launch_route()}", "jax", "jax-f32")
     ]
     polynomial = rows[0]
     # 4 -> 16 -> 4 at batch 64: 6*64*(64+64) - 2*64*64 FLOPs; inputs and targets written and read,

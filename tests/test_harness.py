@@ -6,12 +6,10 @@ before anything is created."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import _harness as harness
 import jax
@@ -25,7 +23,7 @@ from _checkpoints import (
     previous_checkpoint,
     save_checkpoint,
 )
-from _helpers import ROOT, python_env, run_python
+from _helpers import ROOT, run_python
 from _training import train_in_chunks
 
 
@@ -99,6 +97,25 @@ def test_process_killed_mid_write_keeps_last_good_checkpoint(tmp_path):
     assert step == 100 and np.array_equal(state["params"][0], _state(1)["params"][0])
 
 
+_KILLED_AFTER_A_CHECKPOINT = textwrap.dedent(
+    """
+    import os, runpy, signal, sys
+    sys.path.insert(0, "experiments")
+    import _training
+    save = _training.save_checkpoint
+    def save_then_die(path, state, step, *args, **kwargs):
+        save(path, state, step, *args, **kwargs)
+        if step >= 200:
+            os.kill(os.getpid(), signal.SIGKILL)
+    _training.save_checkpoint = save_then_die
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+)
+"""A script run as ``python -c SCRIPT experiments/X.py FLAGS``: runs X.py and kills itself with
+SIGKILL right after the first checkpoint it saves at step 200 or later."""
+
+
 def test_resume_after_kill_is_bit_identical(tmp_path):
     args = [
         "experiments/polynomial.py",
@@ -112,28 +129,19 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
         "1",
     ]
     whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
-    finished = run_python(*args, "--out", str(whole))
+    # XLA on GPUs sums some reductions with atomics, in a different order each run, unless asked not
+    # to (slax's kernels sum in a fixed order): the same bits twice need its deterministic ops.
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()
+    env = {**os.environ, "XLA_FLAGS": flags}
+    finished = run_python(*args, "--out", str(whole), env=env)
     assert finished.returncode == 0, finished.stdout + finished.stderr
-    process = subprocess.Popen(
-        [sys.executable, *args, "--out", str(interrupted)],
-        cwd=ROOT,
-        env=python_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # Killed (SIGKILL, no chance to clean up) right after its first checkpoint at step >= 200: at the
+    # same point on every machine, however fast it trains (a GPU finishes 600 steps before a poll).
+    killed = run_python("-c", _KILLED_AFTER_A_CHECKPOINT, *args, "--out", str(interrupted), env=env)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     checkpoint = interrupted / "checkpoint-slax.npz"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if int(np.load(checkpoint)["step"]) >= 200:
-                break
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.05)
-    process.kill()
-    process.wait()
-    assert int(np.load(checkpoint)["step"]) < 600, "the run finished before it could be interrupted"
-    resumed = run_python(*args, "--out", str(interrupted), "--resume")
+    assert 200 <= int(np.load(checkpoint)["step"]) < 600, "the run was not interrupted mid-way"
+    resumed = run_python(*args, "--out", str(interrupted), "--resume", env=env)
     assert resumed.returncode == 0 and "resuming from step" in resumed.stdout, resumed.stdout + resumed.stderr
     for model in ("slax", "jax"):
         a, b = np.load(whole / f"checkpoint-{model}.npz"), np.load(interrupted / f"checkpoint-{model}.npz")

@@ -24,10 +24,11 @@ from _helpers import ROOT, run_python
 
 import slax
 import slax.examples
+from slax import _sources
 from slax._compile import ROW_THREADS, KernelSpec
 from slax._device import SHADER_DIR
 from slax._errors import SlangCompileError
-from slax._ptx_launch import PtxLaunchError, launch_plan, ptx_entry_parameter_types
+from slax._ptx_launch import PtxLauncher, PtxLaunchError, launch_plan, ptx_entry_parameter_types
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
 
 TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
@@ -51,7 +52,9 @@ def nvrtc(monkeypatch):
 @functools.cache
 def _report() -> dict:
     env = {
-        **os.environ,
+        # It lowers for CUDA, which takes no SLAX_DEVICE (the device_kind fixture's choice for
+        # CPU-placed JAX): slax refuses a Vulkan or CPU device for CUDA-placed computations.
+        **{k: v for k, v in os.environ.items() if k != "SLAX_DEVICE"},
         "PYTHONPATH": os.pathsep.join([str(TOOLS), str(ROOT)]),
         "SLAX_NVRTC": str(NVRTC),
         "SLAX_CUDA_COMPUTE_CAPABILITY": "90",
@@ -191,15 +194,20 @@ def _spec(tmp_path, name, source, entry):
     return KernelSpec(entry, path=str(path))
 
 
-@needs_tools
-def test_kernels_outside_the_convention_are_refused(nvrtc, tmp_path):
-    square = _spec(
+def _square_groups(tmp_path) -> KernelSpec:
+    """A kernel of 8x8 thread groups, which the PTX launcher cannot run."""
+    return _spec(
         tmp_path,
         "square_groups",
         '[shader("compute")]\n[numthreads(8, 8, 1)]\n'
         "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count) { x[t.x] = 1; }\n",
         "k",
     )
+
+
+@needs_tools
+def test_kernels_outside_the_convention_are_refused(nvrtc, tmp_path):
+    square = _square_groups(tmp_path)
     with pytest.raises(PtxLaunchError, match=r"numthreads\(8, 8, 1\).*numthreads\(32\*k, 1, 1\)"):
         launch_plan(square, [("count", 10)], 10)
     half_scalar = _spec(
@@ -246,6 +254,59 @@ def test_missing_nvrtc_is_explained(monkeypatch):
 
 @pytest.mark.parametrize("value", ["cuda", "", "PTX"])
 def test_unknown_cuda_launch_is_rejected(value):
+    before = slax.config.cuda_launch
     with pytest.raises(ValueError, match=r"cuda_launch must be one of \('slangpy', 'ptx'\)"):
         slax.config.cuda_launch = value
-    assert slax.config.cuda_launch == "slangpy"
+    assert slax.config.cuda_launch == before
+
+
+@needs_tools
+def test_ptx_compiled_after_an_edit_is_the_loaded_code(nvrtc, tmp_path):
+    """The PTX route compiles a kernel when it is first lowered, which may be after its module (or
+    a module it imports) was edited: it then compiles from the files as they were loaded."""
+    (tmp_path / "helper.slang").write_text("module helper;\npublic float factor() { return 2.0; }\n")
+    path = tmp_path / "scaled.slang"
+    path.write_text(
+        "import slax.kernel;\nimport helper;\n"
+        '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count)\n"
+        "{ uint i = slax_thread_index(t); if (i < count) x[i] *= factor(); }\n"
+    )
+    loaded = _sources.content_of(str(path))
+    spec = KernelSpec("k", path=str(path), content=loaded)
+    before = compile_entry_point(spec, CodeTarget.PTX)
+    assert _sources.snapshot(loaded) is None  # unchanged: compiled from disk
+    (tmp_path / "helper.slang").write_text("module helper;\npublic float factor() { return 3.0; }\n")
+    kept = _sources.snapshot(loaded)
+    assert kept is not None and compile_entry_point(spec, CodeTarget.PTX, kept) == before
+    edited = KernelSpec("k", path=str(path), content=_sources.content_of(str(path)))
+    assert compile_entry_point(edited, CodeTarget.PTX) != before
+
+
+@needs_tools
+def test_module_path_with_a_quote_compiles_to_ptx(nvrtc, tmp_path):
+    """NVRTC once failed on the #line directives Slang wrote with the path's quote unescaped."""
+    folder = tmp_path / 'say "hi"'
+    folder.mkdir()
+    path = folder / "quoted.slang"
+    path.write_text(
+        "import slax.kernel;\n"
+        '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count) { x[t.x] = 1; }\n"
+    )
+    assert ".entry k(" in compile_entry_point(KernelSpec("k", path=str(path)), CodeTarget.PTX)
+
+
+def test_kernels_outside_the_convention_take_the_slangpy_route(tmp_path, cpu_path):
+    """The PTX launcher hands a kernel it cannot launch to its fallback (the SlangPy route on a
+    GPU), saying why, instead of refusing it."""
+
+    class Fallback:
+        def lower(self, ctx, operands, **launch):
+            return ("lowered by the fallback", launch["spec"].entry)
+
+    square = _square_groups(tmp_path)
+    launcher = PtxLauncher(fallback=Fallback())
+    with pytest.warns(UserWarning, match=r"numthreads\(8, 8, 1\).*runs on the SlangPy route instead"):
+        lowered = launcher.lower(None, [], spec=square, scalars=(("count", 10),), count=10, aliases=())
+    assert lowered == ("lowered by the fallback", "k")
