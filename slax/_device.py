@@ -94,16 +94,12 @@ def automatic_cpu_device_kind() -> DeviceKind:
     """Vulkan where this process can create a Vulkan device (a GPU driver, or lavapipe), else
     SlangPy's CPU device, with one note on stderr saying so and why: the choice changes speed, and
     a silent one would hide a broken driver."""
-    logger = spy.Logger.get()
-    level = logger.level
-    logger.level = spy.LogLevel.fatal  # SlangPy's own "Failed to create Vulkan instance": the note says it
     try:
-        get_device(DeviceKind.VULKAN)
+        with _quiet_slangpy(spy.LogLevel.fatal):  # its "Failed to create Vulkan instance": the note says it
+            get_device(DeviceKind.VULKAN)
         return DeviceKind.VULKAN
     except DeviceUnavailableError as error:
         cause = str(error.__cause__ or error).strip().splitlines()[0]
-    finally:
-        logger.level = level
     print(
         f"slax: no Vulkan device here ({cause}); Slang kernels of CPU-placed JAX run on SlangPy's "
         f"CPU device, in place on XLA's buffers, one core per launch. {DEVICE_ENV_VAR}=cpu chooses it "
@@ -178,12 +174,8 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
         # GPU 0 uses SlangPy's default adapter, as verified to share JAX's CUDA context.
         adapter_luid = adapters[ordinal].luid if ordinal else None
-    logger = spy.Logger.get()
-    level = logger.level
-    if kind is DeviceKind.CPU:  # its "No supported shader model found" warning concerns GPUs only
-        logger.level = spy.LogLevel.error
     try:
-        with _quiet_slangpy():
+        with _quiet_slangpy(spy.LogLevel.error):
             return spy.Device(
                 type=_SPY_DEVICE_TYPES[kind],
                 compiler_options=spy.SlangCompilerOptions(options),
@@ -195,8 +187,6 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
     except Exception as error:
         raise DeviceUnavailableError(_missing_device_advice(kind, error)) from error
-    finally:
-        logger.level = level
 
 
 CPP_COMPILERS = ("clang++", "g++")
@@ -211,17 +201,18 @@ def cpp_compiler() -> str | None:
 
 
 @contextlib.contextmanager
-def _quiet_slangpy() -> Iterator[None]:
-    """SlangPy's log at errors only: creating a CUDA device logs a warning to stdout ("No supported
-    shader model found, pretending to support sm_6_0") that is about SlangPy's own shader models,
-    not slax's kernels, and would land in every user program's output. Failures still raise."""
+def _quiet_slangpy(level: spy.LogLevel) -> Iterator[None]:
+    """SlangPy's log at ``level`` and above only: creating a CUDA or CPU device logs a warning to
+    stdout ("No supported shader model found, pretending to support sm_6_0") that is about SlangPy's
+    own shader models, not slax's kernels, and would land in every user program's output. Failures
+    still raise."""
     logger = spy.Logger.get()
-    level = logger.level
-    logger.level = spy.LogLevel.error
+    previous = logger.level
+    logger.level = level
     try:
         yield
     finally:
-        logger.level = level
+        logger.level = previous
 
 
 def _missing_device_advice(kind: DeviceKind, error: Exception) -> str:
