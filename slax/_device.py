@@ -208,7 +208,7 @@ def _quiet_slangpy(level: spy.LogLevel) -> Iterator[None]:
     still raise."""
     logger = spy.Logger.get()
     previous = logger.level
-    logger.level = level
+    logger.level = max(previous, level)  # never louder: calls nest (the Vulkan probe creates a device)
     try:
         yield
     finally:
