@@ -60,28 +60,20 @@ def test_the_two_commands_work_without_a_vulkan_driver_and_say_which_route(tmp_p
     for variable in ("SLAX_DEVICE", "SLAX_TEST_DEVICES", "SLAX_INSTALL_LAVAPIPE"):
         env.pop(variable, None)
     root = README.parent
+
+    def run(command: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+
     train = ["bash", "scripts/train.sh", "--steps", "20", "--chunk", "10", "--batch", "256"]
-    trained = subprocess.run(
-        [*train, "--out", str(tmp_path / "run")],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    trained = run([*train, "--out", str(tmp_path / "run")])
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert "setup: no Vulkan driver here; slax runs kernels of CPU-placed JAX on SlangPy's CPU device" in (
         trained.stdout
     )
     assert "Slang kernels on cpu (CPU), host-pointer route" in trained.stdout
     assert trained.stderr.count("slax: no Vulkan device here") == 1, trained.stderr[-3000:]
-    tested = subprocess.run(
-        ["bash", "scripts/test.sh", "-p", "no:cacheprovider", "tests/test_readme.py", "-k", "snippet"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    tested = run(
+        ["bash", "scripts/test.sh", "-p", "no:cacheprovider", "tests/test_readme.py", "-k", "snippet"]
     )
     assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
     assert "device kinds under test: cpu\n" in tested.stdout
