@@ -7,13 +7,15 @@ GPUs with tensor cores) and at full float32 (``jax-f32``, the arithmetic of slax
 ratio column compares with ``jax``). One step = sample a batch, forward, backward, Adam update. Each
 configuration runs a jitted lax.scan of --steps steps: one warm-up call, then the median wall time
 of --repeats timed calls with block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once
-per launch route (slax.config.cuda_launch).
+per launch route (slax.config.cuda_launch). ``--devices 1 2`` times every configuration over a mesh
+of 1 and of 2 devices (the batch split along its first axis under plain ``jax.jit``, as
+``polynomial.py --devices``); each row's ratio compares with plain JAX on as many devices.
 
 The floor of a step is the larger of its matmul FLOPs at the device's peak FP32 rate (slax's
 kernels compute in float32 in both precisions) and the bytes it must move at the device's memory
 bandwidth: the sampled batch written once and read once. Peaks are known for H100s
 (``PEAKS``) or given with --peak-tflops/--peak-gbps; the table shows each step time as a multiple of
-its floor.
+its floor (over N devices, a Nth of one device's).
 
     python experiments/benchmark.py --batch 4096 65536 --dtype float32 float16 --json runs/bench.json
 """
@@ -21,6 +23,8 @@ its floor.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import statistics
 import sys
 import time
@@ -29,7 +33,7 @@ import _harness as harness
 import jax
 import jax.numpy as jnp
 import optax
-from _training import cast, training_step
+from _training import batch_sharding, cast, training_step
 
 import slax
 from slax import nn
@@ -39,6 +43,7 @@ PEAKS = {
     "H100 80GB HBM3": (67e12, 3.35e12),  # H100 SXM5: FP32 (non-tensor) FLOP/s, HBM3 bytes/s
     "H100 PCIe": (51e12, 2.0e12),
     "H100 NVL": (60e12, 3.9e12),
+    "H200": (67e12, 4.8e12),  # H200 SXM: the H100 SXM5's FP32 rate, HBM3e bytes/s
 }
 """Device kind (as JAX names it, without the vendor) -> (peak FP32 FLOP/s, memory bytes/s)."""
 
@@ -100,19 +105,20 @@ def make_batch(network, key, batch):
     return x, jax.random.randint(key, (batch,), 0, sizes[-1])
 
 
-def training_run(network: str, model: str, dtype: str, batch: int):
+def training_run(network: str, model: str, dtype: str, batch: int, devices: int | None = None):
     """(run, state): ``run(state, keys) -> (state, losses)`` is a jitted lax.scan of one training
-    step per key (sample a batch, forward, backward, Adam update), from the initial ``state``."""
+    step per key (sample a batch, forward, backward, Adam update), from the initial ``state``; with
+    ``devices``, each batch is split over a mesh of that many devices (:func:`batch_sharding`)."""
     params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
     optimizer = optax.adam(1e-3)
     fn = loss_and_grad(network, model, jnp.dtype(dtype))
-    step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch))
+    step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch), batch_sharding(devices))
     run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
     return run, (params, optimizer.init(params))
 
 
-def steps_per_second(network, model, dtype, batch, steps, repeats) -> float:
-    run, state = training_run(network, model, dtype, batch)
+def steps_per_second(network, model, dtype, batch, steps, repeats, devices=None) -> float:
+    run, state = training_run(network, model, dtype, batch, devices)
     keys = jax.random.split(jax.random.key(1), steps)
     jax.block_until_ready(run(state, keys))
     times = []
@@ -157,8 +163,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="device memory bandwidth, GB/s (default: from PEAKS, as --peak-tflops)",
     )
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        type=int,
+        default=[None],
+        help="split each batch over a mesh of this many devices, one set of rows per count "
+        "(default: no mesh)",
+    )
     parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
     args = parser.parse_args(argv)
+    if any(n is not None and not 1 <= n <= jax.device_count() for n in args.devices):
+        parser.error(f"--devices: each count must be between 1 and the {jax.device_count()} devices JAX sees")
     # slax's rows: one per CUDA launch route on a GPU; elsewhere the one route there is, by its name.
     slax_models = (
         [(f"slax/{launch}", launch) for launch in args.launch]
@@ -170,49 +186,58 @@ def main(argv: list[str] | None = None) -> int:
     if peaks:
         print(f"floor at {peaks[0] / 1e12:.3g} TFLOP/s FP32 and {peaks[1] / 1e9:.4g} GB/s")
     header = (
-        f"{'network':<11} {'dtype':<8} {'batch':>8} {'model':<12} {'steps/s':>10} {'samples/s':>10} "
-        f"{'us/step':>10} {'x floor':>8} {'vs jax':>7}"
+        f"{'network':<11} {'dtype':<8} {'batch':>8} {'devices':>7} {'model':<12} {'steps/s':>10} "
+        f"{'samples/s':>10} {'us/step':>10} {'x floor':>8} {'vs jax':>7}"
     )
     print(header)
     print("-" * len(header))
     rows = []
-    for network in args.network:
-        for dtype in args.dtype:
-            for batch in args.batch:
-                flops, nbytes = step_floor(network, dtype, batch)
-                floor = max(flops / peaks[0], nbytes / peaks[1]) if peaks else None
-                jax_rate = steps_per_second(network, "jax", dtype, batch, args.steps, args.repeats)
-                models = slax_models + [(name, None) for name in JAX_PRECISIONS]
-                for model, launch in models:
-                    if model == "jax":
-                        rate = jax_rate
-                    elif launch is None:
-                        rate = steps_per_second(network, model, dtype, batch, args.steps, args.repeats)
-                    else:
-                        with slax.config.override(cuda_launch=launch):
-                            rate = steps_per_second(network, "slax", dtype, batch, args.steps, args.repeats)
-                    row = {
-                        "network": network,
-                        "dtype": dtype,
-                        "batch": batch,
-                        "model": model,
-                        "steps_per_s": rate,
-                        "samples_per_s": rate * batch,
-                        "step_us": 1e6 / rate,
-                        "floor_us": floor * 1e6 if floor else None,
-                        "flops": flops,
-                        "bytes": nbytes,
-                        "times_floor": 1 / (rate * floor) if floor else None,
-                        "speedup_vs_jax": rate / jax_rate,
-                    }
-                    rows.append(row)
-                    times_floor = f"{row['times_floor']:>7.1f}x" if floor else f"{'-':>8}"
-                    print(
-                        f"{network:<11} {dtype:<8} {batch:>8} {model:<12} {rate:>10.1f} "
-                        f"{rate * batch:>10.3g} {row['step_us']:>10.1f} {times_floor} "
-                        f"{row['speedup_vs_jax']:>6.2f}x",
-                        flush=True,
-                    )
+    for network, dtype, batch, devices in itertools.product(
+        args.network, args.dtype, args.batch, args.devices
+    ):
+        flops, nbytes = step_floor(network, dtype, batch)
+        floor = max(flops / peaks[0], nbytes / peaks[1]) / (devices or 1) if peaks else None
+        time_steps = functools.partial(
+            steps_per_second,
+            network,
+            dtype=dtype,
+            batch=batch,
+            steps=args.steps,
+            repeats=args.repeats,
+            devices=devices,
+        )
+        jax_rate = time_steps(model="jax")
+        for model, launch in slax_models + [(name, None) for name in JAX_PRECISIONS]:
+            if model == "jax":
+                rate = jax_rate
+            elif launch is None:
+                rate = time_steps(model=model)
+            else:
+                with slax.config.override(cuda_launch=launch):
+                    rate = time_steps(model="slax")
+            row = {
+                "network": network,
+                "dtype": dtype,
+                "batch": batch,
+                "devices": devices,
+                "model": model,
+                "steps_per_s": rate,
+                "samples_per_s": rate * batch,
+                "step_us": 1e6 / rate,
+                "floor_us": floor * 1e6 if floor else None,
+                "flops": flops,
+                "bytes": nbytes,
+                "times_floor": 1 / (rate * floor) if floor else None,
+                "speedup_vs_jax": rate / jax_rate,
+            }
+            rows.append(row)
+            times_floor = f"{row['times_floor']:>7.1f}x" if floor else f"{'-':>8}"
+            print(
+                f"{network:<11} {dtype:<8} {batch:>8} {devices or '-':>7} {model:<12} {rate:>10.1f} "
+                f"{rate * batch:>10.3g} {row['step_us']:>10.1f} {times_floor} "
+                f"{row['speedup_vs_jax']:>6.2f}x",
+                flush=True,
+            )
     if args.json:
         summary = {"platform": harness.describe_platform(), "peaks": peaks, "args": vars(args)}
         harness.write_json(args.json, {**summary, "rows": rows})

@@ -12,6 +12,10 @@ for Vulkan or ``host-pointer`` for SlangPy's CPU device: ``SLAX_DEVICE`` picks i
    (``--sizes``), next to the same update as a plain XLA op: median of several timed runs after a
    warm-up.
 
+With several GPUs, each route also runs the kernel under ``jax.shard_map`` over all of them: every
+shard must be exact and stay on its GPU, and the SlangPy route must have launched on each GPU (the
+SlangPy device of the GPU that holds the buffer, found by ``cuda_device_ordinal``).
+
 On CUDA, then: the PTX route against the SlangPy route (the reference) on the Slang functions'
 derivatives, both MLPs' apply, its VJP and the fused loss and gradient, and the polynomial network's
 parameters and losses over 100 Adam steps, in float32 and float16; the results must be bitwise
@@ -94,6 +98,42 @@ def check_in_place(module, route: str) -> bool:
     zero_copy = taken != "host-copy"
     print(f"  kernel reads and writes XLA's buffers directly (no copy): {zero_copy}")
     return same and exact and taken == route and (zero_copy or route == "host-copy")
+
+
+def check_each_gpu(module, route: str) -> bool:
+    """The kernel over a batch split across every GPU with ``jax.shard_map``: each GPU computes its
+    own shard (exact, left on that GPU); on the SlangPy route, each GPU's launches went to the
+    SlangPy device of that GPU."""
+    from jax.sharding import PartitionSpec as P
+
+    from slax._bridge import cuda_device_ordinal, launches_per_gpu
+
+    gpus = jax.devices()
+    mesh = jax.make_mesh((len(gpus),), ("gpu",), devices=gpus)
+    shards = jax.jit(
+        jax.shard_map(
+            lambda x: scale_shift(module, x, 1.5, 0.25), mesh=mesh, in_specs=P("gpu"), out_specs=P("gpu")
+        )
+    )
+    x = np.random.default_rng(2).uniform(-3, 3, 4096 * len(gpus)).astype(np.float32)
+    x_split = jax.device_put(x, jax.sharding.NamedSharding(mesh, P("gpu")))
+    before = launches_per_gpu.copy()
+    y = jax.block_until_ready(shards(x_split))
+    launched = launches_per_gpu - before
+    expected = slax.testing.multiply_add_results(1.5, x, 0.25)
+    ok = bool(np.logical_or.reduce([np.asarray(y) == r for r in expected]).all())
+    for shard in sorted(y.addressable_shards, key=lambda shard: shard.device.id):
+        ordinal = shard.device.local_hardware_id
+        held_by = cuda_device_ordinal(shard.data.unsafe_buffer_pointer())
+        exact = np.array_equal(np.asarray(shard.data), np.asarray(y)[shard.index])
+        line = f"  {shard.device}: rows {shard.index[0].start}-{shard.index[0].stop}, buffer on GPU {held_by}"
+        if route == "slangpy":
+            line += f", SlangPy launches on GPU {ordinal}: {launched[ordinal]}"
+            ok &= launched[ordinal] >= 1
+        print(line)
+        ok &= held_by == ordinal and exact
+    print(f"  every shard exact and computed on its own GPU: {ok}")
+    return ok
 
 
 def time_per_call(fn, x, steps, repeats) -> float:
@@ -208,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             failures += [f"{route} {dtype}" for dtype in check_results(module)]
             print(f"[{route}] in place / zero-copy:")
             in_place[route] = check_in_place(module, route)
+            if harness.on_cuda() and jax.device_count() > 1:
+                print(f"[{route}] on each of {jax.device_count()} GPUs:")
+                failures += [] if check_each_gpu(module, route) else [f"{route} on each GPU"]
             for size in args.sizes:
                 x = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
                 slang = time_per_call(

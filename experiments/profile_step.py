@@ -9,6 +9,9 @@ latency, the loop's host round trips, Python callbacks).
 
     python experiments/profile_step.py --batch 4096 1048576 --launch ptx --json runs/profile.json
 
+With ``--devices N`` the batch is split over N GPUs: each kernel is listed per GPU, with the streams
+each GPU's kernels ran on (each GPU running its own shard, on its own stream).
+
 (Nsight Compute, which would add hardware counters, crashed the JAX process on the H100 image.)
 """
 
@@ -28,10 +31,16 @@ from jax.profiler import ProfileData
 import slax
 
 
-def kernel_times(config: dict) -> tuple[dict[str, list[float]], float]:
+def kernel_times(
+    config: dict,
+) -> tuple[dict[str, list[float]], float, dict[str, list[str]], dict[str, float]]:
     """(kernel name -> [launches per step, GPU microseconds per step], GPU busy span per step in
-    microseconds: first kernel start to last kernel end) over one traced call of ``config``."""
-    run, state = training_run(config["network"], config["model"], config["dtype"], config["batch"])
+    microseconds: first kernel start to last kernel end, GPU -> the streams its kernels ran on,
+    kernel name -> microseconds per step its GPU sat idle before it started) over one traced call of
+    ``config``. Over several GPUs, each kernel name starts with its GPU's."""
+    run, state = training_run(
+        config["network"], config["model"], config["dtype"], config["batch"], config["devices"]
+    )
     keys = jax.random.split(jax.random.key(1), config["steps"])
     jax.block_until_ready(run(state, keys))
     with tempfile.TemporaryDirectory() as scratch:
@@ -42,23 +51,40 @@ def kernel_times(config: dict) -> tuple[dict[str, list[float]], float]:
         data = ProfileData.from_file(trace)
     steps = config["steps"]
     times: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    streams: dict[str, list[str]] = collections.defaultdict(list)
     starts, ends = [], []
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
+    idle: dict[str, float] = collections.defaultdict(float)
+    gpu_planes = [plane for plane in data.planes if plane.name.startswith("/device:GPU")]
+    for plane in gpu_planes:
+        gpu = plane.name.removeprefix("/device:").split(" ")[0]
+        busy_until = None
+        events = sorted(
+            (event.start_ns, event.end_ns, event.name)
+            for line in plane.lines
+            if line.name.startswith("Stream")
+            for event in line.events
+        )
+        for start, end, name in events:  # idle: no kernel on any of this GPU's streams
+            if busy_until is not None and start > busy_until:
+                idle[f"{gpu} {name}" if (config["devices"] or 1) > 1 else name] += (
+                    (start - busy_until) / 1e3 / steps
+                )
+            busy_until = end if busy_until is None else max(busy_until, end)
         for line in plane.lines:
             if not line.name.startswith("Stream"):
                 continue
             for event in line.events:
-                entry = times[event.name]
+                entry = times[f"{gpu} {event.name}" if (config["devices"] or 1) > 1 else event.name]
                 entry[0] += 1 / steps
                 entry[1] += event.duration_ns / 1e3 / steps
                 starts.append(event.start_ns)
                 ends.append(event.end_ns)
+                if line.name not in streams[gpu]:
+                    streams[gpu].append(line.name)
     if not times:
         lines = [f"{plane.name}: {[line.name for line in plane.lines]}" for plane in data.planes]
         raise SystemExit("profile_step: the trace holds no GPU kernels; its planes:\n" + "\n".join(lines))
-    return dict(times), (max(ends) - min(starts)) / 1e3 / steps
+    return dict(times), (max(ends) - min(starts)) / 1e3 / steps, dict(streams), dict(idle)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--launch", nargs="+", choices=slax.config.CUDA_LAUNCHES, default=["ptx"], help="routes for slax"
     )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="split each batch over a mesh of this many GPUs (benchmark.py --devices); the tables "
+        "then name each kernel's GPU, and list the streams each GPU's kernels ran on (default: no mesh)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="steps per scan (per profiled call)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls for the wall time (median)")
     parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
@@ -92,19 +125,28 @@ def main(argv: list[str] | None = None) -> int:
                 for model in args.model:
                     for launch in args.launch if model == "slax" else [None]:
                         config = dict(network=network, dtype=dtype, batch=batch, model=model, launch=launch)
-                        config["steps"] = args.steps
+                        config.update(steps=args.steps, devices=args.devices)
                         with slax.config.override(cuda_launch=launch or slax.config.cuda_launch):
-                            rate = steps_per_second(network, model, dtype, batch, args.steps, args.repeats)
-                            kernels, span = kernel_times(config)
+                            rate = steps_per_second(
+                                network, model, dtype, batch, args.steps, args.repeats, args.devices
+                            )
+                            kernels, span, streams, idle = kernel_times(config)
                         gpu_us = sum(us for _, us in kernels.values())
                         name = f"slax/{launch}" if launch else model
                         print(
                             f"\n{network} {dtype} batch {batch} {name}: {1e6 / rate:.1f} us/step wall, "
                             f"{span:.1f} from first kernel start to last end, {gpu_us:.1f} in kernels"
                         )
+                        for gpu, names in streams.items():
+                            print(f"  {gpu}: kernels on {', '.join(names)}")
                         print(f"  {'launches':>8} {'us/step':>9}  kernel")
                         for kernel, (launches, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
                             print(f"  {launches:>8.2f} {us:>9.2f}  {kernel[:100]}")
+                        print(
+                            f"  GPU idle before a kernel, us/step ({sum(idle.values()):.1f} in all; largest):"
+                        )
+                        for kernel, us in sorted(idle.items(), key=lambda kv: -kv[1])[:12]:
+                            print(f"  {us:>18.2f}  {kernel[:100]}")
                         results.append(
                             {
                                 **config,
@@ -112,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "span_us": span,
                                 "kernel_us": gpu_us,
                                 "kernels": kernels,
+                                "streams": streams,
+                                "idle_before_us": idle,
                             }
                         )
     if args.json:

@@ -66,7 +66,8 @@ for d in (\"jax-cuda12-plugin\", \"jax-cuda13-plugin\", \"nvidia-cuda-nvrtc-cu12
   for m in optax tqdm matplotlib sklearn pytest hypothesis; do
     "$PY" -c "import $m" 2>/dev/null && echo "$m: yes" || echo "$m: missing"
   done'
-# Issue 2 (zero-copy, per-call cost), issue 6 target 1 (dispatch on both routes, bitwise parity).
+# Issue 2 (zero-copy, per-call cost), issue 6 target 1 (dispatch on both routes, bitwise parity); with
+# several GPUs, issue 20's check that each GPU runs its own shard (on the SlangPy route, its own device).
 step bridge 600 "$PY" experiments/bridge_check.py --json "$out/bridge.json"
 # Issue 6 target 4: the gradient checks on the GPU, on each launch route.
 step gradcheck-slangpy 600 "$PY" experiments/gradcheck.py --launch slangpy --out "$out/gradcheck-slangpy"
@@ -88,14 +89,34 @@ for launch in slangpy ptx; do
 done
 step polynomial-mesh1 600 "$PY" experiments/polynomial.py --devices 1 --batch 65536 --steps 500 \
   --target-mse 1e-3 --out "$out/polynomial-mesh1"
-# Issue 9: data parallel over two GPUs, at the global batches the issue names.
+# Issues 9 and 20: data parallel over two GPUs (plain jax.jit over a batch split across them), at the
+# global batches the issues name, on each route: the same result as one GPU (compare_devices.py); the
+# speed-up comes from benchmark.py, which times warm steps of both in one process.
 if [ "$gpus" -ge 2 ]; then
-  for devices in 1 2; do
+  runs=()
+  for launch in ptx slangpy; do
     for batch in 4194304 16777216; do
-      step "polynomial-${devices}gpu-$batch" 600 "$PY" experiments/polynomial.py --devices "$devices" \
-        --batch "$batch" --steps 200 --chunk 50 --target-mse 1 --out "$out/polynomial-${devices}gpu-$batch"
+      for devices in 1 2; do
+        name="polynomial-${devices}gpu-$batch-$launch"
+        runs+=("$out/$name")
+        step "$name" 300 "$PY" experiments/polynomial.py --devices "$devices" --launch "$launch" \
+          --batch "$batch" --steps 200 --chunk 50 --target-mse 1 --out "$out/$name"
+      done
     done
   done
+  step polynomial-gpus-compared 60 "$PY" experiments/compare_devices.py "${runs[@]}" --tolerance 1e-4 \
+    --json "$out/polynomial-gpus-compared.json"
+  for devices in 1 2; do
+    step "digits-${devices}gpu" 300 "$PY" experiments/digits.py --devices "$devices" --target-accuracy 0.96 \
+      --out "$out/digits-${devices}gpu"
+  done
+  step digits-gpus-compared 60 "$PY" experiments/compare_devices.py "$out/digits-1gpu" "$out/digits-2gpu" \
+    --tolerance 0.005 --json "$out/digits-gpus-compared.json"
+  # Samples/s on 1 and 2 GPUs in one process, with plain JAX on as many; each GPU's kernels and streams.
+  step benchmark-gpus 400 "$PY" experiments/benchmark.py --network polynomial --batch 4194304 16777216 \
+    --devices 1 2 --steps 20 --repeats 3 --launch ptx slangpy --json "$out/bench-gpus.json"
+  step profile-gpus 300 "$PY" experiments/profile_step.py --devices 2 --batch 4194304 --launch ptx slangpy \
+    --json "$out/profile-gpus.json"
 fi
 # The test suite with JAX on CUDA, where pytest is installed, on each launch route: in 8 processes
 # where pytest-xdist is, each taking GPU memory as it needs it rather than 75% of it up front; the

@@ -15,12 +15,13 @@ Three launchers (the interface is :class:`slax._launch.Launcher`) lower a launch
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import ctypes
 import functools
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -134,6 +135,11 @@ class HostPointerLauncher(_CallbackLauncher):
         return run
 
 
+launches_per_gpu: collections.Counter[int] = collections.Counter()
+"""Kernels the ``"slangpy"`` route has launched on each CUDA GPU (by ordinal) in this process: what
+shows, on several GPUs, that each buffer went to the SlangPy device of the GPU holding it."""
+
+
 class ZeroCopyLauncher(_CallbackLauncher):
     """Runs kernels on XLA's CUDA buffers in place, on XLA's stream.
 
@@ -149,7 +155,9 @@ class ZeroCopyLauncher(_CallbackLauncher):
         self.kind = kind
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
-        compiled = {0: compile_kernel(get_device(self.kind, 0), spec)}
+        first = get_device(self.kind, 0)
+        with current_cuda_context(first):
+            compiled = {0: compile_kernel(first, spec)}
         names = [name for name, _ in compiled[0].parameters.pointers]
         scalar_args = dict(scalars)
         aliased = {result for _, result in aliases}
@@ -159,15 +167,17 @@ class ZeroCopyLauncher(_CallbackLauncher):
             pointers = [b.__cuda_array_interface__["data"][0] for b in (*ins, *fresh)]
             ordinal = cuda_device_ordinal(pointers[0]) if pointers else 0
             device = get_device(self.kind, ordinal)
-            if ordinal not in compiled:
-                compiled[ordinal] = compile_kernel(device, spec)
-            with _explained_device_errors(device, spec):
-                compiled[ordinal].kernel.dispatch(
-                    thread_grid(count),
-                    cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
-                    **dict(zip(names, pointers)),
-                    **scalar_args,
-                )
+            with current_cuda_context(device):
+                if ordinal not in compiled:
+                    compiled[ordinal] = compile_kernel(device, spec)
+                with _explained_device_errors(device, spec):
+                    compiled[ordinal].kernel.dispatch(
+                        thread_grid(count),
+                        cuda_stream=spy.NativeHandle.from_cuda_stream(ctx.stream),
+                        **dict(zip(names, pointers)),
+                        **scalar_args,
+                    )
+            launches_per_gpu[ordinal] += 1
 
         return run
 
@@ -189,6 +199,32 @@ def cuda_device_ordinal(pointer: int) -> int:
 
 
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+
+@contextlib.contextmanager
+def current_cuda_context(device: spy.Device) -> Iterator[None]:
+    """Makes ``device``'s CUDA context current on this thread for the block.
+
+    SlangPy loads a kernel's module into whichever CUDA context is current on the calling thread,
+    not its device's: with two GPUs, a kernel compiled for GPU 0 in a thread where JAX left GPU 1's
+    context current was loaded into GPU 1's, and its launch on GPU 0's stream aborted the process
+    (CUDA_ERROR_INVALID_HANDLE). Each SlangPy device shares its GPU's primary context with JAX, so
+    pushing it is what JAX's own calls on that GPU see.
+    """
+    context = next((h.value for h in device.native_handles if h.type == spy.NativeHandleType.CUcontext), None)
+    if not context:
+        yield
+        return
+    driver = _cuda_driver()
+    status = driver.cuCtxPushCurrent_v2(ctypes.c_void_p(context))
+    if status != 0:
+        raise RuntimeError(
+            f"slax: cuCtxPushCurrent failed (CUresult {status}) for {device.info.adapter_name}."
+        )
+    try:
+        yield
+    finally:
+        driver.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
 
 @contextlib.contextmanager

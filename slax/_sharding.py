@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 _NO_MESH = jax.sharding.AbstractMesh((), ())
@@ -74,6 +76,33 @@ def across_devices(
         axis_names=set(_automatic_or_explicit(mesh)),
     )
     return list(local(*leaves))
+
+
+def mean_over_devices(values: Sequence[Any], axes: str | tuple[str, ...]) -> list[Any]:
+    """``jax.lax.pmean`` of each value (array or pytree of arrays) over the mesh ``axes``, as one
+    all-reduce per dtype of one flat vector.
+
+    Separate ``pmean`` calls reach XLA as one combined all-reduce anyway, but XLA packs each operand
+    into it and unpacks each result with its own copy kernel: two small launches per value per
+    step, which between two GPUs that wait for each other at the all-reduce show up as idle time
+    (BENCHMARKS.md, "Two GPUs"). One concatenation is one fused kernel; the slices of the result
+    fuse into their consumers.
+    """
+    if not axes:
+        return list(values)
+    leaves, tree = jax.tree.flatten(list(values))
+    by_dtype: dict[Any, list[int]] = {}
+    for index, leaf in enumerate(leaves):
+        by_dtype.setdefault(jnp.result_type(leaf), []).append(index)
+    means = list(leaves)
+    for indices in by_dtype.values():
+        flat = jax.lax.pmean(jnp.concatenate([jnp.ravel(leaves[i]) for i in indices]), axes)
+        start = 0
+        for i in indices:
+            size = math.prod(jnp.shape(leaves[i]))
+            means[i] = flat[start : start + size].reshape(jnp.shape(leaves[i]))
+            start += size
+    return jax.tree.unflatten(tree, means)
 
 
 def _mesh_and_batch_axes(leaves, batched) -> tuple[jax.sharding.AbstractMesh | None, tuple[str, ...]]:

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from slax._sharding import mean_over_devices
+
 LossAndGrad = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]
 """``(params, x, y) -> (loss, grads)``: a batch's mean loss and its gradient, shaped like params."""
 
@@ -60,7 +62,8 @@ def data_parallel(loss_and_grad: LossAndGrad, devices: int | None, axis_name: st
         # mesh, as for replicated params), the same as a fused slax kernel's; pmean averages both.
         params = jax.lax.pcast(params, axis_name, to="varying")
         loss, grads = loss_and_grad(params, x, y)
-        return jax.lax.pmean(loss, axis_name), jax.lax.pmean(grads, axis_name)
+        loss, grads = mean_over_devices([loss, grads], axis_name)
+        return loss, grads
 
     return jax.shard_map(
         local, mesh=mesh, in_specs=(spec(), spec(axis_name), spec(axis_name)), out_specs=(spec(), spec())

@@ -98,6 +98,28 @@ def _cpu_path_missing() -> str | None:
     return "no device for it on this machine: " + (result.stderr.strip().splitlines() or ["?"])[-1][:300]
 
 
+@functools.cache
+def _vulkan_missing() -> str | None:
+    """Why no SlangPy Vulkan device can be created here (None if one can)."""
+    if "vulkan" in _device_kinds():
+        return None
+    try:
+        get_device(slax.DeviceKind.VULKAN)
+    except slax.DeviceUnavailableError as error:
+        return str(error).splitlines()[0][:300]
+    return None
+
+
+@pytest.fixture
+def vulkan_driver():
+    """For tests that need a Vulkan device whichever kinds are under test: skips, saying why, where
+    none can be created (a GPU machine without NVIDIA's Vulkan driver, a CPU machine without
+    lavapipe)."""
+    missing = _vulkan_missing()
+    if missing:
+        pytest.skip(f"needs a Vulkan device; {missing}")
+
+
 @pytest.fixture
 def cpu_path():
     """For tests of CPU-placed JAX (host devices, cross-lowering) in a subprocess: skips, saying

@@ -53,9 +53,12 @@ print(slax.config.device_kind.value)
 @pytest.mark.parametrize(
     "value, kind, route", [(" Cpu ", "cpu", "host-pointer"), ("vulkan", "vulkan", "host-copy")]
 )
-def test_env_var_chooses_and_the_api_overrides_it(value, kind, route):
-    """``SLAX_DEVICE`` is read when slax is imported (a fresh process), ``set_device_kind`` after."""
-    result = run_python("-c", _SHOW_CHOICE, env={**os.environ, "SLAX_DEVICE": value}, timeout=300)
+def test_env_var_chooses_and_the_api_overrides_it(value, kind, route, request):
+    """``SLAX_DEVICE`` is read when slax is imported (a fresh process), ``set_device_kind`` after;
+    JAX on the CPU, whose device kind this is."""
+    request.getfixturevalue("vulkan_driver")  # the script makes a Vulkan device the current kind
+    env = {**os.environ, "SLAX_DEVICE": value, "JAX_PLATFORMS": "cpu"}
+    result = run_python("-c", _SHOW_CHOICE, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-2:] == [f"{kind} {route}", "vulkan"]
 
@@ -111,7 +114,7 @@ def test_without_a_vulkan_driver_slax_uses_the_cpu_device_and_says_so_once():
 def test_without_a_cpp_compiler_the_cpu_device_says_what_to_install(tmp_path):
     """Slang's CPU target builds kernels with the system's clang++ or g++: without one on PATH, the
     error says so and what to install, rather than Slang's "pass-through compiler not found"."""
-    env = {**os.environ, "PATH": str(tmp_path), "SLAX_DEVICE": "cpu"}
+    env = {**os.environ, "PATH": str(tmp_path), "SLAX_DEVICE": "cpu", "JAX_PLATFORMS": "cpu"}
     script = textwrap.dedent(
         """
         import slax

@@ -55,7 +55,7 @@ def test_every_flag_says_what_it_does_and_its_default(script):
     result = run_python(f"experiments/{script}", "--help", timeout=120)
     assert result.returncode == 0, result.stderr
     helps = _flag_helps(result.stdout)
-    assert len(helps) > 3, result.stdout
+    assert "-h, --help" in helps and len(helps) > 2, result.stdout  # the options were found
     for flag, text in helps.items():
         if flag != "-h, --help":
             assert "default" in text, f"{script} {flag}: {text}"
@@ -210,3 +210,28 @@ def test_soak_fails_on_growth_over_the_limit(tmp_path):
     """A limit below any possible reading makes the run fail: the check is live."""
     result = _soak(tmp_path, "--steps", "100", "--chunk", "100", "--max-growth-mb=-1e6")
     assert result.returncode == 1 and "FAIL: grew more than" in result.stdout, result.stdout + result.stderr
+
+
+def _metrics(directory, devices, slax_mse, batch=1024):
+    directory.mkdir()
+    config = {"batch": batch, "devices": devices, "out": str(directory), "launch": "ptx"}
+    metrics = {"config": config, "slax": {"test_mse": slax_mse}, "jax": {"test_mse": 0.5}}
+    (directory / "metrics.json").write_text(json.dumps(metrics))
+    return str(directory)
+
+
+def test_compare_devices_holds_each_split_run_to_its_one_device_run(tmp_path):
+    """Runs are grouped by their flags but --devices (and --out); within a group slax's result on
+    several devices must be the one-device result to --tolerance, relative; a group without a
+    one-device run is a failure, not a pass."""
+    one = _metrics(tmp_path / "one", 1, 0.2)
+    same = _metrics(tmp_path / "same", 2, 0.2 * (1 + 5e-5))
+    result = run_python("experiments/compare_devices.py", one, same, "--tolerance", "1e-4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "same" in result.stdout and "5e-05" in result.stdout
+    off = _metrics(tmp_path / "off", 2, 0.2 * (1 + 5e-4))
+    alone = _metrics(tmp_path / "alone", 2, 0.2, batch=2048)
+    result = run_python("experiments/compare_devices.py", one, off, alone, "--tolerance", "1e-4")
+    assert result.returncode == 1
+    assert f"FAILED: {off}: test_mse differs by 0.0005 (relative)" in result.stdout
+    assert f"FAILED: {alone}: no one-device run to compare with" in result.stdout

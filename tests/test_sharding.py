@@ -50,3 +50,54 @@ def test_polynomial_data_parallel_matches_one_device(cpu_path, tmp_path):
         for devices in (1, 2):
             one, split = metrics[None][model]["test_mse"], metrics[devices][model]["test_mse"]
             assert abs(split - one) <= 1e-4 * one, (model, devices, one, split)
+
+
+_MEAN_OVER_DEVICES = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from slax._sharding import mean_over_devices
+
+mesh = jax.make_mesh((2,), ("d",))
+
+def local(x):
+    i = jax.lax.axis_index("d").astype(jnp.float32)
+    values = [x * (i + 1), (x[:3] * (i - 2)).astype(jnp.float16), jnp.sum(x) * i, {"w": jnp.sin(x + i)}]
+    return mean_over_devices(values, "d"), jax.tree.map(lambda v: jax.lax.pmean(v, "d"), values)
+
+fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(), out_specs=P()))
+x = np.random.default_rng(0).normal(size=5).astype(np.float32)
+flat, separate = fn(x)
+equal = lambda a, b: a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+same = all(jax.tree.leaves(jax.tree.map(equal, flat, separate)))
+flat_only = jax.shard_map(lambda x: local(x)[0], mesh=mesh, in_specs=P(), out_specs=P())
+all_reduces = jax.jit(flat_only).lower(x).as_text().count("stablehlo.all_reduce")
+print(same, all_reduces, mean_over_devices([x], ())[0] is x)
+"""
+
+
+def test_mean_over_devices_is_one_all_reduce_per_dtype(cpu_path):
+    """The losses and gradients of a data-parallel step are averaged over the devices as one flat
+    all-reduce per dtype: the same values, bit for bit, as a pmean per leaf (each is the same
+    two-term mean), and no all-reduce where the batch is not split."""
+    result = _run("-c", _MEAN_OVER_DEVICES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["True", "2", "True"], result.stdout
+
+
+def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
+    """``benchmark.py --devices 1 2``: a row per model and device count, the floor split over the
+    devices; a count beyond the devices there is refused by name."""
+    flags = ["--network", "polynomial", "--batch", "64", "--steps", "2", "--repeats", "1"]
+    flags += ["--peak-tflops", "1", "--peak-gbps", "10", "--json", str(tmp_path / "bench.json")]
+    result = _run("experiments/benchmark.py", *flags, "--devices", "1", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [(r["devices"], r["model"].split("/")[0]) for r in rows] == [
+        (devices, model) for devices in (1, 2) for model in ("slax", "jax", "jax-f32")
+    ]
+    assert rows[3]["floor_us"] == pytest.approx(rows[0]["floor_us"] / 2)
+    refused = _run("experiments/benchmark.py", *flags, "--devices", "3")
+    assert (
+        refused.returncode == 2
+        and "--devices: each count must be between 1 and the 2 devices" in refused.stderr
+    )

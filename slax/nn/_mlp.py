@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from slax._config import current_routes
 from slax._primitive import check_finite, vary_alike
-from slax._sharding import across_devices
+from slax._sharding import across_devices, mean_over_devices
 from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, widest_layer_error
 from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
 
@@ -143,7 +143,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
         )
         check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *flat], [losses, *grads])
         loss = jnp.mean(losses)
-        return [jax.lax.pmean(v, axes) if axes else v for v in (loss, *grads)]
+        return mean_over_devices([loss, *grads], axes)
 
     has_batch = x.ndim > 1
     leaves = [x, target, *_flat(params)]
