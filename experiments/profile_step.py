@@ -57,6 +57,10 @@ def kernel_times(
     gpu_planes = [plane for plane in data.planes if plane.name.startswith("/device:GPU")]
     for plane in gpu_planes:
         gpu = plane.name.removeprefix("/device:").split(" ")[0]
+
+        def label(kernel: str, gpu: str = gpu) -> str:
+            return f"{gpu} {kernel}" if (config["devices"] or 1) > 1 else kernel
+
         busy_until = None
         events = sorted(
             (event.start_ns, event.end_ns, event.name)
@@ -66,15 +70,13 @@ def kernel_times(
         )
         for start, end, name in events:  # idle: no kernel on any of this GPU's streams
             if busy_until is not None and start > busy_until:
-                idle[f"{gpu} {name}" if (config["devices"] or 1) > 1 else name] += (
-                    (start - busy_until) / 1e3 / steps
-                )
+                idle[label(name)] += (start - busy_until) / 1e3 / steps
             busy_until = end if busy_until is None else max(busy_until, end)
         for line in plane.lines:
             if not line.name.startswith("Stream"):
                 continue
             for event in line.events:
-                entry = times[f"{gpu} {event.name}" if (config["devices"] or 1) > 1 else event.name]
+                entry = times[label(event.name)]
                 entry[0] += 1 / steps
                 entry[1] += event.duration_ns / 1e3 / steps
                 starts.append(event.start_ns)
