@@ -205,11 +205,14 @@ _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 def current_cuda_context(device: spy.Device) -> Iterator[None]:
     """Makes ``device``'s CUDA context current on this thread for the block.
 
-    SlangPy loads a kernel's module into whichever CUDA context is current on the calling thread,
-    not its device's: with two GPUs, a kernel compiled for GPU 0 in a thread where JAX left GPU 1's
-    context current was loaded into GPU 1's, and its launch on GPU 0's stream aborted the process
-    (CUDA_ERROR_INVALID_HANDLE). Each SlangPy device shares its GPU's primary context with JAX, so
-    pushing it is what JAX's own calls on that GPU see.
+    SlangPy compiles and launches in whichever CUDA context the calling thread has current, and XLA
+    calls a buffer callback on threads of its own, one per GPU. With two GPUs the SlangPy route
+    aborted the process (slang-rhi's ``cuLaunchKernel``: CUDA_ERROR_INVALID_HANDLE) when
+    ``polynomial.py --devices 2`` evaluated after training; with the device's context pushed around
+    each compile and launch the same runs pass (BENCHMARKS.md, "Two GPUs"; a smaller reproduction,
+    GPU 1's context current while compiling for GPU 0, did not abort either way, so the exact
+    trigger is not pinned down). Each SlangPy device shares its GPU's primary context with JAX, so
+    this is the context JAX's own work on that GPU uses.
     """
     context = next((h.value for h in device.native_handles if h.type == spy.NativeHandleType.CUcontext), None)
     if not context:
