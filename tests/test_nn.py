@@ -13,6 +13,7 @@ from _training import cast, training_step
 
 import slax
 from slax import nn
+from slax.nn import _kernels as nn_kernels
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
@@ -114,6 +115,28 @@ def test_large_batch_gradients_are_race_free(dtype):
             assert _relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
     for first, again in zip(runs[0], runs[1]):
         assert np.array_equal(again, first), "the reduction is not deterministic"
+
+
+@pytest.mark.parametrize("threads_wanted", [1 << 15, 64, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads_wanted):
+    """Narrow networks sum each thread's samples in registers, several per thread when the launch
+    would otherwise exceed THREADS_WANTED threads (1000 samples: 1, 16 and 64 per thread here, with
+    padding past the batch's end); vmapped groups sum apart. Every split gives the reference's loss
+    and gradients within the dtype's tolerance."""
+    monkeypatch.setattr(nn_kernels, "THREADS_WANTED", threads_wanted)
+    keys = jax.random.split(jax.random.key(12), 4)
+    params = nn.mlp_init(keys[0], (4, 16, 4), dtype)
+    x = _inputs(params, keys[1], 1000, dtype).reshape(2, 500, 4)
+    target = _draw(keys[2], (2, 500, 4), dtype)
+    loss, grads = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))(params, x, target)
+    for k in range(2):
+        loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(
+            *cast((params, x[k], target[k]), jnp.float32), storage_dtype=dtype
+        )
+        assert _relative_error(loss[k], loss_ref) < RELATIVE_TOLERANCE[dtype]
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+            assert _relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
 
 
 def test_vmap_gives_per_example_gradients():

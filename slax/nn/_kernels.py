@@ -4,28 +4,32 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
 0.01) on hidden layers, affine output layer (slope 1). Three entry points share one ``Network``:
 
 - ``mlp_forward``: ``x, params -> y``.
-- ``mlp_backward``: ``x, dy, params -> partial grads, dx``; ``bwd_diff`` of the network.
-- ``mlp_loss_grad``: ``x, target, params -> partial grads, loss``; per-sample squared error
-  and ``bwd_diff`` of it scaled by ``loss_scale`` (1/batch for a mean): a training step's one pass.
+- ``mlp_backward``: ``x, dy, params -> partial sums, dx``; ``bwd_diff`` of the network.
+- ``mlp_loss_grad``: ``x, target, params -> partial sums``: ``bwd_diff`` of each sample's squared
+  error weighted by ``loss_scale`` (1/batch for a mean), whose backward derivative also adds the
+  weighted loss: a training step's loss and gradient in one pass.
 
 All parameters come through one pointer, ``params``: each layer's weight (out x in, row-major) then
-its bias, layer after layer (:func:`parameter_offsets`); the gradients go to ``grads`` in the same
-layout, one such block per thread group. So a kernel takes five pointers and a few scalars however
-deep the network: Vulkan passes entry-point arguments as push constants, 256 bytes on lavapipe and
-NVIDIA, which four pointers per layer would exceed at seven layers.
+its bias, layer after layer (:func:`parameter_offsets`). So a kernel takes a handful of pointers
+however deep the network: Vulkan passes entry-point arguments as push constants, 256 bytes on
+lavapipe and NVIDIA, which four pointers per layer would exceed at seven layers.
 
-Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``; each group
-is padded to whole thread groups of SLAX_GROUP_SIZE, so position ``t`` of the launch is sample
-``t % padded_per_group`` of group ``t / padded_per_group`` when that is below ``samples_per_group``
-(padding positions run with zero cotangents). Each thread group writes one partial weight and bias
-gradient per layer (``groupOuterProductSum``); JAX sums the partials of a group. The source is the
-same for every target, and so is the launch: on GPUs thread ``t`` runs position ``t`` and the sums
-go through ``SCRATCH_FLOATS`` of group-shared memory; on the CPU, which has no group barriers, the
-first thread of each thread group runs the group's positions in order (``groupSamples`` in
-``shaders/nn/mlp.slang``).
+Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``. Each
+group is covered by ``blocks_per_group`` thread groups of SLAX_GROUP_SIZE threads, each thread
+running ``samples_per_thread`` samples (positions past the group's end run with zero cotangents).
+Each thread group writes one row of ``partials``: the sums of its samples' parameter gradients in
+the parameter layout, then the sum of their weighted losses (:class:`KernelLayout`); JAX adds the
+rows of a group. How a row is summed depends on the network's size (``shaders/nn/mlp.slang``):
+narrow networks sum in each thread's registers over many samples, then once over the thread
+group; wide ones sum every sample over the thread group through group-shared memory, one sample
+per thread. Parameters are staged in group-shared memory where they fit.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+import math
 
 from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
@@ -35,12 +39,18 @@ OUTPUT_SLOPE = 1.0
 SCRATCH_BUDGET_FLOATS = 4096
 """Group-shared floats a kernel may use: 16 KiB, the least any Vulkan device offers
 (maxComputeSharedMemorySize); CUDA allows 48 KiB of static shared memory."""
-
-
-def scratch_floats(sizes: tuple[int, ...]) -> int:
-    """Group-shared floats for the gradient sums: a whole group's (x, dZ) of the widest layer, or
-    the budget (wider layers then pass their samples through it in chunks)."""
-    return min(SCRATCH_BUDGET_FLOATS, GROUP_SIZE * max(i + o for i, o in layer_pairs(sizes)))
+THREAD_SUMS_LIMIT = 256
+"""Most floats a thread sums in registers (the parameters' gradients and the loss): on CUDA a
+thread has 255 registers; a network with more parameters sums through group-shared memory."""
+STAGED_LIMIT = SCRATCH_BUDGET_FLOATS // 2
+"""Most parameters staged in group-shared memory; the rest of the budget is the sums' scratch."""
+THREADS_WANTED = 1 << 15
+"""Threads a gradient launch aims for before a thread runs several samples: summing more samples in
+a thread's registers is cheaper than summing more threads' sums, and on an H100 (132
+multiprocessors) 32768 threads still fill it at the 254 registers these kernels take. Measured
+there (polynomial network, 2^20 samples): 8, 16, 32, 64 samples per thread took 34.9, 30.7, 28.7,
+32.6 us; at 2^22: 137.7, 118.3, 108.6, 104.2 us (BENCHMARKS.md)."""
+MAX_SAMPLES_PER_THREAD = 64
 
 
 def layer_pairs(sizes: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -56,81 +66,248 @@ def parameter_offsets(sizes: tuple[int, ...]) -> tuple[list[tuple[int, int]], in
     return offsets, total
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelLayout:
+    """How the kernels of one architecture sum and read parameters.
+
+    Attributes:
+      parameters: floats in the flat parameter layout.
+      sums: floats in a row of ``partials``: the parameters' gradients, then the loss.
+      thread_sums: each thread sums its samples in registers (narrow networks), else every sample
+        is summed over its thread group through group-shared memory (wide ones).
+      staged: parameters are copied to group-shared memory once per thread group.
+      scratch: group-shared floats for the sums.
+    """
+
+    parameters: int
+    sums: int
+    thread_sums: bool
+    staged: bool
+    scratch: int
+
+    def samples_per_thread(self, samples: int) -> int:
+        """Samples each thread runs in a gradient launch over ``samples`` in all: one where sums go
+        through group-shared memory per sample; else enough to keep near THREADS_WANTED threads."""
+        if not self.thread_sums:
+            return 1
+        return max(1, min(MAX_SAMPLES_PER_THREAD, math.ceil(samples / THREADS_WANTED)))
+
+
+@functools.cache
+def kernel_layout(sizes: tuple[int, ...]) -> KernelLayout:
+    _, total = parameter_offsets(sizes)
+    staged = total <= STAGED_LIMIT
+    return KernelLayout(
+        parameters=total,
+        sums=total + 1,
+        thread_sums=total + 1 <= THREAD_SUMS_LIMIT,
+        staged=staged,
+        scratch=SCRATCH_BUDGET_FLOATS - (total if staged else 0),
+    )
+
+
 def widest_layer_error(sizes: tuple[int, ...]) -> str | None:
-    """Why the gradient kernels cannot run ``sizes``, or None: the backward pass stages one sample's
-    layer input and output gradient (in + out floats) in group-shared memory, whose budget
+    """Why the gradient kernels cannot run ``sizes``, or None: summing through group-shared memory
+    stages one sample's layer input and output gradient (in + out floats) there, whose budget
     (``SCRATCH_BUDGET_FLOATS``) every Vulkan device has."""
+    scratch = kernel_layout(sizes).scratch
     for k, (n_in, n_out) in enumerate(layer_pairs(sizes)):
-        if n_in + n_out > SCRATCH_BUDGET_FLOATS:
+        if n_in + n_out > scratch:
             return (
                 f"layer {k} ({n_in} -> {n_out}) is too wide for the gradient kernels: their backward "
                 f"pass holds one sample's layer input and output gradient, in + out = {n_in + n_out} "
-                f"floats, in {SCRATCH_BUDGET_FLOATS} floats ({SCRATCH_BUDGET_FLOATS * 4 // 1024} KiB) of "
-                f"group-shared memory, the least a Vulkan device offers; use layers with in + out <= "
-                f"{SCRATCH_BUDGET_FLOATS}"
+                f"floats, in {scratch} floats ({scratch * 4 // 1024} KiB) of group-shared memory, "
+                f"what is left of the least a Vulkan device offers; use layers with in + out <= {scratch}"
             )
     return None
 
 
+def _chunk(layout: KernelLayout, values: int) -> int:
+    """Values per thread in each pass of ``groupSum``: as many as its padded rows leave room for."""
+    return min(values, GROUP_SIZE, layout.scratch // GROUP_SIZE - 1)
+
+
+def _sums_source(layout: KernelLayout) -> str:
+    """``Sums``, the kernels' IGradientSums, with ``begin``, ``atSample`` and ``finish`` for the
+    entry points to call around the samples."""
+    row = layout.sums
+    if layout.thread_sums:
+        return f"""
+static float threadSums[{row}];  // this thread's samples' gradient terms and loss, summed
+
+struct Sums : IGradientSums
+{{
+    static void addLayer<let In : int, let Out : int>(uint offset, float dz[Out], float x[In])
+    {{
+        [ForceUnroll]
+        for (int row = 0; row < Out; row++)
+        {{
+            [ForceUnroll]
+            for (int col = 0; col < In; col++) threadSums[offset + row * In + col] += dz[row] * x[col];
+            threadSums[offset + In * Out + row] += dz[row];
+        }}
+    }}
+    static void addLoss(float value) {{ threadSums[{row - 1}] += value; }}
+    static void begin(float* partials, uint block)
+    {{
+        [ForceUnroll]
+        for (int i = 0; i < {row}; i++) threadSums[i] = 0.0;
+    }}
+    static void atSample(uint position) {{}}
+    static void finish(float* partials, uint block, uint local)
+    {{
+        groupSum<{row}, {_chunk(layout, row)}, GroupScratch>(threadSums, partials + block * {row}, local);
+    }}
+}}"""
+    return f"""
+static float* blockSums;      // this thread group's row of partials
+static uint samplePosition;   // the running sample's position in the thread group
+static float lossSum;         // this thread's samples' weighted loss, summed
+
+struct Sums : IGradientSums
+{{
+    static void addLayer<let In : int, let Out : int>(uint offset, float dz[Out], float x[In])
+    {{
+        groupOuterProductSum<In, Out, GroupScratch>(
+            blockSums + offset, blockSums + offset + In * Out, dz, x, samplePosition);
+    }}
+    static void addLoss(float value) {{ lossSum += value; }}
+    static void begin(float* partials, uint block)
+    {{
+        blockSums = partials + block * {row};
+        lossSum = 0.0;
+    }}
+    static void atSample(uint position) {{ samplePosition = position; }}
+    static void finish(float* partials, uint block, uint local)
+    {{
+        float loss[1] = {{ lossSum }};
+        groupSum<1, 1, GroupScratch>(loss, blockSums + {row - 1}, local);
+    }}
+}}"""
+
+
+def _parameters_source(layout: KernelLayout) -> str:
+    """``Parameters``, the kernels' IParameters, with ``begin`` for the entry points to call."""
+    if layout.staged:
+        return f"""
+static T* parameterPointer;
+groupshared float parameterCache[{layout.parameters}];
+
+struct ParameterCache : IGroupScratch
+{{
+    static const uint capacity = {layout.parameters};
+    static void store(uint index, float value) {{ parameterCache[index] = value; }}
+    static float load(uint index) {{ return parameterCache[index]; }}
+}}
+
+struct Parameters : IParameters
+{{
+    static void begin(T* params, uint local)
+    {{
+        parameterPointer = params;
+        stageParameters<T, {layout.parameters}, ParameterCache>(params, local);
+    }}
+    static float load(uint index) {{ return stagedParameter<T, ParameterCache>(parameterPointer, index); }}
+}}"""
+    return """
+static T* parameterPointer;
+
+struct Parameters : IParameters
+{
+    static void begin(T* params, uint local) { parameterPointer = params; }
+    static float load(uint index) { return __realCast<float>(parameterPointer[index]); }
+}"""
+
+
 def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
+    layout = kernel_layout(sizes)
     scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
     layers = layer_pairs(sizes)
-    last = len(layers) - 1
+    offsets, _ = parameter_offsets(sizes)
     fields = "\n".join(
-        f"    FeedForwardLayer<T, {i}, {o}, GroupScratch> layer{k};" for k, (i, o) in enumerate(layers)
+        f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums> layer{k};"
+        for k, ((i, o), (w, _)) in enumerate(zip(layers, offsets))
+    )
+    slopes = "\n".join(
+        f"        net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE};"
+        for k in range(len(layers))
     )
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
-    offsets, total = parameter_offsets(sizes)
     n_in, n_out = sizes[0], sizes[-1]
-
-    def setup(with_gradients: bool) -> str:
-        lines = []
-        for k, (w, b) in enumerate(offsets):
-            dw, db = (
-                (f"grads + block * {total} + {w}", f"grads + block * {total} + {b}")
-                if with_gradients
-                else ("nullptr",) * 2
-            )
-            lines += [
-                f"    net.layer{k}.weights = params + {w};",
-                f"    net.layer{k}.bias = params + {b};",
-                f"    net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == last else HIDDEN_SLOPE};",
-                f"    net.layer{k}.weightGradient = {dw};",
-                f"    net.layer{k}.biasGradient = {db};",
-            ]
-        return "\n".join(lines)
-
-    locate = """
+    def sample_loop(data: str, n_data: int, body: str) -> str:
+        """The thread's samples in order, each one's ``input`` and ``{data}Row`` loaded while the
+        one before runs (its loads then wait on memory behind that sample's arithmetic)."""
+        return f"""
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
-    uint block = thread / SLAX_GROUP_SIZE, first, end;
-    groupSamples(thread % SLAX_GROUP_SIZE, first, end);"""
-    at_sample = "\n".join(
-        [
-            "        uint position = block * SLAX_GROUP_SIZE + local, inGroup = position % padded_per_group;",
-            "        bool active = inGroup < samples_per_group;",
-            "        uint sample = (position / padded_per_group) * samples_per_group"
-            " + min(inGroup, samples_per_group - 1);",
-        ]
-        + [f"        net.layer{k}.local = local;" for k in range(len(layers))]
+    uint block = thread / SLAX_GROUP_SIZE, local = thread % SLAX_GROUP_SIZE;
+    Parameters.begin(params, local);
+    Sums.begin(partials, block);
+    Network net = Network.create();
+    let samples = ThreadSamples(block, local, samples_per_group, blocks_per_group, samples_per_thread);
+    var nextInput = loadVec<{n_in}>(x, samples.sample(0));
+    var nextRow = loadVec<{n_data}>({data}, samples.sample(0));
+    for (uint i = 0; i < samples.count; i++)
+    {{
+        let input = nextInput;
+        let {data}Row = nextRow;
+        uint sample = samples.sample(i);
+        bool active = samples.active(i);
+        if (i + 1 < samples.count)
+        {{
+            nextInput = loadVec<{n_in}>(x, samples.sample(i + 1));
+            nextRow = loadVec<{n_data}>({data}, samples.sample(i + 1));
+        }}
+        rereadStagedParameters();
+        Sums.atSample(samples.position(i));
+{body}
+    }}
+    Sums.finish(partials, block, local);"""
+
+    backward_loop = sample_loop(
+        "dy",
+        n_out,
+        f"""
+        var pair = diffPair(input);
+        MLGrad<{n_out}> dOut;
+        for (int j = 0; j < {n_out}; j++) dOut.vals[j] = active ? __realCast<float>(dyRow.vals[j]) : 0.0;
+        bwd_diff(networkOutput)(net, pair, dOut);
+        if (active)
+            for (int j = 0; j < {n_in}; j++) dx[sample * {n_in} + j] = __realCast<T>(pair.d.vals[j]);""",
+    )
+    loss_grad_loop = sample_loop(
+        "target",
+        n_out,
+        """
+        var pair = diffPair(input);
+        bwd_diff(sampleLoss)(net, pair, targetRow, active ? loss_scale : 0.0);""",
     )
     return f"""import slax.kernel;
 import nn.mlp;
 
 typealias T = {scalar};
 
-groupshared float scratch[{scratch_floats(sizes)}];
+groupshared float scratch[{layout.scratch}];
 
 struct GroupScratch : IGroupScratch
 {{
-    static const uint capacity = {scratch_floats(sizes)};
+    static const uint capacity = {layout.scratch};
     static void store(uint index, float value) {{ scratch[index] = value; }}
     static float load(uint index) {{ return scratch[index]; }}
 }}
+{_parameters_source(layout)}
+{_sums_source(layout)}
 
 struct Network
 {{
 {fields}
+
+    static Network create()
+    {{
+        Network net;
+{slopes}
+        return net;
+    }}
 
     [Differentiable]
     [NoDiffThis]
@@ -150,7 +327,7 @@ MLVec<T, {n_out}> networkOutput(no_diff Network net, MLVec<T, {n_in}> x)
 [Differentiable]
 float sampleLoss(no_diff Network net, MLVec<T, {n_in}> x, no_diff MLVec<T, {n_out}> target)
 {{
-    return squaredError<T, {n_out}>(net.eval(x), target);
+    return squaredError<T, {n_out}, Sums>(net.eval(x), target);
 }}
 
 MLVec<T, N> loadVec<let N : int>(T* data, uint index)
@@ -163,55 +340,31 @@ MLVec<T, N> loadVec<let N : int>(T* data, uint index)
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* params,
-                 uniform T* y, uniform uint count)
+                 uniform T* y, uniform uint count, uniform uint samples)
 {{
     uint thread = slax_thread_index(thread_id);
-    if (thread >= count) return;
-    Network net;
-{setup(False)}
-    MLVec<T, {n_out}> out = net.eval(loadVec<{n_in}>(x, thread));
+    if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
+    Parameters.begin(params, thread % SLAX_GROUP_SIZE);
+    if (thread >= samples) return;
+    MLVec<T, {n_out}> out = Network.create().eval(loadVec<{n_in}>(x, thread));
     for (int i = 0; i < {n_out}; i++) y[thread * {n_out} + i] = out.vals[i];
 }}
 
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy,
-                  uniform T* params, uniform float* grads, uniform T* dx,
-                  uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group)
-{{{locate}
-    Network net;
-{setup(True)}
-    for (uint local = first; local < end; local++)
-    {{
-{at_sample}
-        var input = diffPair(loadVec<{n_in}>(x, sample));
-        MLGrad<{n_out}> dOut;
-        for (int i = 0; i < {n_out}; i++)
-            dOut.vals[i] = active ? __realCast<float>(dy[sample * {n_out} + i]) : 0.0;
-        bwd_diff(networkOutput)(net, input, dOut);
-        if (active)
-            for (int i = 0; i < {n_in}; i++) dx[sample * {n_in} + i] = __realCast<T>(input.d.vals[i]);
-    }}
+                  uniform T* params, uniform float* partials, uniform T* dx, uniform uint count,
+                  uniform uint samples_per_group, uniform uint blocks_per_group,
+                  uniform uint samples_per_thread)
+{{{backward_loop}
 }}
 
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
-                   uniform T* params, uniform float* grads, uniform float* loss,
-                   uniform uint count, uniform uint samples_per_group, uniform uint padded_per_group,
-                   uniform float loss_scale)
-{{{locate}
-    Network net;
-{setup(True)}
-    for (uint local = first; local < end; local++)
-    {{
-{at_sample}
-        MLVec<T, {n_in}> input = loadVec<{n_in}>(x, sample);
-        MLVec<T, {n_out}> goal = loadVec<{n_out}>(target, sample);
-        if (active)
-            loss[sample] = sampleLoss(net, input, goal);
-        var inputPair = diffPair(input);
-        bwd_diff(sampleLoss)(net, inputPair, goal, active ? loss_scale : 0.0);
-    }}
+                   uniform T* params, uniform float* partials, uniform uint count,
+                   uniform uint samples_per_group, uniform uint blocks_per_group,
+                   uniform uint samples_per_thread, uniform float loss_scale)
+{{{loss_grad_loop}
 }}
 """

@@ -131,7 +131,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
         """The mean loss and its gradient over this device's samples, then over the devices
         (``axes``; equal shards, so the mean of means is the batch's mean)."""
         x, target, *flat = vary_alike([x, target, *flat])
-        losses, *grads = mlp_loss_grad_p.bind(
+        loss, *grads = mlp_loss_grad_p.bind(
             x,
             target,
             *flat,
@@ -141,8 +141,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             loss_scale=1.0 / max(math.prod(x.shape[:-1]), 1),
             routes=routes,
         )
-        check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *flat], [losses, *grads])
-        loss = jnp.mean(losses)
+        check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *flat], [loss, *grads])
         return mean_over_devices([loss, *grads], axes)
 
     has_batch = x.ndim > 1

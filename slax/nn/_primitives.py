@@ -21,7 +21,7 @@ from jax.interpreters import mlir
 from slax._compile import GROUP_SIZE, KernelSpec
 from slax._kernel_primitive import run_kernel
 from slax._primitive import declare_primitive, result_aval
-from slax.nn._kernels import layer_pairs, mlp_source, parameter_offsets
+from slax.nn._kernels import kernel_layout, layer_pairs, mlp_source, parameter_offsets
 
 
 @functools.cache
@@ -61,13 +61,14 @@ def _forward_abstract_eval(x, *params, sizes, dtype, routes):
 
 
 def _forward(x, *params, sizes, dtype, routes):
-    count = math.prod(x.shape[:-1])
+    samples = math.prod(x.shape[:-1])
+    count = -(-samples // GROUP_SIZE) * GROUP_SIZE  # whole thread groups: they stage the parameters
     (y,) = run_kernel(
         _kernel(sizes, dtype, "mlp_forward"),
         [x, _packed(params)],
         ((x.shape[:-1] + (sizes[-1],), dtype),),
         count,
-        (("count", count),),
+        (("count", count), ("samples", samples)),
         routes=routes,
     )
     return y
@@ -85,48 +86,52 @@ def _backward_abstract_eval(x, dy, *params, sizes, dtype, group_ndim, routes):
 
 def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
     operands = (x, target, *params)
-    return [result_aval(x.shape[:-1], jnp.float32, operands)] + [
+    return [result_aval(x.shape[:group_ndim], jnp.float32, operands)] + [
         result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
     ]
 
 
-def _run_gradient_kernel(entry, operands, extra_result, x, sizes, dtype, group_ndim, routes, scalars=()):
+def _run_gradient_kernel(entry, operands, extra_results, x, sizes, dtype, group_ndim, routes, scalars=()):
     """Launches ``mlp_backward`` or ``mlp_loss_grad`` (see slax/nn/_kernels.py for the layout) and
-    sums the per-thread-group partial gradients of each group."""
+    adds up the thread groups' partial sums of each group: ``[loss per group, *extra results,
+    *parameter gradients]``."""
+    layout = kernel_layout(sizes)
     groups = math.prod(x.shape[:group_ndim])
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
-    blocks = -(-per_group // GROUP_SIZE)
+    per_thread = layout.samples_per_thread(groups * per_group)
+    blocks = max(1, -(-per_group // (GROUP_SIZE * per_thread)))
     count = groups * blocks * GROUP_SIZE
-    _, total = parameter_offsets(sizes)
     data, params = operands[:2], operands[2:]
-    partial, extra = run_kernel(
+    partial, *extra = run_kernel(
         _kernel(sizes, dtype, entry),
         [*data, _packed(params)],
-        (((groups * blocks, total), "float32"), extra_result),
+        (((groups * blocks, layout.sums), "float32"), *extra_results),
         count,
         (
             ("count", count),
             ("samples_per_group", per_group),
-            ("padded_per_group", blocks * GROUP_SIZE),
+            ("blocks_per_group", blocks),
+            ("samples_per_thread", per_thread),
             *scalars,
         ),
         routes=routes,
     )
-    summed = partial.reshape(x.shape[:group_ndim] + (blocks, total)).sum(axis=group_ndim)
-    return [extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
+    summed = partial.reshape(x.shape[:group_ndim] + (blocks, layout.sums)).sum(axis=group_ndim)
+    return [summed[..., -1], *extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
 
 
 def _backward(x, dy, *params, sizes, dtype, group_ndim, routes):
-    return _run_gradient_kernel(
-        "mlp_backward", [x, dy, *params], (x.shape, dtype), x, sizes, dtype, group_ndim, routes
+    _, dx, *grads = _run_gradient_kernel(
+        "mlp_backward", [x, dy, *params], [(x.shape, dtype)], x, sizes, dtype, group_ndim, routes
     )
+    return [dx, *grads]
 
 
 def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
     return _run_gradient_kernel(
         "mlp_loss_grad",
         [x, target, *params],
-        (x.shape[:-1], "float32"),
+        [],
         x,
         sizes,
         dtype,
