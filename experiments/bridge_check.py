@@ -10,7 +10,9 @@ for Vulkan or ``host-pointer`` for SlangPy's CPU device: ``SLAX_DEVICE`` picks i
    address XLA handed to it; with JAX on CUDA no route may copy through the host.
 3. Per-call cost inside a jitted ``lax.fori_loop`` of 1000 steps, at 256 and 2^20 elements
    (``--sizes``), next to the same update as a plain XLA op: median of several timed runs after a
-   warm-up.
+   warm-up. Twice: writing a fresh result, for which XLA copies the result into the loop's state
+   after every call (a custom call's output cannot share its operand's buffer), and in place
+   (``scale_shift_float_in_place``, ``in_place={0: 0}``), as XLA's own elementwise op runs.
 
 With several GPUs, each route also runs the kernel under ``jax.shard_map`` over all of them: every
 shard must be exact and stay on its GPU, and the SlangPy route must have launched on each GPU (the
@@ -52,21 +54,30 @@ def scale_shift(module, x, a, b):
     return kernel(x, results=[jax.ShapeDtypeStruct(x.shape, x.dtype)], threads=x.size, a=a, b=b)[0]
 
 
+def scale_shift_in_place(module, y, a, b):
+    kernel = module.kernel("scale_shift_float_in_place")
+    return kernel(
+        y, results=[jax.ShapeDtypeStruct(y.shape, y.dtype)], threads=-(-y.size // 4), a=a, b=b, in_place={0: 0}
+    )[0]
+
+
 def check_results(module) -> list[str]:
     rng = np.random.default_rng(0)
     failures = []
-    for dtype in KERNELS:
+    cases = [(dtype, scale_shift) for dtype in KERNELS] + [("float32 in place", scale_shift_in_place)]
+    for name, call in cases:
+        dtype = name.split()[0]
         x = rng.integers(-100, 100, 4099) if dtype == "int32" else rng.uniform(-3, 3, 4099)
         x = x.astype(dtype)
         a, b = (3, -2) if dtype == "int32" else (1.5, 0.25)
-        got = np.asarray(jax.jit(lambda x, a=a, b=b: scale_shift(module, x, a, b))(x))
+        got = np.asarray(jax.jit(lambda x, a=a, b=b, call=call: call(module, x, a, b))(x))
         rounded_twice, *fused = slax.testing.multiply_add_results(a, x, b)
         ok = bool(np.logical_or.reduce([got == r for r in (rounded_twice, *fused)]).all())
         contracted = int(np.sum(got != rounded_twice))
         verdict = f"exact ({contracted} elements rounded once: fused multiply-add)" if contracted else "exact"
-        print(f"  {dtype:8s} 4099 elements vs NumPy: {verdict if ok else 'MISMATCH'}")
+        print(f"  {name:16s} 4099 elements vs NumPy: {verdict if ok else 'MISMATCH'}")
         if not ok:
-            failures.append(dtype)
+            failures.append(name)
     return failures
 
 
@@ -253,10 +264,13 @@ def main(argv: list[str] | None = None) -> int:
                 failures += [] if check_each_gpu(module, route) else [f"{route} on each GPU"]
             for size in args.sizes:
                 x = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
-                slang = time_per_call(
-                    lambda y: scale_shift(module, y, 0.5, 0.25), x, args.steps, args.repeats
+                fresh, in_place_call = (
+                    time_per_call(lambda y, f=f: f(module, y, 0.5, 0.25), x, args.steps, args.repeats)
+                    for f in (scale_shift, scale_shift_in_place)
                 )
-                rows.append({"route": route, "elements": size, "slax_us": slang * 1e6})
+                rows.append(
+                    {"route": route, "elements": size, "slax_us": fresh * 1e6, "slax_in_place_us": in_place_call * 1e6}
+                )
     xla_us = {
         size: time_per_call(
             lambda y: 0.5 * y + 0.25,
@@ -270,9 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["xla_us"] = xla_us[row["elements"]]
     print(f"\nper call inside jit(fori_loop({args.steps})), median of {args.repeats}:")
-    print(f"{'route':>12}  {'elements':>10}  {'slax kernel (us)':>16}  {'XLA op (us)':>12}")
+    print(
+        f"{'route':>12}  {'elements':>10}  {'slax, fresh result':>18}  {'slax, in place':>14}  "
+        f"{'XLA op':>8}  {'in place / XLA':>14}   (us per call)"
+    )
     for row in rows:
-        print(f"{row['route']:>12}  {row['elements']:>10}  {row['slax_us']:>16.1f}  {row['xla_us']:>12.2f}")
+        print(
+            f"{row['route']:>12}  {row['elements']:>10}  {row['slax_us']:>18.1f}  "
+            f"{row['slax_in_place_us']:>14.1f}  {row['xla_us']:>8.2f}  "
+            f"{row['slax_in_place_us'] / row['xla_us']:>13.2f}x"
+        )
     parity = []
     if "ptx" in routes():
         parity = compare_routes(np.random.default_rng(1))

@@ -72,9 +72,12 @@ step bridge 600 "$PY" experiments/bridge_check.py --json "$out/bridge.json"
 # Issue 6 target 4: the gradient checks on the GPU, on each launch route.
 step gradcheck-slangpy 600 "$PY" experiments/gradcheck.py --launch slangpy --out "$out/gradcheck-slangpy"
 step gradcheck-ptx 600 "$PY" experiments/gradcheck.py --launch ptx --out "$out/gradcheck-ptx"
-# Issue 6 targets 2 and 3, issue 5's benchmark.
-step benchmark 320 "$PY" experiments/benchmark.py --batch 4096 65536 1048576 4194304 --dtype float32 float16 \
-  --steps 20 --repeats 3 --launch slangpy ptx --json "$out/bench.json"
+# Issue 16: training-step speed against plain JAX (the digits network at the batches its target names:
+# at 2^20 and beyond its per-thread kernels take tens of milliseconds a step).
+step benchmark 360 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 1048576 4194304 \
+  --dtype float32 float16 --steps 20 --repeats 5 --launch ptx slangpy --json "$out/bench.json"
+step benchmark-digits 240 "$PY" experiments/benchmark.py --network digits --batch 4096 65536 \
+  --dtype float32 float16 --steps 20 --repeats 3 --launch ptx --json "$out/bench-digits.json"
 # Issue 16: where a step's time goes, kernel by kernel (JAX's profiler), slax on each route and plain JAX.
 step profile 300 "$PY" experiments/profile_step.py --batch 4096 1048576 --launch ptx slangpy --json "$out/profile.json"
 # Issue 7: 10,000 steps hold host and device memory, on each route.
@@ -84,6 +87,8 @@ step soak-ptx 600 "$PY" experiments/soak.py --batch 65536 --launch ptx --json "$
 for launch in slangpy ptx; do
   step "polynomial-$launch" 300 "$PY" experiments/polynomial.py --launch "$launch" --target-mse 1e-3 \
     --out "$out/polynomial-$launch"
+  step "polynomial-float16-$launch" 300 "$PY" experiments/polynomial.py --launch "$launch" --dtype float16 \
+    --target-mse 1e-3 --out "$out/polynomial-float16-$launch"
   step "digits-$launch" 300 "$PY" experiments/digits.py --launch "$launch" --target-accuracy 0.96 \
     --out "$out/digits-$launch"
 done

@@ -97,6 +97,26 @@ def test_scan_with_1000_steps(module, rng, dtype):
     assert min(errors) < 1e-5, errors
 
 
+@pytest.mark.parametrize("size", [1, 5, 4099])
+def test_in_place_kernel_updates_a_loop_carry(module, rng, size):
+    """``scale_shift_float_in_place`` (four elements a thread, a quarter of the array apart) updates
+    its operand in place: every element once, whether the size divides by four or not, and as a
+    fori_loop's carry (the loop bridge_check times against XLA's op)."""
+    kernel = module.kernel("scale_shift_float_in_place")
+
+    def update(y):
+        results = [jax.ShapeDtypeStruct(y.shape, y.dtype)]
+        return kernel(y, results=results, threads=-(-size // 4), a=1.5, b=-0.25, in_place={0: 0})[0]
+
+    x = _draw(rng, (size,), "float32")
+    _assert_multiply_add(jax.jit(update)(x), 1.5, x, -0.25)
+    looped = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda _, y: update(y), x))(x)
+    expected = x
+    for _ in range(3):
+        expected = _expected(expected, 1.5, -0.25)
+    np.testing.assert_allclose(looped, expected, rtol=1e-6, atol=1e-6)
+
+
 def test_vmap_runs_the_kernel_once_per_example(module, rng):
     """Each example's call sees its own operands and counts: rows of different values, an unbatched
     operand shared by all, a mapped axis other than the first, and under jit."""

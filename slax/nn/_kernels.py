@@ -235,8 +235,26 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
     n_in, n_out = sizes[0], sizes[-1]
     def sample_loop(data: str, n_data: int, body: str) -> str:
-        """The thread's samples in order, each one's ``input`` and ``{data}Row`` loaded while the
-        one before runs (its loads then wait on memory behind that sample's arithmetic)."""
+        """The thread's samples in order, as ``input`` and ``{data}Row``. Where a thread runs many
+        (thread sums), each sample's rows are loaded while the one before runs, so that its loads
+        wait on memory behind that sample's arithmetic; and staged parameters are re-read per
+        sample (rereadStagedParameters). A wide network's thread runs one sample, for which
+        loading ahead only holds registers (it spilled them)."""
+        load_ahead = layout.thread_sums
+        rows = f"""
+        let input = {"nextInput" if load_ahead else f"loadVec<{n_in}>(x, sample)"};
+        let {data}Row = {"nextRow" if load_ahead else f"loadVec<{n_data}>({data}, sample)"};"""
+        ahead = f"""
+        if (i + 1 < samples.count)
+        {{
+            nextInput = loadVec<{n_in}>(x, samples.sample(i + 1));
+            nextRow = loadVec<{n_data}>({data}, samples.sample(i + 1));
+        }}"""
+        first = f"""
+    var nextInput = loadVec<{n_in}>(x, samples.sample(0));
+    var nextRow = loadVec<{n_data}>({data}, samples.sample(0));"""
+        reread = """
+        rereadStagedParameters();"""
         return f"""
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
@@ -244,21 +262,11 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     Parameters.begin(params, local);
     Sums.begin(partials, block);
     Network net = Network.create();
-    let samples = ThreadSamples(block, local, samples_per_group, blocks_per_group, samples_per_thread);
-    var nextInput = loadVec<{n_in}>(x, samples.sample(0));
-    var nextRow = loadVec<{n_data}>({data}, samples.sample(0));
+    let samples = ThreadSamples(block, local, samples_per_group, blocks_per_group, samples_per_thread);{first if load_ahead else ""}
     for (uint i = 0; i < samples.count; i++)
     {{
-        let input = nextInput;
-        let {data}Row = nextRow;
         uint sample = samples.sample(i);
-        bool active = samples.active(i);
-        if (i + 1 < samples.count)
-        {{
-            nextInput = loadVec<{n_in}>(x, samples.sample(i + 1));
-            nextRow = loadVec<{n_data}>({data}, samples.sample(i + 1));
-        }}
-        rereadStagedParameters();
+        bool active = samples.active(i);{rows}{ahead if load_ahead else ""}{reread if layout.staged and layout.thread_sums else ""}
         Sums.atSample(samples.position(i));
 {body}
     }}
