@@ -14,6 +14,8 @@ import contextlib
 import functools
 import os
 import pathlib
+import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -163,6 +165,8 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
         # instead of ~50 ms (BENCHMARKS.md). Floating point stays IEEE: no fast-math, no
         # contraction in ISO C++ mode.
         options["optimization"] = spy.SlangOptimizationLevel.maximal
+        if host_cpu_converts_half():
+            options["defines"] = {"SLAX_HOST_F16C": "1"}  # shaders/slax/cpu.slang
     cache = writable_cache_dir(kind.value)
     adapter_luid = None
     if kind is DeviceKind.CUDA:
@@ -187,6 +191,21 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
     except Exception as error:
         raise DeviceUnavailableError(_missing_device_advice(kind, error)) from error
+
+
+def host_cpu_converts_half() -> bool:
+    """Whether this machine is an x86-64 whose CPU converts between half and float in hardware
+    (F16C: every x86-64 CPU since 2012 has it). Then SlangPy's CPU device builds kernels that use
+    it (shaders/slax/cpu.slang): g++ otherwise converts each ``_Float16`` with a library call
+    (x86-64 without -mf16c, a flag SlangPy gives no way to pass), which made half kernels 3-20x
+    slower than float ones there. Read from /proc/cpuinfo (Linux); elsewhere False."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"^flags\s*:.*\bf16c\b", cpuinfo, re.MULTILINE) is not None
 
 
 CPP_COMPILERS = ("clang++", "g++")

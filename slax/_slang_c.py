@@ -41,6 +41,7 @@ _STAGE_COMPUTE = 6
 class CodeTarget(enum.IntEnum):
     """Slang's ``SlangCompileTarget`` values used by slax."""
 
+    CPP_SOURCE = 13
     CUDA_SOURCE = 17
     PTX = 18
 
@@ -165,16 +166,18 @@ def relocated(path: str, snapshot_root: str | None) -> str:
     return os.path.join(snapshot_root, os.path.abspath(path).lstrip(os.sep))
 
 
-def compile_entry_point(spec: KernelSpec, target: CodeTarget, snapshot: str | None = None) -> str:
-    """The code of ``spec``'s entry point for ``target`` (PTX or CUDA source), as text; with
+def compile_entry_point(
+    spec: KernelSpec, target: CodeTarget, snapshot: str | None = None, defines: dict[str, str] | None = None
+) -> str:
+    """The code of ``spec``'s entry point for ``target`` (PTX, CUDA or C++ source), as text; with
     ``snapshot`` (:func:`slax._sources.snapshot`), from the module's files kept there, ahead of
-    the files on disk.
+    the files on disk; with ``defines``, those preprocessor macros set.
 
     Raises:
       SlangCompileError: Slang rejected the module; the message carries its diagnostics (file:line).
       NvrtcNotFoundError: PTX was asked for and no NVRTC library was found.
     """
-    arguments = ["-matrix-layout-row-major"]
+    arguments = ["-matrix-layout-row-major", *(f"-D{name}={value}" for name, value in (defines or {}).items())]
     if target is CodeTarget.PTX:
         nvrtc = nvrtc_library()
         if nvrtc is None:

@@ -4,6 +4,11 @@ include path (slax's shaders, shipped in the wheel, and SlangPy's)."""
 from __future__ import annotations
 
 import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
 import textwrap
 
 import jax
@@ -14,7 +19,10 @@ from _helpers import ROOT, run_python
 
 import slax
 from slax._config import DeviceKind, LaunchRoutes
-from slax._device import SHADER_DIR, device_kind_for_platform, get_device, include_paths
+from slax._compile import KernelSpec
+from slax._device import SHADER_DIR, device_kind_for_platform, get_device, host_cpu_converts_half, include_paths
+from slax._slang_c import CodeTarget, compile_entry_point
+from slax.nn._kernels import mlp_source
 from slax.testing import check_grads
 
 
@@ -218,3 +226,26 @@ def test_unwritable_cache_directory_says_so(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cannot write to its cache directory" in result.stdout and "SLAX_CACHE_DIR" in result.stdout
     assert "lavapipe" not in result.stdout
+
+
+@pytest.mark.one_device_kind
+def test_half_kernels_on_the_cpu_device_convert_in_hardware_where_the_cpu_can(tmp_path):
+    """Where the host CPU has F16C, slax defines SLAX_HOST_F16C for SlangPy's CPU device, and the C++
+    Slang writes for a half kernel then tells g++ to use it: no call to libgcc's software
+    conversions is left (without it, there is one per value converted on x86-64)."""
+    compiler = shutil.which("g++")
+    if compiler is None or platform.machine() != "x86_64":
+        pytest.skip("checks g++'s x86-64 code for the CPU device's half kernels")
+    spec = KernelSpec("mlp_loss_grad", source=mlp_source((4, 16, 4), "float16"))
+    library_calls = {}
+    for defined in (False, True):
+        source = tmp_path / f"kernel-{defined}.cpp"
+        defines = {"SLAX_HOST_F16C": "1"} if defined else {}
+        source.write_text(compile_entry_point(spec, CodeTarget.CPP_SOURCE, defines=defines))
+        assembly = tmp_path / f"kernel-{defined}.s"
+        subprocess.run([compiler, "-std=c++17", "-O3", "-S", str(source), "-o", str(assembly)], check=True)
+        library_calls[defined] = len(re.findall(r"call\s+__(extendhfsf2|truncsfhf2)", assembly.read_text()))
+    assert library_calls[False] > 0 and library_calls[True] == 0, library_calls
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        assert host_cpu_converts_half() == bool(re.search(r"^flags\s*:.*\bf16c\b", cpuinfo.read_text(), re.M))

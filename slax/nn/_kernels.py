@@ -9,8 +9,8 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
   error weighted by ``loss_scale`` (1/batch for a mean), whose backward derivative also adds the
   weighted loss: a training step's loss and gradient in one pass.
 
-All parameters come through one pointer, ``params``: each layer's weight (out x in, row-major) then
-its bias, layer after layer (:func:`parameter_offsets`). So a kernel takes a handful of pointers
+All parameters come through one pointer, ``params``, as float32 whatever the network's dtype: each
+layer's weight (out x in, row-major) then its bias, layer after layer (:func:`parameter_offsets`). So a kernel takes a handful of pointers
 however deep the network: Vulkan passes entry-point arguments as push constants, 256 bytes on
 lavapipe and NVIDIA, which four pointers per layer would exceed at seven layers.
 
@@ -190,7 +190,7 @@ def _parameters_source(layout: KernelLayout) -> str:
     """``Parameters``, the kernels' IParameters, with ``begin`` for the entry points to call."""
     if layout.staged:
         return f"""
-static T* parameterPointer;
+static float* parameterPointer;
 groupshared float parameterCache[{layout.parameters}];
 
 struct ParameterCache : IGroupScratch
@@ -202,19 +202,19 @@ struct ParameterCache : IGroupScratch
 
 struct Parameters : IParameters
 {{
-    static void begin(T* params, uint local)
+    static void begin(float* params, uint local)
     {{
         parameterPointer = params;
-        stageParameters<T, {layout.parameters}, ParameterCache>(params, local);
+        stageParameters<{layout.parameters}, ParameterCache>(params, local);
     }}
-    static float load(uint index) {{ return stagedParameter<T, ParameterCache>(parameterPointer, index); }}
+    static float load(uint index) {{ return stagedParameter<ParameterCache>(parameterPointer, index); }}
 }}"""
     return """
-static T* parameterPointer;
+static float* parameterPointer;
 
 struct Parameters : IParameters
 {
-    static void begin(T* params, uint local) { parameterPointer = params; }
+    static void begin(float* params, uint local) { parameterPointer = params; }
     static float load(uint index) { return __realCast<float>(parameterPointer[index]); }
 }"""
 
@@ -347,7 +347,7 @@ MLVec<T, N> loadVec<let N : int>(T* data, uint index)
 
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* params,
+void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform float* params,
                  uniform T* y, uniform uint count, uniform uint samples)
 {{
     uint thread = slax_thread_index(thread_id);
@@ -361,7 +361,7 @@ void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T*
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy,
-                  uniform T* params, uniform float* partials, uniform T* dx, uniform uint count,
+                  uniform float* params, uniform float* partials, uniform T* dx, uniform uint count,
                   uniform uint samples_per_group, uniform uint blocks_per_group,
                   uniform uint samples_per_thread)
 {{{backward_loop}
@@ -370,7 +370,7 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
-                   uniform T* params, uniform float* partials, uniform uint count,
+                   uniform float* params, uniform float* partials, uniform uint count,
                    uniform uint samples_per_group, uniform uint blocks_per_group,
                    uniform uint samples_per_thread, uniform float loss_scale)
 {{{loss_grad_loop}
