@@ -56,9 +56,8 @@ def scale_shift(module, x, a, b):
 
 def scale_shift_in_place(module, y, a, b):
     kernel = module.kernel("scale_shift_float_in_place")
-    return kernel(
-        y, results=[jax.ShapeDtypeStruct(y.shape, y.dtype)], threads=-(-y.size // 4), a=a, b=b, in_place={0: 0}
-    )[0]
+    results = [jax.ShapeDtypeStruct(y.shape, y.dtype)]
+    return kernel(y, results=results, threads=-(-y.size // 4), a=a, b=b, in_place={0: 0})[0]
 
 
 def check_results(module) -> list[str]:
@@ -269,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
                     for f in (scale_shift, scale_shift_in_place)
                 )
                 rows.append(
-                    {"route": route, "elements": size, "slax_us": fresh * 1e6, "slax_in_place_us": in_place_call * 1e6}
+                    {
+                        "route": route,
+                        "elements": size,
+                        "slax_us": fresh * 1e6,
+                        "slax_in_place_us": in_place_call * 1e6,
+                    }
                 )
     xla_us = {
         size: time_per_call(

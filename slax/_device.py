@@ -158,7 +158,7 @@ _SPY_DEVICE_TYPES = {
 def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
     if kind is DeviceKind.CPU and not cpp_compiler():
         raise DeviceUnavailableError(_missing_device_advice(kind, RuntimeError("no C++ compiler found")))
-    options = {"include_paths": include_paths()}
+    options: dict[str, object] = {"include_paths": include_paths()}
     if kind is DeviceKind.CPU:
         # Slang builds CPU kernels with the C++ compiler at -Os by default; "maximal" gives -O3,
         # which vectorises the loop over a group's threads: 2^20 elements of a*x+b take ~2 ms

@@ -177,7 +177,8 @@ def compile_entry_point(
       SlangCompileError: Slang rejected the module; the message carries its diagnostics (file:line).
       NvrtcNotFoundError: PTX was asked for and no NVRTC library was found.
     """
-    arguments = ["-matrix-layout-row-major", *(f"-D{name}={value}" for name, value in (defines or {}).items())]
+    arguments = ["-matrix-layout-row-major"]
+    arguments += [f"-D{name}={value}" for name, value in (defines or {}).items()]
     if target is CodeTarget.PTX:
         nvrtc = nvrtc_library()
         if nvrtc is None:

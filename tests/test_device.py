@@ -18,9 +18,15 @@ import slangpy
 from _helpers import ROOT, run_python
 
 import slax
-from slax._config import DeviceKind, LaunchRoutes
 from slax._compile import KernelSpec
-from slax._device import SHADER_DIR, device_kind_for_platform, get_device, host_cpu_converts_half, include_paths
+from slax._config import DeviceKind, LaunchRoutes
+from slax._device import (
+    SHADER_DIR,
+    device_kind_for_platform,
+    get_device,
+    host_cpu_converts_half,
+    include_paths,
+)
 from slax._slang_c import CodeTarget, compile_entry_point
 from slax.nn._kernels import mlp_source
 from slax.testing import check_grads

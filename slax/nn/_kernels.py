@@ -10,9 +10,10 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
   weighted loss: a training step's loss and gradient in one pass.
 
 All parameters come through one pointer, ``params``, as float32 whatever the network's dtype: each
-layer's weight (out x in, row-major) then its bias, layer after layer (:func:`parameter_offsets`). So a kernel takes a handful of pointers
-however deep the network: Vulkan passes entry-point arguments as push constants, 256 bytes on
-lavapipe and NVIDIA, which four pointers per layer would exceed at seven layers.
+layer's weight (out x in, row-major) then its bias, layer after layer (:func:`parameter_offsets`).
+So a kernel takes a handful of pointers however deep the network: Vulkan passes entry-point
+arguments as push constants, 256 bytes on lavapipe and NVIDIA, which four pointers per layer would
+exceed at seven layers.
 
 Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``. Each
 group is covered by ``blocks_per_group`` thread groups of SLAX_GROUP_SIZE threads, each thread
@@ -234,6 +235,7 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     )
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
     n_in, n_out = sizes[0], sizes[-1]
+
     def sample_loop(data: str, n_data: int, body: str) -> str:
         """The thread's samples in order, as ``input`` and ``{data}Row``. Where a thread runs many
         (thread sums), each sample's rows are loaded while the one before runs, so that its loads
@@ -255,6 +257,8 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     var nextRow = loadVec<{n_data}>({data}, samples.sample(0));"""
         reread = """
         rereadStagedParameters();"""
+        before_loop = first if load_ahead else ""
+        per_sample = rows + (ahead if load_ahead else "") + (reread if layout.staged and load_ahead else "")
         return f"""
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
@@ -262,11 +266,12 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     Parameters.begin(params, local);
     Sums.begin(partials, block);
     Network net = Network.create();
-    let samples = ThreadSamples(block, local, samples_per_group, blocks_per_group, samples_per_thread);{first if load_ahead else ""}
+    let samples = ThreadSamples(
+        block, local, samples_per_group, blocks_per_group, samples_per_thread);{before_loop}
     for (uint i = 0; i < samples.count; i++)
     {{
         uint sample = samples.sample(i);
-        bool active = samples.active(i);{rows}{ahead if load_ahead else ""}{reread if layout.staged and layout.thread_sums else ""}
+        bool active = samples.active(i);{per_sample}
         Sums.atSample(samples.position(i));
 {body}
     }}
