@@ -216,7 +216,7 @@ static float* parameterPointer;
 struct Parameters : IParameters
 {
     static void begin(float* params, uint local) { parameterPointer = params; }
-    static float load(uint index) { return __realCast<float>(parameterPointer[index]); }
+    static float load(uint index) { return parameterPointer[index]; }
 }"""
 
 
