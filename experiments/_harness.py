@@ -147,15 +147,25 @@ def validate_arguments(name: str, args: argparse.Namespace) -> None:
         raise SystemExit(
             f"{name}: --checkpoint-every must be 0 (no checkpoints) or positive; got {args.checkpoint_every}."
         )
-    present = len(jax.devices())
-    if args.devices is not None and not 1 <= args.devices <= present:
-        raise SystemExit(
-            f"{name}: --devices {args.devices}: JAX has {present} device(s) here "
-            f"({jax.devices()[0].platform}); pass 1 to {present}, or leave it out for no mesh."
-        )
+    problem = device_count_problem(args.devices)
+    if problem:
+        raise SystemExit(f"{name}: {problem}")
     _check_checkpoint_interval(name, args)
     if args.resume and args.out is not None:
         check_resume(name, args)
+
+
+def device_count_problem(devices: int | None) -> str | None:
+    """Why ``--devices`` cannot make a mesh here, or None (``None``: no mesh). The scripts take the
+    first N devices (``_training.batch_sharding``), so a count above those present would silently
+    use fewer."""
+    present = len(jax.devices())
+    if devices is None or 1 <= devices <= present:
+        return None
+    return (
+        f"--devices {devices}: JAX has {present} device(s) here ({jax.devices()[0].platform}); pass 1 "
+        f"to {present}, or leave it out for no mesh."
+    )
 
 
 def _check_checkpoint_interval(name: str, args: argparse.Namespace) -> None:

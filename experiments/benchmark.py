@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
     args = parser.parse_args(argv)
-    if any(n is not None and not 1 <= n <= jax.device_count() for n in args.devices):
-        parser.error(f"--devices: each count must be between 1 and the {jax.device_count()} devices JAX sees")
+    for problem in filter(None, map(harness.device_count_problem, args.devices)):
+        parser.error(problem)
     # slax's rows: one per CUDA launch route on a GPU; elsewhere the one route there is, by its name.
     slax_models = (
         [(f"slax/{launch}", launch) for launch in args.launch]

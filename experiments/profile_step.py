@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed calls for the wall time (median)")
     parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
     args = parser.parse_args(argv)
+    problem = harness.device_count_problem(args.devices)
+    if problem:
+        parser.error(problem)
     if not harness.on_cuda():
         raise SystemExit("profile_step: needs JAX on a CUDA GPU")
     print(harness.describe_platform())

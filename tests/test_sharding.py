@@ -97,7 +97,11 @@ def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     ]
     assert rows[3]["floor_us"] == pytest.approx(rows[0]["floor_us"] / 2)
     refused = _run("experiments/benchmark.py", *flags, "--devices", "3")
-    assert (
-        refused.returncode == 2
-        and "--devices: each count must be between 1 and the 2 devices" in refused.stderr
-    )
+    assert refused.returncode == 2 and "--devices 3: JAX has 2 device(s) here" in refused.stderr
+
+
+def test_profile_step_refuses_more_devices_than_there_are(cpu_path):
+    """``profile_step.py --devices`` takes the first N devices: a count beyond those present is
+    refused by name (bad flags), as benchmark.py and the training scripts refuse it, not run on fewer."""
+    refused = _run("experiments/profile_step.py", "--devices", "3")
+    assert refused.returncode == 2 and "--devices 3: JAX has 2 device(s) here" in refused.stderr
