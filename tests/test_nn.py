@@ -139,6 +139,18 @@ def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads
             assert _relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
 
 
+def test_an_empty_batch_launches_nothing_and_gives_zeros():
+    """No samples: no kernel runs (a launch would read past the empty buffers), the output is empty,
+    and the loss and every gradient are zero, as for plain JAX's sum over no samples."""
+    params = nn.mlp_init(jax.random.key(13), (4, 16, 4))
+    x, target = jnp.zeros((0, 4)), jnp.zeros((0, 4))
+    assert nn.mlp_apply(params, x).shape == (0, 4)
+    loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
+    assert float(loss) == 0.0 and all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads))
+    grads = jax.grad(lambda p: jnp.sum(nn.mlp_apply(p, x)))(params)
+    assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads))
+
+
 def test_vmap_gives_per_example_gradients():
     keys = jax.random.split(jax.random.key(4), 2)
     params = nn.mlp_init(keys[0], (3, 7, 5))
