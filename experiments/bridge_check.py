@@ -63,9 +63,9 @@ def scale_shift_in_place(module, y, a, b):
 def check_results(module) -> list[str]:
     rng = np.random.default_rng(0)
     failures = []
-    cases = [(dtype, scale_shift) for dtype in KERNELS] + [("float32 in place", scale_shift_in_place)]
-    for name, call in cases:
-        dtype = name.split()[0]
+    cases = [(dtype, dtype, scale_shift) for dtype in KERNELS]
+    cases.append(("float32 in place", "float32", scale_shift_in_place))
+    for name, dtype, call in cases:
         x = rng.integers(-100, 100, 4099) if dtype == "int32" else rng.uniform(-3, 3, 4099)
         x = x.astype(dtype)
         a, b = (3, -2) if dtype == "int32" else (1.5, 0.25)

@@ -196,9 +196,11 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
 def host_cpu_converts_half() -> bool:
     """Whether this machine is an x86-64 whose CPU converts between half and float in hardware
     (F16C: every x86-64 CPU since 2012 has it). Then SlangPy's CPU device builds kernels that use
-    it (shaders/slax/cpu.slang): g++ otherwise converts each ``_Float16`` with a library call
-    (x86-64 without -mf16c, a flag SlangPy gives no way to pass), which made half kernels 3-20x
-    slower than float ones there. Read from /proc/cpuinfo (Linux); elsewhere False."""
+    it where g++ builds them (shaders/slax/cpu.slang): g++ otherwise converts each ``_Float16``
+    with a library call (x86-64 without -mf16c, a flag SlangPy gives no way to pass), which made
+    half kernels 3-20x slower than float ones there. Where Slang builds with clang++ (its first
+    choice where installed) the conversions stay library calls. Read from /proc/cpuinfo (Linux);
+    elsewhere False."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:

@@ -151,6 +151,21 @@ def test_an_empty_batch_launches_nothing_and_gives_zeros():
     assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads))
 
 
+def test_samples_per_thread_follow_the_batch_and_the_group():
+    """Narrow networks: one sample a thread until a launch would exceed THREADS_WANTED threads, then
+    more, up to MAX_SAMPLES_PER_THREAD, but never more than a thread group needs for its vmapped
+    group (per-example gradients of single samples run one sample a thread). Wide ones: one."""
+    narrow, wide = nn_kernels.kernel_layout((4, 16, 4)), nn_kernels.kernel_layout((64, 128, 64, 10))
+    wanted = nn_kernels.THREADS_WANTED
+    assert narrow.thread_sums and not wide.thread_sums
+    assert narrow.samples_per_thread(4096, 4096) == 1
+    assert narrow.samples_per_thread(32 * wanted, 32 * wanted) == 32
+    assert narrow.samples_per_thread(1 << 30, 1 << 30) == nn_kernels.MAX_SAMPLES_PER_THREAD
+    assert narrow.samples_per_thread(1 << 20, 1) == 1
+    assert narrow.samples_per_thread(1 << 20, 200) == 4  # 200 samples: a thread group of 4 each
+    assert wide.samples_per_thread(1 << 20, 1 << 20) == 1
+
+
 def test_vmap_gives_per_example_gradients():
     keys = jax.random.split(jax.random.key(4), 2)
     params = nn.mlp_init(keys[0], (3, 7, 5))

@@ -40,9 +40,13 @@ OUTPUT_SLOPE = 1.0
 SCRATCH_BUDGET_FLOATS = 4096
 """Group-shared floats a kernel may use: 16 KiB, the least any Vulkan device offers
 (maxComputeSharedMemorySize); CUDA allows 48 KiB of static shared memory."""
-THREAD_SUMS_LIMIT = 256
-"""Most floats a thread sums in registers (the parameters' gradients and the loss): on CUDA a
-thread has 255 registers; a network with more parameters sums through group-shared memory."""
+THREAD_SUMS_LIMIT = 160
+"""Most floats a thread sums in registers (the parameters' gradients and the loss); a network with
+more parameters sums through group-shared memory. On CUDA a thread has 255 registers, which also
+hold its sample's activations: 149 sums (4-16-4) and 158 (4-17-4) compile without spilling, 167
+(4-18-4) spill. Measured on an H100 (loss and gradient, 2^20 samples): register sums 28.8 us against
+76.4 us through group-shared memory at 149 sums, but 147 against 116 us at 226 (5-20-5) and 236
+against 123 us at 243 (6-16-6-4), where they spill (BENCHMARKS.md)."""
 STAGED_LIMIT = SCRATCH_BUDGET_FLOATS // 2
 """Most parameters staged in group-shared memory; the rest of the budget is the sums' scratch."""
 THREADS_WANTED = 1 << 15
@@ -86,12 +90,15 @@ class KernelLayout:
     staged: bool
     scratch: int
 
-    def samples_per_thread(self, samples: int) -> int:
-        """Samples each thread runs in a gradient launch over ``samples`` in all: one where sums go
-        through group-shared memory per sample; else enough to keep near THREADS_WANTED threads."""
+    def samples_per_thread(self, samples: int, per_group: int) -> int:
+        """Samples each thread runs in a gradient launch over ``samples`` in all, in vmapped groups of
+        ``per_group``: one where sums go through group-shared memory per sample; else enough to keep
+        near THREADS_WANTED threads, but no more than a thread group needs to cover its group (a
+        thread group serves one group: per-example gradients of single samples run one each)."""
         if not self.thread_sums:
             return 1
-        return max(1, min(MAX_SAMPLES_PER_THREAD, math.ceil(samples / THREADS_WANTED)))
+        wanted = min(MAX_SAMPLES_PER_THREAD, math.ceil(samples / THREADS_WANTED))
+        return max(1, min(wanted, math.ceil(per_group / GROUP_SIZE)))
 
 
 @functools.cache
@@ -124,8 +131,10 @@ def widest_layer_error(sizes: tuple[int, ...]) -> str | None:
 
 
 def _chunk(layout: KernelLayout, values: int) -> int:
-    """Values per thread in each pass of ``groupSum``: as many as its padded rows leave room for."""
-    return min(values, GROUP_SIZE, layout.scratch // GROUP_SIZE - 1)
+    """Values per thread in each pass of ``groupSum``: as many as its padded rows leave room for,
+    an even number (the rows, one longer, are then odd: no two threads' stores share a bank)."""
+    chunk = min(values, GROUP_SIZE, layout.scratch // GROUP_SIZE - 1)
+    return chunk - chunk % 2 if chunk > 1 else chunk
 
 
 def _sums_source(layout: KernelLayout) -> str:

@@ -99,7 +99,7 @@ def _run_gradient_kernel(entry, operands, extra_results, x, sizes, dtype, group_
     layout = kernel_layout(sizes)
     groups = math.prod(x.shape[:group_ndim])
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
-    per_thread = layout.samples_per_thread(groups * per_group)
+    per_thread = layout.samples_per_thread(groups * per_group, per_group)
     blocks = -(-per_group // (GROUP_SIZE * per_thread))  # 0 for an empty batch: no launch
     count = groups * blocks * GROUP_SIZE
     data, params = operands[:2], operands[2:]
