@@ -42,6 +42,16 @@ def batch_sharding(devices: int | None) -> NamedSharding | None:
     return NamedSharding(mesh, PartitionSpec("data"))
 
 
+def on_every_device(tree: Any, sharding: NamedSharding | None) -> Any:
+    """``tree`` replicated over ``sharding``'s mesh (unchanged without one): where a training loop
+    keeps its state and step keys from call to call. Left on one device, every call of a step
+    jitted over the mesh would first copy them to the others: ~0.6-1.3 ms a call on two H200s, a
+    third of each step in calls of 20 steps (BENCHMARKS.md, "Two GPUs")."""
+    if sharding is None:
+        return tree
+    return jax.device_put(tree, NamedSharding(sharding.mesh, PartitionSpec()))
+
+
 def training_step(
     loss_and_grad: LossAndGrad,
     optimizer: optax.GradientTransformation,
@@ -139,6 +149,7 @@ def train_in_chunks(
     evaluate: Callable[[Any], float] | None = None,
     checkpoint: pathlib.Path | None = None,
     checkpoint_every: int = 0,
+    sharding: NamedSharding | None = None,
 ) -> TrainingRun:
     """Runs ``steps`` of ``step(state, key) -> (state, loss)`` in jitted ``lax.scan`` chunks.
 
@@ -147,7 +158,8 @@ def train_in_chunks(
     ``checkpoint_every`` steps (rounded up to whole chunks) and at the end, and an existing
     checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
     to an uninterrupted one (on a GPU, where XLA's reductions are made deterministic with
-    ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``).
+    ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``). With ``sharding`` (the step's batch sharding),
+    the state and the keys are placed on every device of its mesh once, not copied there per chunk.
 
     """
     try:
@@ -155,7 +167,7 @@ def train_in_chunks(
     except ImportError:
         tqdm = _ChunkLines
 
-    keys = jax.random.split(key, steps)
+    keys = on_every_device(jax.random.split(key, steps), sharding)
 
     def training_chunk(state, keys):
         return jax.lax.scan(step, state, keys)
@@ -168,6 +180,7 @@ def train_in_chunks(
         state, start, previous = load_checkpoint(checkpoint, state, key)
         losses.append(previous)
         print(f"{description}: resuming from step {start} ({checkpoint})")
+    state = on_every_device(state, sharding)
     compile_seconds = compile_chunks(run_chunk, state, keys, start, chunk)
     print(f"{description}: compiled the training chunks in {compile_seconds:.1f} s")
     seconds = 0.0

@@ -33,7 +33,7 @@ import _harness as harness
 import jax
 import jax.numpy as jnp
 import optax
-from _training import batch_sharding, cast, training_step
+from _training import batch_sharding, cast, on_every_device, training_step
 
 import slax
 from slax import nn
@@ -112,14 +112,15 @@ def training_run(network: str, model: str, dtype: str, batch: int, devices: int 
     params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
     optimizer = optax.adam(1e-3)
     fn = loss_and_grad(network, model, jnp.dtype(dtype))
-    step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch), batch_sharding(devices))
+    sharding = batch_sharding(devices)
+    step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch), sharding)
     run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
-    return run, (params, optimizer.init(params))
+    return run, on_every_device((params, optimizer.init(params)), sharding)
 
 
 def steps_per_second(network, model, dtype, batch, steps, repeats, devices=None) -> float:
     run, state = training_run(network, model, dtype, batch, devices)
-    keys = jax.random.split(jax.random.key(1), steps)
+    keys = on_every_device(jax.random.split(jax.random.key(1), steps), batch_sharding(devices))
     jax.block_until_ready(run(state, keys))
     times = []
     for _ in range(repeats):

@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         def accuracy(state, predict=predict):
             return float(jnp.mean(predict(state[0]) == y_test))
 
+        sharding = batch_sharding(args.devices)
         run = train_in_chunks(
-            training_step(loss_and_grad, optimizer, draw_batch, batch_sharding(args.devices)),
+            training_step(loss_and_grad, optimizer, draw_batch, sharding),
             (params, optimizer.init(params)),
             data_key,
             args.steps,
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluate=accuracy,
             checkpoint=checkpoint_path(out, args, name),
             checkpoint_every=args.checkpoint_every,
+            sharding=sharding,
         )
         losses[name], accuracy_curves[name] = run.losses, run.evaluations
         predicted = np.asarray(predict(run.state[0]))

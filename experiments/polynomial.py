@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             name,
             checkpoint=checkpoint_path(out, args, name),
             checkpoint_every=args.checkpoint_every,
+            sharding=sharding,
         )
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
         final = run.state[0]

@@ -25,6 +25,7 @@ import tempfile
 
 import _harness as harness
 import jax
+from _training import batch_sharding, on_every_device
 from benchmark import NETWORKS, steps_per_second, training_run
 from jax.profiler import ProfileData
 
@@ -41,7 +42,9 @@ def kernel_times(
     run, state = training_run(
         config["network"], config["model"], config["dtype"], config["batch"], config["devices"]
     )
-    keys = jax.random.split(jax.random.key(1), config["steps"])
+    keys = on_every_device(
+        jax.random.split(jax.random.key(1), config["steps"]), batch_sharding(config["devices"])
+    )
     jax.block_until_ready(run(state, keys))
     with tempfile.TemporaryDirectory() as scratch:
         jax.profiler.start_trace(scratch)

@@ -117,9 +117,10 @@ if [ "$gpus" -ge 2 ]; then
   done
   step digits-gpus-compared 60 "$PY" experiments/compare_devices.py "$out/digits-1gpu" "$out/digits-2gpu" \
     --tolerance 0.005 --json "$out/digits-gpus-compared.json"
-  # Samples/s on 1 and 2 GPUs in one process, with plain JAX on as many; each GPU's kernels and streams.
+  # Samples/s on 1 and 2 GPUs in one process, with plain JAX on as many, over calls of the 200 steps
+  # issue 20 names (a call over two GPUs costs ~1 ms more than over one); each GPU's kernels and streams.
   step benchmark-gpus 400 "$PY" experiments/benchmark.py --network polynomial --batch 4194304 16777216 \
-    --devices 1 2 --steps 20 --repeats 3 --launch ptx slangpy --json "$out/bench-gpus.json"
+    --devices 1 2 --steps 200 --repeats 3 --launch ptx slangpy --json "$out/bench-gpus.json"
   step profile-gpus 300 "$PY" experiments/profile_step.py --devices 2 --batch 4194304 --launch ptx slangpy \
     --json "$out/profile-gpus.json"
 fi

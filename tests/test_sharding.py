@@ -84,6 +84,34 @@ def test_mean_over_devices_is_one_all_reduce_per_dtype(cpu_path):
     assert result.stdout.split() == ["True", "2", "True"], result.stdout
 
 
+_STEP_OVER_TWO_DEVICES = """
+import re, jax, jax.numpy as jnp
+from _training import batch_sharding, on_every_device
+from slax import nn
+
+sharding = batch_sharding(2)
+params = nn.mlp_init(jax.random.key(0), (4, 16, 4))
+x = jax.device_put(jax.random.uniform(jax.random.key(1), (65536, 4)), sharding)  # many thread groups
+hlo = jax.jit(nn.mlp_loss_and_grad).lower(params, x, jnp.sin(x)).compile().as_text()
+(operand,) = re.findall(r"= f32\\[149\\]\\S* all-reduce\\((%[\\w.-]+)\\)", hlo)
+(producer,) = [line for line in hlo.splitlines() if line.strip().startswith(operand + " = ")]
+placed = on_every_device({"p": params, "k": jax.random.split(jax.random.key(2), 3)}, sharding)
+print("concatenate" in producer, {leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(placed)},
+      {len(leaf.devices()) for leaf in jax.tree.leaves(placed)}, on_every_device(params, None) is params)
+"""
+
+
+def test_data_parallel_step_all_reduces_the_kernels_row_and_keeps_its_state_on_every_device(cpu_path):
+    """Over two devices, ``mlp_loss_and_grad`` all-reduces the sum of the kernel's partial rows
+    (gradients, then the loss) as it is, with no kernel repacking it each step (compiled only: the
+    batch is one of many thread groups, as in training); the experiments' training loops
+    place their state and keys on every device of the mesh once (``on_every_device``), not on one
+    device to be copied to the others every call (BENCHMARKS.md, "Two GPUs after the rewrite")."""
+    result = _run("-c", _STEP_OVER_TWO_DEVICES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["False", "{True}", "{2}", "True"], result.stdout
+
+
 def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     """``benchmark.py --devices 1 2``: a row per model and device count, the floor split over the
     devices; a count beyond the devices there is refused by name."""

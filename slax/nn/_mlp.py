@@ -142,7 +142,11 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             routes=routes,
         )
         check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *flat], [loss, *grads])
-        return mean_over_devices([loss, *grads], axes)
+        # In the kernel's order (gradients, then the loss) the flat vector mean_over_devices
+        # all-reduces is the sum of the kernel's partial rows as it is: no kernel repacking it
+        # each step (BENCHMARKS.md, "Two GPUs after the rewrite").
+        *grads, loss = mean_over_devices([*grads, loss], axes)
+        return loss, *grads
 
     has_batch = x.ndim > 1
     leaves = [x, target, *_flat(params)]
