@@ -45,8 +45,8 @@ def batch_sharding(devices: int | None) -> NamedSharding | None:
 def on_every_device(tree: Any, sharding: NamedSharding | None) -> Any:
     """``tree`` replicated over ``sharding``'s mesh (unchanged without one): where a training loop
     keeps its state and step keys from call to call. Left on one device, every call of a step
-    jitted over the mesh would first copy them to the others: ~0.6-1.3 ms a call on two H200s, a
-    third of each step in calls of 20 steps (BENCHMARKS.md, "Two GPUs")."""
+    jitted over the mesh would first copy them to the others: 0.7-0.9 ms a call on two H200s
+    (BENCHMARKS.md, "Two GPUs after the rewrite")."""
     if sharding is None:
         return tree
     return jax.device_put(tree, NamedSharding(sharding.mesh, PartitionSpec()))
