@@ -118,9 +118,15 @@ def training_run(network: str, model: str, dtype: str, batch: int, devices: int 
     return run, on_every_device((params, optimizer.init(params)), sharding)
 
 
+def step_keys(steps: int, devices: int | None = None) -> jax.Array:
+    """The keys of a timed call of ``steps`` steps, on every device the step runs on, as the
+    state :func:`training_run` returns."""
+    return on_every_device(jax.random.split(jax.random.key(1), steps), batch_sharding(devices))
+
+
 def steps_per_second(network, model, dtype, batch, steps, repeats, devices=None) -> float:
     run, state = training_run(network, model, dtype, batch, devices)
-    keys = on_every_device(jax.random.split(jax.random.key(1), steps), batch_sharding(devices))
+    keys = step_keys(steps, devices)
     jax.block_until_ready(run(state, keys))
     times = []
     for _ in range(repeats):

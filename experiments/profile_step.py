@@ -25,8 +25,7 @@ import tempfile
 
 import _harness as harness
 import jax
-from _training import batch_sharding, on_every_device
-from benchmark import NETWORKS, steps_per_second, training_run
+from benchmark import NETWORKS, step_keys, steps_per_second, training_run
 from jax.profiler import ProfileData
 
 import slax
@@ -42,9 +41,7 @@ def kernel_times(
     run, state = training_run(
         config["network"], config["model"], config["dtype"], config["batch"], config["devices"]
     )
-    keys = on_every_device(
-        jax.random.split(jax.random.key(1), config["steps"]), batch_sharding(config["devices"])
-    )
+    keys = step_keys(config["steps"], config["devices"])
     jax.block_until_ready(run(state, keys))
     with tempfile.TemporaryDirectory() as scratch:
         jax.profiler.start_trace(scratch)
