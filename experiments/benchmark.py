@@ -3,10 +3,13 @@
 Networks: the tutorial's polynomial MLP (4 -> 16 -> 4, squared-error loss; slax uses the fused
 mlp_loss_and_grad kernel) and the digits MLP (64 -> 128 -> 64 -> 10, softmax cross-entropy in JAX
 around slax.nn.mlp_apply), against plain JAX at its default matmul precision (``jax``: TF32 on
-GPUs with tensor cores) and at full float32 (``jax-f32``, the arithmetic of slax's kernels; the
-ratio column compares with ``jax``). One step = sample a batch, forward, backward, Adam update. Each
-configuration runs a jitted lax.scan of --steps steps: one warm-up call, then the median wall time
-of --repeats timed calls with block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once
+GPUs with tensor cores) and at full float32 (``jax-f32``, the arithmetic of slax's kernels). slax
+trains its parameters kept as one flat vector, its kernels' layout (``_training.parameter_state``);
+plain JAX keeps its per-layer arrays, and ``jax/flat`` times it kept flat too: the ratio column
+compares with the faster of ``jax`` and ``jax/flat``. One step = sample a batch, forward, backward,
+Adam update. Each configuration runs a jitted lax.scan of --steps steps (--unroll of them per
+iteration of its loop): one warm-up call, then the median wall time of --repeats timed calls with
+block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once
 per launch route (slax.config.cuda_launch). ``--devices 1 2`` times every configuration over a mesh
 of 1 and of 2 devices (the batch split along its first axis under plain ``jax.jit``, as
 ``polynomial.py --devices``); each row's ratio compares with plain JAX on as many devices.
@@ -33,7 +36,7 @@ import _harness as harness
 import jax
 import jax.numpy as jnp
 import optax
-from _training import batch_sharding, cast, on_every_device, training_step
+from _training import batch_sharding, cast, on_every_device, parameter_state, training_step
 
 import slax
 from slax import nn
@@ -71,6 +74,9 @@ def device_peaks(tflops: float | None, gbps: float | None) -> tuple[float, float
 JAX_PRECISIONS = {"jax": None, "jax-f32": jax.lax.Precision.HIGHEST}
 """The plain-JAX models: JAX's default matmul precision (what a JAX program gets; TF32 on GPUs with
 tensor cores) and full float32, the arithmetic slax's kernels do."""
+ROW_ORDER = ("jax", "jax/flat", "jax-f32")
+"""The plain-JAX rows after slax's: the default precision with per-layer arrays and kept flat, then
+full float32 (per-layer arrays)."""
 
 
 def loss_and_grad(network: str, model: str, dtype):
@@ -105,17 +111,28 @@ def make_batch(network, key, batch):
     return x, jax.random.randint(key, (batch,), 0, sizes[-1])
 
 
-def training_run(network: str, model: str, dtype: str, batch: int, devices: int | None = None):
+def training_run(
+    network: str,
+    model: str,
+    dtype: str,
+    batch: int,
+    devices: int | None = None,
+    flat: bool | None = None,
+    unroll: int = 1,
+):
     """(run, state): ``run(state, keys) -> (state, losses)`` is a jitted lax.scan of one training
     step per key (sample a batch, forward, backward, Adam update), from the initial ``state``; with
-    ``devices``, each batch is split over a mesh of that many devices (:func:`batch_sharding`)."""
+    ``devices``, each batch is split over a mesh of that many devices (:func:`batch_sharding`).
+    ``flat``: keep the parameters as one vector (``_training.parameter_state``; default: for slax
+    only). ``unroll``: steps per iteration of the scan's loop (``lax.scan(unroll=)``)."""
     params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
     optimizer = optax.adam(1e-3)
-    fn = loss_and_grad(network, model, jnp.dtype(dtype))
+    flat = model == "slax" if flat is None else flat
+    stored, fn, _ = parameter_state(params, loss_and_grad(network, model, jnp.dtype(dtype)), flat)
     sharding = batch_sharding(devices)
     step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch), sharding)
-    run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys))
-    return run, on_every_device((params, optimizer.init(params)), sharding)
+    run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys, unroll=unroll))
+    return run, on_every_device((stored, optimizer.init(stored)), sharding)
 
 
 def step_keys(steps: int, devices: int | None = None) -> jax.Array:
@@ -124,8 +141,10 @@ def step_keys(steps: int, devices: int | None = None) -> jax.Array:
     return on_every_device(jax.random.split(jax.random.key(1), steps), batch_sharding(devices))
 
 
-def steps_per_second(network, model, dtype, batch, steps, repeats, devices=None) -> float:
-    run, state = training_run(network, model, dtype, batch, devices)
+def steps_per_second(
+    network, model, dtype, batch, steps, repeats, devices=None, flat=None, unroll=1
+) -> float:
+    run, state = training_run(network, model, dtype, batch, devices, flat, unroll)
     keys = step_keys(steps, devices)
     jax.block_until_ready(run(state, keys))
     times = []
@@ -151,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=50, help="steps per timed call")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median)")
+    parser.add_argument(
+        "--unroll",
+        type=int,
+        default=1,
+        help="training steps per iteration of the scan's loop, for every model (lax.scan's unroll): "
+        "on a GPU each iteration costs XLA a host round trip, most of a small batch's step",
+    )
     parser.add_argument(
         "--launch",
         nargs="+",
@@ -184,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     # slax's rows: one per CUDA launch route on a GPU; elsewhere the one route there is, by its name.
     slax_models = (
-        [(f"slax/{launch}", launch) for launch in args.launch]
+        [(f"slax/{launch}", "slax", launch) for launch in args.launch]
         if harness.on_cuda()
-        else [(f"slax/{slax.launch_route()}", slax.config.cuda_launch)]
+        else [(f"slax/{slax.launch_route()}", "slax", slax.config.cuda_launch)]
     )
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform())
+    if args.unroll > 1:
+        print(f"every model's scan runs {args.unroll} training steps per loop iteration (--unroll)")
     if peaks:
         print(f"floor at {peaks[0] / 1e12:.3g} TFLOP/s FP32 and {peaks[1] / 1e9:.4g} GB/s")
     header = (
@@ -212,22 +240,27 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             repeats=args.repeats,
             devices=devices,
+            unroll=args.unroll,
         )
-        jax_rate = time_steps(model="jax")
-        for model, launch in slax_models + [(name, None) for name in JAX_PRECISIONS]:
-            if model == "jax":
-                rate = jax_rate
-            elif launch is None:
-                rate = time_steps(model=model)
+        # Plain JAX first, in both of its forms: each row's ratio is to the faster one.
+        rates = {"jax": time_steps(model="jax"), "jax/flat": time_steps(model="jax", flat=True)}
+        jax_rate = max(rates.values())
+        for name, model, launch in slax_models + [("jax-f32", "jax-f32", None)]:
+            if launch is None:
+                rates[name] = time_steps(model=model)
             else:
                 with slax.config.override(cuda_launch=launch):
-                    rate = time_steps(model="slax")
+                    rates[name] = time_steps(model=model)
+        for model in [name for name, _, _ in slax_models] + list(ROW_ORDER):
+            rate = rates[model]
             row = {
                 "network": network,
                 "dtype": dtype,
                 "batch": batch,
                 "devices": devices,
                 "model": model,
+                "flat_parameters": model.startswith("slax/") or model == "jax/flat",
+                "unroll": args.unroll,
                 "steps_per_s": rate,
                 "samples_per_s": rate * batch,
                 "step_us": 1e6 / rate,

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _checkpoints import checkpoint_path
-from _training import batch_sharding, cast, train_in_chunks, training_step
+from _training import batch_sharding, cast, parameter_state, train_in_chunks, training_step
 
 from slax import nn
 
@@ -130,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     results, losses, accuracy_curves, confusion = {}, {}, {}, {}
     for name in ("slax", "jax"):
         logits, loss_and_grad = make_model(name, dtype)
-        predict = jax.jit(lambda params, logits=logits: jnp.argmax(logits(params, x_test), axis=-1))
+        # slax trains its parameters as one vector, its kernels' layout; plain JAX its arrays.
+        stored, loss_and_grad, to_params = parameter_state(params, loss_and_grad, flat=name == "slax")
+        predict = jax.jit(
+            lambda stored, logits=logits, to_params=to_params: jnp.argmax(
+                logits(to_params(stored), x_test), axis=-1
+            )
+        )
 
         def accuracy(state, predict=predict):
             return float(jnp.mean(predict(state[0]) == y_test))
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         sharding = batch_sharding(args.devices)
         run = train_in_chunks(
             training_step(loss_and_grad, optimizer, draw_batch, sharding),
-            (params, optimizer.init(params)),
+            (stored, optimizer.init(stored)),
             data_key,
             args.steps,
             args.chunk,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _checkpoints import checkpoint_path
-from _training import batch_sharding, cast, train_in_chunks, training_step
+from _training import batch_sharding, cast, parameter_state, train_in_chunks, training_step
 
 from slax import nn
 
@@ -141,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
 
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
+        # slax trains its parameters as one vector, its kernels' layout; plain JAX its arrays.
+        stored, fn, to_params = parameter_state(params, fn, flat=name == "slax")
         step = training_step(fn, optimizer, lambda key: sample(key, args.batch), sharding)
         run = train_in_chunks(
             step,
-            (params, optimizer.init(params)),
+            (stored, optimizer.init(stored)),
             data_key,
             args.steps,
             args.chunk,
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             sharding=sharding,
         )
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
-        final = run.state[0]
+        final = to_params(run.state[0])
         mse = test_mse(predict, final, jnp.dtype(args.dtype), test_key)
         trained[name], curves[name] = final, run.losses
         results[name] = {

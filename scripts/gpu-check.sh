@@ -76,6 +76,10 @@ step gradcheck-ptx 600 "$PY" experiments/gradcheck.py --launch ptx --out "$out/g
 # at 2^20 and beyond its per-thread kernels take tens of milliseconds a step).
 step benchmark 360 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 1048576 4194304 \
   --dtype float32 float16 --steps 20 --repeats 5 --launch ptx slangpy --json "$out/bench.json"
+# At small batches most of a step is XLA's host round trip per iteration of the scan's loop: the same
+# steps, two per iteration, for every model.
+step benchmark-unrolled 240 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 \
+  --dtype float32 float16 --steps 50 --repeats 7 --unroll 2 --launch ptx --json "$out/bench-unrolled.json"
 step benchmark-digits 240 "$PY" experiments/benchmark.py --network digits --batch 4096 65536 \
   --dtype float32 float16 --steps 20 --repeats 3 --launch ptx --json "$out/bench-digits.json"
 # Issue 16: where a step's time goes, kernel by kernel (JAX's profiler), slax on each route and plain JAX.

@@ -157,6 +157,8 @@ def test_benchmark_runs(tmp_path):
         "64",
         "--steps",
         "3",
+        "--unroll",
+        "2",
         "--repeats",
         "1",
         "--peak-tflops",
@@ -172,8 +174,12 @@ def test_benchmark_runs(tmp_path):
     assert [(r["network"], r["batch"], r["model"]) for r in rows] == [
         (network, 64, model)
         for network in ("polynomial", "digits")
-        for model in (f"slax/{slax.launch_route()}", "jax", "jax-f32")
+        for model in (f"slax/{slax.launch_route()}", "jax", "jax/flat", "jax-f32")
     ]
+    # slax trains its flat parameter vector; plain JAX both ways, each ratio to its faster form.
+    assert [r["flat_parameters"] for r in rows[:4]] == [True, False, True, False]
+    assert max(r["speedup_vs_jax"] for r in rows[1:3]) == pytest.approx(1.0)
+    assert {r["unroll"] for r in rows} == {2}  # 3 steps, 2 per loop iteration: a remainder too
     polynomial = rows[0]
     # 4 -> 16 -> 4 at batch 64: 6*64*(64+64) - 2*64*64 FLOPs; inputs and targets written and read,
     # 2*64*(4+4)*4 bytes; at 1 TFLOP/s and 10 GB/s the bytes bound: 0.4096 us.

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _training import cast, training_step
+from _training import cast, parameter_state, training_step
+from jax.flatten_util import ravel_pytree
 
 import slax
 from slax import nn
@@ -209,6 +210,33 @@ def test_training_matches_pure_jax():
     reference = np.asarray(train(jax.value_and_grad(nn.mlp_loss_reference)))
     assert losses[-10:].mean() < losses[:10].mean() / 10
     np.testing.assert_allclose(losses, reference, rtol=1e-3)
+
+
+def test_ravelled_parameters_are_the_kernels_layout():
+    """``ravel_pytree(params)`` is the kernels' parameter layout, so a training state kept as that
+    vector (``_training.parameter_state``) packs nothing per step: compiled, a loss and gradient
+    over the vector hands it to the kernel as it is and returns the gradient as a slice of the
+    kernel's summed row, with no concatenation (BENCHMARKS.md, "Flat parameters"). The numbers are
+    the per-array call's, bit for bit, for the fused loss and for a loss around mlp_apply."""
+    keys = jax.random.split(jax.random.key(9), 3)
+    params = nn.mlp_init(keys[0], (4, 16, 4))
+    x, target = _inputs(params, keys[1], 300, jnp.float32), _draw(keys[2], (300, 4), jnp.float32)
+
+    def loss_around_apply(params, x, target):
+        return jnp.mean(jnp.sum((nn.mlp_apply(params, x) - target) ** 2, axis=-1))
+
+    for loss_and_grad in (nn.mlp_loss_and_grad, jax.value_and_grad(loss_around_apply)):
+        vector, flat_loss_and_grad, to_params = parameter_state(params, loss_and_grad, flat=True)
+        compiled = jax.jit(flat_loss_and_grad).lower(vector, x, target).compile()
+        assert "concatenate" not in compiled.as_text()
+        loss, grad = compiled(vector, x, target)
+        want_loss, want_grads = jax.jit(loss_and_grad)(params, x, target)
+        assert loss == want_loss
+        np.testing.assert_array_equal(grad, ravel_pytree(want_grads)[0])
+        assert (
+            jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), to_params(vector), params))
+            == [True] * 4
+        )
 
 
 def test_scan_over_apply():

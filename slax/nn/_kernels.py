@@ -10,7 +10,11 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
   weighted loss: a training step's loss and gradient in one pass.
 
 All parameters come through one pointer, ``params``, as float32 whatever the network's dtype: each
-layer's weight (out x in, row-major) then its bias, layer after layer (:func:`parameter_offsets`).
+layer's bias then its weight (out x in, row-major), layer after layer (:func:`parameter_offsets`).
+That is the order of ``jax.flatten_util.ravel_pytree(params)`` (a list of ``{"bias", "weight"}``
+dicts flattens with the keys sorted), so a training loop that keeps its parameters as that flat
+vector hands the kernels their own layout: XLA packs nothing per step, and the gradient it gets back
+is one slice of the kernels' summed row (BENCHMARKS.md, "Flat parameters").
 So a kernel takes a handful of pointers however deep the network: Vulkan passes entry-point
 arguments as push constants, 256 bytes on lavapipe and NVIDIA, which four pointers per layer would
 exceed at seven layers.
@@ -62,12 +66,13 @@ def layer_pairs(sizes: tuple[int, ...]) -> list[tuple[int, int]]:
     return list(zip(sizes[:-1], sizes[1:]))
 
 
-def parameter_offsets(sizes: tuple[int, ...]) -> tuple[list[tuple[int, int]], int]:
-    """(weight offset, bias offset) of each layer in the flat parameter layout, and its length."""
+def parameter_offsets(sizes: tuple[int, ...]) -> tuple[list[int], int]:
+    """Where each layer starts in the flat parameter layout (its bias; its weight follows, ``out``
+    floats on), and the layout's length."""
     offsets, total = [], 0
     for n_in, n_out in layer_pairs(sizes):
-        offsets.append((total, total + n_in * n_out))
-        total += n_in * n_out + n_out
+        offsets.append(total)
+        total += n_out + n_in * n_out
     return offsets, total
 
 
@@ -152,9 +157,9 @@ struct Sums : IGradientSums
         [ForceUnroll]
         for (int row = 0; row < Out; row++)
         {{
+            threadSums[offset + row] += dz[row];
             [ForceUnroll]
-            for (int col = 0; col < In; col++) threadSums[offset + row * In + col] += dz[row] * x[col];
-            threadSums[offset + In * Out + row] += dz[row];
+            for (int col = 0; col < In; col++) threadSums[offset + Out + row * In + col] += dz[row] * x[col];
         }}
     }}
     static void addLoss(float value) {{ threadSums[{row - 1}] += value; }}
@@ -179,7 +184,7 @@ struct Sums : IGradientSums
     static void addLayer<let In : int, let Out : int>(uint offset, float dz[Out], float x[In])
     {{
         groupOuterProductSum<In, Out, GroupScratch>(
-            blockSums + offset, blockSums + offset + In * Out, dz, x, samplePosition);
+            blockSums + offset + Out, blockSums + offset, dz, x, samplePosition);
     }}
     static void addLoss(float value) {{ lossSum += value; }}
     static void begin(float* partials, uint block)
@@ -236,7 +241,7 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     offsets, _ = parameter_offsets(sizes)
     fields = "\n".join(
         f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums> layer{k};"
-        for k, ((i, o), (w, _)) in enumerate(zip(layers, offsets))
+        for k, ((i, o), w) in enumerate(zip(layers, offsets))
     )
     slopes = "\n".join(
         f"        net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE};"

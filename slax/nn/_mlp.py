@@ -265,8 +265,10 @@ def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[in
 
 
 def _flat(params: Params) -> list[jax.Array]:
-    return [a for layer in params for a in (layer["weight"], layer["bias"])]
+    """Each layer's bias, then its weight: the order of ``jax.tree.leaves(params)`` and of the
+    kernels' flat layout (slax/nn/_kernels.py)."""
+    return [a for layer in params for a in (layer["bias"], layer["weight"])]
 
 
 def _unflat(flat) -> Params:
-    return [{"weight": w, "bias": b} for w, b in zip(flat[0::2], flat[1::2])]
+    return [{"weight": w, "bias": b} for b, w in zip(flat[0::2], flat[1::2])]

@@ -30,22 +30,27 @@ def _kernel(sizes: tuple[int, ...], dtype: str, entry: str) -> KernelSpec:
 
 
 def _param_shapes(sizes):
-    return [shape for i, o in layer_pairs(sizes) for shape in ((o, i), (o,))]
+    """Each layer's bias and weight, the order the primitives take and return them in."""
+    return [shape for i, o in layer_pairs(sizes) for shape in ((o,), (o, i))]
 
 
 def _packed(params) -> jax.Array:
     """The parameters as the kernels read them: one flat float32 array (slax/nn/_kernels.py). Half
-    parameters convert exactly, in the same XLA fusion as the concatenation."""
+    parameters convert exactly, in the same XLA fusion as the concatenation. Where ``params`` are
+    slices of one float32 vector in this layout (``ravel_pytree``'s), XLA folds the concatenation
+    of those slices back into that vector: nothing runs."""
     return jnp.concatenate([p.reshape(-1).astype(jnp.float32) for p in params])
 
 
 def _unpacked(flat: jax.Array, sizes, leading: tuple[int, ...]) -> list[jax.Array]:
-    """Per-layer weight and bias arrays from the last axis of the flat layout."""
+    """Each layer's bias and weight arrays from the last axis of the flat layout."""
     offsets, _ = parameter_offsets(sizes)
     arrays = []
-    for (w, b), (n_in, n_out) in zip(offsets, layer_pairs(sizes)):
-        arrays.append(flat[..., w:b].reshape(leading + (n_out, n_in)))
-        arrays.append(flat[..., b : b + n_out].reshape(leading + (n_out,)))
+    for start, (n_in, n_out) in zip(offsets, layer_pairs(sizes)):
+        arrays.append(flat[..., start : start + n_out].reshape(leading + (n_out,)))
+        arrays.append(
+            flat[..., start + n_out : start + n_out + n_in * n_out].reshape(leading + (n_out, n_in))
+        )
     return arrays
 
 
