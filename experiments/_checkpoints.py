@@ -146,7 +146,8 @@ def load_checkpoint(path: pathlib.Path, template: Any, key: jax.Array) -> tuple[
     if shapes != [np.shape(leaf) for leaf in leaves]:
         raise CheckpointError(
             f"checkpoint {path} holds another model's state (arrays of shapes {shapes}, this run's "
-            f"are {[np.shape(leaf) for leaf in leaves]}): resume with the run's flags, or use another --out."
+            f"are {[np.shape(leaf) for leaf in leaves]}): resume with the run's flags, or use another --out "
+            f"(checkpoints slax wrote before it kept its parameters as one vector do not resume)."
         )
     loaded = [jnp.asarray(data[f"leaf_{i}"], dtype=leaf.dtype) for i, leaf in enumerate(leaves)]
     return jax.tree.unflatten(treedef, loaded), int(data["step"]), np.array(data["losses"])

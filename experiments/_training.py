@@ -53,6 +53,14 @@ def on_every_device(tree: Any, sharding: NamedSharding | None) -> Any:
     return jax.device_put(tree, NamedSharding(sharding.mesh, PartitionSpec()))
 
 
+def keeps_parameters_flat(model: str) -> bool:
+    """Whether the experiments train ``model`` (``"slax"`` or a plain-JAX model) with its
+    parameters kept as one vector (:func:`parameter_state`): slax's, which its kernels read as
+    they are; plain JAX keeps its per-layer arrays, with which XLA's step is faster at large
+    batches (BENCHMARKS.md, "Flat parameters")."""
+    return model == "slax"
+
+
 def parameter_state(
     params: Any, loss_and_grad: LossAndGrad, flat: bool
 ) -> tuple[Any, LossAndGrad, Callable[[Any], Any]]:
@@ -60,13 +68,11 @@ def parameter_state(
 
     With ``flat``, the stored parameters are one vector, ``jax.flatten_util.ravel_pytree(params)``,
     and the loss's gradient comes back as one too; else they are ``params`` as they are. For
-    slax's MLP the vector is the kernels' own parameter layout (slax/nn/_kernels.py), so a step
-    packs nothing for the kernel, its gradient is one slice of the kernel's summed row, and Adam
-    updates every parameter in one XLA fusion instead of one per array. On an H100 that took the
-    polynomial step from 22.8 to 15.7 us at 2^12 samples and from 76.6 to 67.5 at 2^20; plain
-    JAX's model is slower kept flat at 2^20 (342.9 -> 374.8 us: XLA fuses its gradients'
-    concatenation with their batch sums), so the experiments keep its arrays (BENCHMARKS.md,
-    "Flat parameters")."""
+    slax's MLP the vector is the kernels' own parameter layout (slax/nn/_kernels.py): with float32
+    kernels a step packs nothing for them (in float16 they read a float32 copy of the half
+    parameters, one small fusion), the gradient is one slice of the kernel's summed row, and Adam
+    updates all parameters together instead of array by array (BENCHMARKS.md, "Flat
+    parameters")."""
     if not flat:
         return params, loss_and_grad, lambda stored: stored
     vector, unravel = ravel_pytree(params)

@@ -9,10 +9,11 @@ plain JAX keeps its per-layer arrays, and ``jax/flat`` times it kept flat too: t
 compares with the faster of ``jax`` and ``jax/flat``. One step = sample a batch, forward, backward,
 Adam update. Each configuration runs a jitted lax.scan of --steps steps (--unroll of them per
 iteration of its loop): one warm-up call, then the median wall time of --repeats timed calls with
-block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once
-per launch route (slax.config.cuda_launch). ``--devices 1 2`` times every configuration over a mesh
+block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once per launch route
+(slax.config.cuda_launch). ``--devices 1 2`` times every configuration over a mesh
 of 1 and of 2 devices (the batch split along its first axis under plain ``jax.jit``, as
-``polynomial.py --devices``); each row's ratio compares with plain JAX on as many devices.
+``polynomial.py --devices``); each row's ratio compares with the faster plain JAX on as many
+devices.
 
 The floor of a step is the larger of its matmul FLOPs at the device's peak FP32 rate (slax's
 kernels compute in float32 in both precisions) and the bytes it must move at the device's memory
@@ -36,7 +37,14 @@ import _harness as harness
 import jax
 import jax.numpy as jnp
 import optax
-from _training import batch_sharding, cast, on_every_device, parameter_state, training_step
+from _training import (
+    batch_sharding,
+    cast,
+    keeps_parameters_flat,
+    on_every_device,
+    parameter_state,
+    training_step,
+)
 
 import slax
 from slax import nn
@@ -74,9 +82,10 @@ def device_peaks(tflops: float | None, gbps: float | None) -> tuple[float, float
 JAX_PRECISIONS = {"jax": None, "jax-f32": jax.lax.Precision.HIGHEST}
 """The plain-JAX models: JAX's default matmul precision (what a JAX program gets; TF32 on GPUs with
 tensor cores) and full float32, the arithmetic slax's kernels do."""
-ROW_ORDER = ("jax", "jax/flat", "jax-f32")
-"""The plain-JAX rows after slax's: the default precision with per-layer arrays and kept flat, then
-full float32 (per-layer arrays)."""
+JAX_ROWS = (("jax", "jax", False), ("jax/flat", "jax", True), ("jax-f32", "jax-f32", False))
+"""The plain-JAX rows after slax's, as (row, model, parameters kept flat): the default precision with
+per-layer arrays and kept as one vector (each row's ratio is to the faster of these two), then full
+float32 with per-layer arrays."""
 
 
 def loss_and_grad(network: str, model: str, dtype):
@@ -123,11 +132,12 @@ def training_run(
     """(run, state): ``run(state, keys) -> (state, losses)`` is a jitted lax.scan of one training
     step per key (sample a batch, forward, backward, Adam update), from the initial ``state``; with
     ``devices``, each batch is split over a mesh of that many devices (:func:`batch_sharding`).
-    ``flat``: keep the parameters as one vector (``_training.parameter_state``; default: for slax
-    only). ``unroll``: steps per iteration of the scan's loop (``lax.scan(unroll=)``)."""
+    ``flat``: keep the parameters as one vector (``_training.parameter_state``; default:
+    ``_training.keeps_parameters_flat``). ``unroll``: steps per iteration of the scan's loop
+    (``lax.scan(unroll=)``)."""
     params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
     optimizer = optax.adam(1e-3)
-    flat = model == "slax" if flat is None else flat
+    flat = keeps_parameters_flat(model) if flat is None else flat
     stored, fn, _ = parameter_state(params, loss_and_grad(network, model, jnp.dtype(dtype)), flat)
     sharding = batch_sharding(devices)
     step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch), sharding)
@@ -209,11 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     for problem in filter(None, map(harness.device_count_problem, args.devices)):
         parser.error(problem)
     # slax's rows: one per CUDA launch route on a GPU; elsewhere the one route there is, by its name.
-    slax_models = (
-        [(f"slax/{launch}", "slax", launch) for launch in args.launch]
-        if harness.on_cuda()
-        else [(f"slax/{slax.launch_route()}", "slax", slax.config.cuda_launch)]
-    )
+    launches = args.launch if harness.on_cuda() else [slax.config.cuda_launch]
+    names = args.launch if harness.on_cuda() else [slax.launch_route()]
+    # (row, model, parameters kept flat, CUDA launch route): slax once per route, then plain JAX.
+    table = [
+        (f"slax/{name}", "slax", keeps_parameters_flat("slax"), launch)
+        for name, launch in zip(names, launches)
+    ]
+    table += [(row, model, flat, None) for row, model, flat in JAX_ROWS]
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform())
     if args.unroll > 1:
@@ -242,16 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             devices=devices,
             unroll=args.unroll,
         )
-        # Plain JAX first, in both of its forms: each row's ratio is to the faster one.
-        rates = {"jax": time_steps(model="jax"), "jax/flat": time_steps(model="jax", flat=True)}
-        jax_rate = max(rates.values())
-        for name, model, launch in slax_models + [("jax-f32", "jax-f32", None)]:
-            if launch is None:
-                rates[name] = time_steps(model=model)
-            else:
-                with slax.config.override(cuda_launch=launch):
-                    rates[name] = time_steps(model=model)
-        for model in [name for name, _, _ in slax_models] + list(ROW_ORDER):
+        rates = {}
+        for row, model, flat, launch in table:
+            with slax.config.override(cuda_launch=launch or slax.config.cuda_launch):
+                rates[row] = time_steps(model=model, flat=flat)
+        jax_rate = max(rates["jax"], rates["jax/flat"])
+        for model, _, flat, _ in table:
             rate = rates[model]
             row = {
                 "network": network,
@@ -259,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 "batch": batch,
                 "devices": devices,
                 "model": model,
-                "flat_parameters": model.startswith("slax/") or model == "jax/flat",
+                "flat_parameters": flat,
                 "unroll": args.unroll,
                 "steps_per_s": rate,
                 "samples_per_s": rate * batch,

@@ -22,7 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _checkpoints import checkpoint_path
-from _training import batch_sharding, cast, parameter_state, train_in_chunks, training_step
+from _training import (
+    batch_sharding,
+    cast,
+    keeps_parameters_flat,
+    parameter_state,
+    train_in_chunks,
+    training_step,
+)
 
 from slax import nn
 
@@ -130,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     results, losses, accuracy_curves, confusion = {}, {}, {}, {}
     for name in ("slax", "jax"):
         logits, loss_and_grad = make_model(name, dtype)
-        # slax trains its parameters as one vector, its kernels' layout; plain JAX its arrays.
-        stored, loss_and_grad, to_params = parameter_state(params, loss_and_grad, flat=name == "slax")
+        stored, loss_and_grad, to_params = parameter_state(params, loss_and_grad, keeps_parameters_flat(name))
         predict = jax.jit(
             lambda stored, logits=logits, to_params=to_params: jnp.argmax(
                 logits(to_params(stored), x_test), axis=-1

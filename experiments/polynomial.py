@@ -23,7 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _checkpoints import checkpoint_path
-from _training import batch_sharding, cast, parameter_state, train_in_chunks, training_step
+from _training import (
+    batch_sharding,
+    cast,
+    keeps_parameters_flat,
+    parameter_state,
+    train_in_chunks,
+    training_step,
+)
 
 from slax import nn
 
@@ -141,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
-        # slax trains its parameters as one vector, its kernels' layout; plain JAX its arrays.
-        stored, fn, to_params = parameter_state(params, fn, flat=name == "slax")
+        stored, fn, to_params = parameter_state(params, fn, keeps_parameters_flat(name))
         step = training_step(fn, optimizer, lambda key: sample(key, args.batch), sharding)
         run = train_in_chunks(
             step,

@@ -6,6 +6,8 @@ import json
 import re
 import subprocess
 
+import benchmark
+import jax
 import pytest
 from _helpers import ROOT, run_python
 
@@ -148,6 +150,17 @@ def test_bridge_check_runs(device_kind, tmp_path):
         assert report["parity"] and all(row["identical"] for row in report["parity"])
     else:
         assert report["parity"] == []  # the PTX route exists on CUDA only
+
+
+def test_benchmark_trains_slax_on_one_parameter_vector_and_plain_jax_either_way():
+    """The state benchmark.py times: slax's parameters as one vector (its kernels' layout), plain
+    JAX's as per-layer arrays unless asked to keep them flat (the ``jax/flat`` rows)."""
+    (slax_params, _), (jax_params, _), (flat_params, _) = (
+        benchmark.training_run("polynomial", model, "float32", 64, flat=flat)[1]
+        for model, flat in (("slax", None), ("jax", None), ("jax", True))
+    )
+    assert slax_params.shape == flat_params.shape == (4 * 16 + 16 + 16 * 4 + 4,)
+    assert [a.shape for a in jax.tree.leaves(jax_params)] == [(16,), (16, 4), (4,), (4, 16)]
 
 
 def test_benchmark_runs(tmp_path):

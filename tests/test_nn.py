@@ -15,6 +15,8 @@ from jax.flatten_util import ravel_pytree
 import slax
 from slax import nn
 from slax.nn import _kernels as nn_kernels
+from slax.nn import _mlp as nn_mlp
+from slax.nn import _primitives as nn_primitives
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
@@ -221,6 +223,7 @@ def test_ravelled_parameters_are_the_kernels_layout():
     keys = jax.random.split(jax.random.key(9), 3)
     params = nn.mlp_init(keys[0], (4, 16, 4))
     x, target = _inputs(params, keys[1], 300, jnp.float32), _draw(keys[2], (300, 4), jnp.float32)
+    np.testing.assert_array_equal(nn_primitives._packed(nn_mlp._flat(params)), ravel_pytree(params)[0])
 
     def loss_around_apply(params, x, target):
         return jnp.mean(jnp.sum((nn.mlp_apply(params, x) - target) ** 2, axis=-1))

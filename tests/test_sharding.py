@@ -120,8 +120,8 @@ def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     result = _run("experiments/benchmark.py", *flags, "--devices", "1", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
-    assert [(r["devices"], r["model"].split("/")[0]) for r in rows] == [
-        (devices, model) for devices in (1, 2) for model in ("slax", "jax", "jax", "jax-f32")
+    assert [(r["devices"], "slax" if r["model"].startswith("slax/") else r["model"]) for r in rows] == [
+        (devices, model) for devices in (1, 2) for model in ("slax", "jax", "jax/flat", "jax-f32")
     ]
     assert rows[4]["floor_us"] == pytest.approx(rows[0]["floor_us"] / 2)
     refused = _run("experiments/benchmark.py", *flags, "--devices", "3")

@@ -13,8 +13,9 @@ All parameters come through one pointer, ``params``, as float32 whatever the net
 layer's bias then its weight (out x in, row-major), layer after layer (:func:`parameter_offsets`).
 That is the order of ``jax.flatten_util.ravel_pytree(params)`` (a list of ``{"bias", "weight"}``
 dicts flattens with the keys sorted), so a training loop that keeps its parameters as that flat
-vector hands the kernels their own layout: XLA packs nothing per step, and the gradient it gets back
-is one slice of the kernels' summed row (BENCHMARKS.md, "Flat parameters").
+vector hands the kernels their own layout: with float32 parameters XLA packs nothing per step (half
+ones are converted to float32, one small fusion), and the gradient it gets back is one slice of the
+kernels' summed row (BENCHMARKS.md, "Flat parameters").
 So a kernel takes a handful of pointers however deep the network: Vulkan passes entry-point
 arguments as push constants, 256 bytes on lavapipe and NVIDIA, which four pointers per layer would
 exceed at seven layers.

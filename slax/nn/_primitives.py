@@ -1,6 +1,6 @@
 """The MLP's JAX primitives: forward, backward and fused loss-and-gradient.
 
-Each takes the input batch (and ``dy`` or the target), then every layer's weight and bias, and
+Each takes the input batch (and ``dy`` or the target), then every layer's bias and weight, and
 lowers to one launch of its kernel (slax/nn/_kernels.py) through ``slang_kernel_p``, like every
 slax kernel. ``sizes`` and ``dtype`` name the architecture; ``group_ndim`` leading axes of the
 data are groups (vmapped calls) whose gradients are summed apart.
