@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="training steps per iteration of the scan's loop, for every model (lax.scan's unroll): "
-        "on a GPU each iteration costs XLA a host round trip, most of a small batch's step",
+        "on a GPU each iteration costs XLA a host round trip, a few us of a small batch's step",
     )
     parser.add_argument(
         "--launch",
@@ -219,14 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     for problem in filter(None, map(harness.device_count_problem, args.devices)):
         parser.error(problem)
     # slax's rows: one per CUDA launch route on a GPU; elsewhere the one route there is, by its name.
-    launches = args.launch if harness.on_cuda() else [slax.config.cuda_launch]
-    names = args.launch if harness.on_cuda() else [slax.launch_route()]
+    slax_rows = (
+        [(f"slax/{launch}", launch) for launch in args.launch]
+        if harness.on_cuda()
+        else [(f"slax/{slax.launch_route()}", slax.config.cuda_launch)]
+    )
     # (row, model, parameters kept flat, CUDA launch route): slax once per route, then plain JAX.
-    table = [
-        (f"slax/{name}", "slax", keeps_parameters_flat("slax"), launch)
-        for name, launch in zip(names, launches)
-    ]
-    table += [(row, model, flat, None) for row, model, flat in JAX_ROWS]
+    table = [(row, "slax", keeps_parameters_flat("slax"), launch) for row, launch in slax_rows]
+    table += [(row, model, flat, slax.config.cuda_launch) for row, model, flat in JAX_ROWS]
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform())
     if args.unroll > 1:
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         rates = {}
         for row, model, flat, launch in table:
-            with slax.config.override(cuda_launch=launch or slax.config.cuda_launch):
+            with slax.config.override(cuda_launch=launch):
                 rates[row] = time_steps(model=model, flat=flat)
         jax_rate = max(rates["jax"], rates["jax/flat"])
         for model, _, flat, _ in table:

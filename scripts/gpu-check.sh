@@ -78,8 +78,8 @@ step gradcheck-ptx 600 "$PY" experiments/gradcheck.py --launch ptx --out "$out/g
 # to every step of either model.
 step benchmark 360 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 1048576 4194304 \
   --dtype float32 float16 --steps 100 --repeats 7 --launch ptx slangpy --json "$out/bench.json"
-# At small batches most of a step is XLA's host round trip per iteration of the scan's loop: the same
-# steps, two per iteration, for every model.
+# Each iteration of the scan's loop costs XLA a host round trip, a few us of a small batch's step: the
+# same steps, two per iteration, for every model.
 step benchmark-unrolled 240 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 \
   --dtype float32 float16 --steps 100 --repeats 7 --unroll 2 --launch ptx --json "$out/bench-unrolled.json"
 step benchmark-digits 240 "$PY" experiments/benchmark.py --network digits --batch 4096 65536 \
