@@ -73,7 +73,7 @@ step bridge 600 "$PY" experiments/bridge_check.py --json "$out/bridge.json"
 step gradcheck-slangpy 600 "$PY" experiments/gradcheck.py --launch slangpy --out "$out/gradcheck-slangpy"
 step gradcheck-ptx 600 "$PY" experiments/gradcheck.py --launch ptx --out "$out/gradcheck-ptx"
 # Issue 16: training-step speed against plain JAX (the digits network at the batches its target names:
-# at 2^20 and beyond its per-thread kernels take tens of milliseconds a step). Calls of 100 steps, as
+# at 2^20 and beyond its kernels take milliseconds a step). Calls of 100 steps, as
 # training runs them in chunks: a call's own launch and wait (~0.15 ms) over 20 steps added 5-10 us
 # to every step of either model.
 step benchmark 360 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 1048576 4194304 \
@@ -83,7 +83,7 @@ step benchmark 360 "$PY" experiments/benchmark.py --network polynomial --batch 4
 step benchmark-unrolled 240 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 \
   --dtype float32 float16 --steps 100 --repeats 7 --unroll 2 --launch ptx --json "$out/bench-unrolled.json"
 step benchmark-digits 240 "$PY" experiments/benchmark.py --network digits --batch 4096 65536 \
-  --dtype float32 float16 --steps 20 --repeats 3 --launch ptx --json "$out/bench-digits.json"
+  --dtype float32 float16 --steps 100 --repeats 5 --launch ptx slangpy --json "$out/bench-digits.json"
 # Issue 16: where a step's time goes, kernel by kernel (JAX's profiler), slax on each route and plain JAX.
 step profile 300 "$PY" experiments/profile_step.py --batch 4096 1048576 --launch ptx slangpy --json "$out/profile.json"
 # Issue 7: 10,000 steps hold host and device memory, on each route.

@@ -17,6 +17,7 @@ from slax import nn
 from slax.nn import _kernels as nn_kernels
 from slax.nn import _mlp as nn_mlp
 from slax.nn import _primitives as nn_primitives
+from slax.nn import _tiled_kernels as nn_tiled
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
@@ -90,24 +91,29 @@ def test_depth_is_not_capped_by_push_constants():
 
 
 def test_layers_too_wide_for_group_shared_memory_are_refused_at_trace_time():
-    """in + out > 4096 floats cannot pass one sample through the backward's 16 KiB of group-shared
-    memory (it looped forever before); refused when traced, naming the layer and the limit."""
-    params = nn.mlp_init(jax.random.key(0), (3, 2049, 2048))
+    """A wide network runs a tile of samples per thread group with every layer's activations in
+    group-shared memory: when even one sample's do not fit (3-4000-4000: 12,263 floats in 8192),
+    every entry point refuses it when traced, naming the widths and the limit, rather than launch
+    a kernel that cannot run."""
+    params = nn.mlp_init(jax.random.key(0), (3, 4000, 4000))
     x = jnp.ones((4, 3))
-    with pytest.raises(
-        ValueError, match=r"mlp_loss_and_grad: layer 1 \(2049 -> 2048\) is too wide.*in \+ out <= 4096"
-    ):
-        jax.jit(nn.mlp_loss_and_grad).trace(params, x, jnp.ones((4, 2048)))
-    with pytest.raises(ValueError, match=r"mlp_apply \(its gradient\): layer 1 \(2049 -> 2048\)"):
+    too_wide = r"layers 3-4000-4000 are too wide for the kernels: .* 12263 floats, in 8192 floats \(32 KiB\)"
+    with pytest.raises(ValueError, match=r"mlp_loss_and_grad: " + too_wide):
+        jax.jit(nn.mlp_loss_and_grad).trace(params, x, jnp.ones((4, 4000)))
+    with pytest.raises(ValueError, match=r"mlp_apply: " + too_wide):
+        jax.jit(nn.mlp_apply).trace(params, x)
+    with pytest.raises(ValueError, match=r"mlp_apply: layers 3-4000-4000"):
         jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(params)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_large_batch_gradients_are_race_free(dtype):
-    """2^16 samples' gradients summed in thread groups: every run matches the reference, bit for bit."""
+@pytest.mark.parametrize(("sizes", "batch"), [((4, 16, 4), 1 << 16), ((64, 128, 64, 10), 1 << 12)])
+def test_large_batch_gradients_are_race_free(sizes, batch, dtype):
+    """Many samples' gradients summed in thread groups (narrow: per thread, then per group; wide:
+    per tile, then over a group's tiles): every run matches the reference, bit for bit."""
     keys = jax.random.split(jax.random.key(3), 4)
-    params = nn.mlp_init(keys[0], (4, 16, 4), dtype)
-    x, target = _inputs(params, keys[1], 1 << 16, dtype), _draw(keys[2], (1 << 16, 4), dtype)
+    params = nn.mlp_init(keys[0], sizes, dtype)
+    x, target = _inputs(params, keys[1], batch, dtype), _draw(keys[2], (batch, sizes[-1]), dtype)
     _, reference = jax.value_and_grad(nn.mlp_loss_reference)(
         *cast((params, x, target), jnp.float32), storage_dtype=dtype
     )
@@ -157,16 +163,69 @@ def test_an_empty_batch_launches_nothing_and_gives_zeros():
 def test_samples_per_thread_follow_the_batch_and_the_group():
     """Narrow networks: one sample a thread until a launch would exceed THREADS_WANTED threads, then
     more, up to MAX_SAMPLES_PER_THREAD, but never more than a thread group needs for its vmapped
-    group (per-example gradients of single samples run one sample a thread). Wide ones: one."""
-    narrow, wide = nn_kernels.kernel_layout((4, 16, 4)), nn_kernels.kernel_layout((64, 128, 64, 10))
+    group (per-example gradients of single samples run one sample a thread)."""
+    narrow = nn_kernels.kernel_layout((4, 16, 4))
     wanted = nn_kernels.THREADS_WANTED
-    assert narrow.thread_sums and not wide.thread_sums
+    assert narrow.thread_sums
     assert narrow.samples_per_thread(4096, 4096) == 1
     assert narrow.samples_per_thread(32 * wanted, 32 * wanted) == 32
     assert narrow.samples_per_thread(1 << 30, 1 << 30) == nn_kernels.MAX_SAMPLES_PER_THREAD
     assert narrow.samples_per_thread(1 << 20, 1) == 1
     assert narrow.samples_per_thread(1 << 20, 200) == 4  # 200 samples: a thread group of 4 each
-    assert wide.samples_per_thread(1 << 20, 1 << 20) == 1
+
+
+def test_tiles_per_thread_group_follow_the_batch_and_the_group():
+    """Wide networks: a tile (16 samples of the digits network) per thread group until a launch
+    would exceed BLOCKS_WANTED thread groups, then more, but never more than a vmapped group has."""
+    wide = nn_kernels.kernel_layout((64, 128, 64, 10))
+    assert not wide.thread_sums and wide.tile.samples == 16
+    blocks = nn_tiled.BLOCKS_WANTED
+    assert wide.gradient_launch(4096, 4096) == (nn_tiled.TILE_THREADS, 256, ("tiles_per_block", 1))
+    assert wide.gradient_launch(16 * blocks * 4, 16 * blocks * 4) == (256, blocks, ("tiles_per_block", 4))
+    assert wide.gradient_launch(1 << 20, 1)[1:] == (1, ("tiles_per_block", 1))
+    assert wide.gradient_launch(1 << 20, 40)[1:] == (1, ("tiles_per_block", 3))  # 40 samples: 3 tiles
+    assert wide.forward_threads(17) == 2 * nn_tiled.TILE_THREADS
+
+
+@pytest.mark.parametrize(("tile_samples", "blocks_wanted"), [(16, 1 << 20), (16, 1), (5, 3)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks_wanted):
+    """Wide networks sum a thread group's tiles in order: one tile per thread group, all of a
+    vmapped group's tiles in one thread group, and tiles of 5 samples over 3 thread groups (padding
+    in the last tile of each group of 500) all give the reference's loss and gradients, for
+    mlp_loss_and_grad and mlp_apply's backward pass."""
+    monkeypatch.setattr(nn_tiled, "MAX_TILE_SAMPLES", tile_samples)
+    monkeypatch.setattr(nn_tiled, "BLOCKS_WANTED", blocks_wanted)
+    caches = (nn_tiled.tile_layout, nn_kernels.kernel_layout, nn_primitives._kernel)
+    for cached in caches:  # layouts and kernels made with the defaults; cleared again at the end
+        cached.cache_clear()
+    try:
+        sizes = (5, 20, 6)
+        assert nn_kernels.kernel_layout(sizes).tile.samples == tile_samples
+        keys = jax.random.split(jax.random.key(14), 4)
+        params = nn.mlp_init(keys[0], sizes, dtype)
+        x = _inputs(params, keys[1], 1000, dtype).reshape(2, 500, 5)
+        target = _draw(keys[2], (2, 500, 6), dtype)
+        loss, grads = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))(params, x, target)
+        apply_grads = jax.jit(jax.vmap(jax.grad(lambda p, x: jnp.sum(nn.mlp_apply(p, x))), (None, 0)))(
+            params, x
+        )
+        for k in range(2):
+            loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(
+                *cast((params, x[k], target[k]), jnp.float32), storage_dtype=dtype
+            )
+            assert _relative_error(loss[k], loss_ref) < RELATIVE_TOLERANCE[dtype]
+            for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+                assert _relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
+            inputs = x[k].astype(jnp.float32)
+            apply_ref = jax.grad(
+                lambda p, inputs=inputs: jnp.sum(nn.mlp_apply_reference(p, inputs, storage_dtype=dtype))
+            )(cast(params, jnp.float32))
+            for got, want in zip(jax.tree.leaves(apply_grads), jax.tree.leaves(apply_ref)):
+                assert _relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
+    finally:
+        for cached in caches:
+            cached.cache_clear()
 
 
 def test_vmap_gives_per_example_gradients():

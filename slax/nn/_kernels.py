@@ -21,14 +21,17 @@ arguments as push constants, 256 bytes on lavapipe and NVIDIA, which four pointe
 exceed at seven layers.
 
 Samples form ``groups`` (vmapped calls each have their own group) of ``samples_per_group``. Each
-group is covered by ``blocks_per_group`` thread groups of SLAX_GROUP_SIZE threads, each thread
-running ``samples_per_thread`` samples (positions past the group's end run with zero cotangents).
-Each thread group writes one row of ``partials``: the sums of its samples' parameter gradients in
-the parameter layout, then the sum of their weighted losses (:class:`KernelLayout`); JAX adds the
-rows of a group. How a row is summed depends on the network's size (``shaders/nn/mlp.slang``):
-narrow networks sum in each thread's registers over many samples, then once over the thread
-group; wide ones sum every sample over the thread group through group-shared memory, one sample
-per thread. Parameters are staged in group-shared memory where they fit.
+thread group writes one row of ``partials``: the sums of its samples' parameter gradients in the
+parameter layout, then the sum of their weighted losses (:class:`KernelLayout`); JAX adds the rows
+of a group. How a row is summed depends on the network's size:
+
+- narrow networks (``KernelLayout.thread_sums``, generated here, ``shaders/nn/mlp.slang``) run one
+  sample at a time per thread, through Slang's ``bwd_diff``: each group is covered by
+  ``blocks_per_group`` thread groups of SLAX_GROUP_SIZE threads, each thread running
+  ``samples_per_thread`` samples and summing their gradients in registers, then the thread group
+  adds its threads' sums; parameters are staged in group-shared memory;
+- wide ones run a tile of samples at a time per thread group, each layer a matrix product split
+  over its threads (slax/nn/_tiled_kernels.py, ``shaders/nn/tiled.slang``).
 """
 
 from __future__ import annotations
@@ -39,21 +42,21 @@ import math
 
 from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
+from slax.nn._tiled_kernels import TILE_THREADS, TileLayout, tile_error, tile_layout, tiled_source
 
 HIDDEN_SLOPE = 0.01
 OUTPUT_SLOPE = 1.0
 SCRATCH_BUDGET_FLOATS = 4096
-"""Group-shared floats a kernel may use: 16 KiB, the least any Vulkan device offers
-(maxComputeSharedMemorySize); CUDA allows 48 KiB of static shared memory."""
+"""Group-shared floats a narrow network's kernels use for their staged parameters and their
+thread group's sum: 16 KiB, the least any Vulkan device offers (maxComputeSharedMemorySize)."""
 THREAD_SUMS_LIMIT = 160
 """Most floats a thread sums in registers (the parameters' gradients and the loss); a network with
-more parameters sums through group-shared memory. On CUDA a thread has 255 registers, which also
+more parameters runs tiled (slax/nn/_tiled_kernels.py). On CUDA a thread has 255 registers, which also
 hold its sample's activations: 149 sums (4-16-4) and 158 (4-17-4) compile without spilling, 167
 (4-18-4) spill. Measured on an H100 (loss and gradient, 2^20 samples): register sums 28.8 us against
 76.4 us through group-shared memory at 149 sums, but 147 against 116 us at 226 (5-20-5) and 236
-against 123 us at 243 (6-16-6-4), where they spill (BENCHMARKS.md)."""
-STAGED_LIMIT = SCRATCH_BUDGET_FLOATS // 2
-"""Most parameters staged in group-shared memory; the rest of the budget is the sums' scratch."""
+against 123 us at 243 (6-16-6-4), where they spill (BENCHMARKS.md: those figures compare with
+the per-sample group-shared sums that tiles have since replaced)."""
 THREADS_WANTED = 1 << 15
 """Threads a gradient launch aims for before a thread runs several samples: summing more samples in
 a thread's registers is cheaper than summing more threads' sums, and on an H100 (132
@@ -84,56 +87,63 @@ class KernelLayout:
     Attributes:
       parameters: floats in the flat parameter layout.
       sums: floats in a row of ``partials``: the parameters' gradients, then the loss.
-      thread_sums: each thread sums its samples in registers (narrow networks), else every sample
-        is summed over its thread group through group-shared memory (wide ones).
-      staged: parameters are copied to group-shared memory once per thread group.
-      scratch: group-shared floats for the sums.
+      thread_sums: each thread runs its samples one at a time and sums them in registers (narrow
+        networks), else thread groups run tiles of samples (wide ones, ``tile``).
+      scratch: group-shared floats for the thread sums' group sum (narrow networks).
+      tile: the tiles' layout (wide networks; None for narrow ones, or where even one sample's
+        tile does not fit: see :func:`widest_layer_error`).
     """
 
     parameters: int
     sums: int
     thread_sums: bool
-    staged: bool
     scratch: int
+    tile: TileLayout | None
 
     def samples_per_thread(self, samples: int, per_group: int) -> int:
-        """Samples each thread runs in a gradient launch over ``samples`` in all, in vmapped groups of
-        ``per_group``: one where sums go through group-shared memory per sample; else enough to keep
-        near THREADS_WANTED threads, but no more than a thread group needs to cover its group (a
-        thread group serves one group: per-example gradients of single samples run one each)."""
-        if not self.thread_sums:
-            return 1
+        """Samples each thread runs in a gradient launch of a narrow network over ``samples`` in
+        all, in vmapped groups of ``per_group``: enough to keep near THREADS_WANTED threads, but no
+        more than a thread group needs to cover its group (a thread group serves one group:
+        per-example gradients of single samples run one each)."""
         wanted = min(MAX_SAMPLES_PER_THREAD, math.ceil(samples / THREADS_WANTED))
         return max(1, min(wanted, math.ceil(per_group / GROUP_SIZE)))
+
+    def gradient_launch(self, samples: int, per_group: int) -> tuple[int, int, tuple[str, int]]:
+        """A gradient launch over ``samples`` in vmapped groups of ``per_group``: threads per thread
+        group, thread groups per vmapped group, and the kernels' scalar saying how much each runs
+        (``samples_per_thread`` or ``tiles_per_block``)."""
+        if self.thread_sums:
+            per_thread = self.samples_per_thread(samples, per_group)
+            return GROUP_SIZE, -(-per_group // (GROUP_SIZE * per_thread)), ("samples_per_thread", per_thread)
+        per_block = self.tile.tiles_per_block(samples, per_group)
+        blocks = -(-per_group // (self.tile.samples * per_block))
+        return TILE_THREADS, blocks, ("tiles_per_block", per_block)
+
+    def forward_threads(self, samples: int) -> int:
+        """Threads a forward launch over ``samples`` runs: whole thread groups (they stage the
+        parameters, or run a tile each)."""
+        if self.thread_sums:
+            return -(-samples // GROUP_SIZE) * GROUP_SIZE
+        return -(-samples // self.tile.samples) * TILE_THREADS
 
 
 @functools.cache
 def kernel_layout(sizes: tuple[int, ...]) -> KernelLayout:
     _, total = parameter_offsets(sizes)
-    staged = total <= STAGED_LIMIT
+    thread_sums = total + 1 <= THREAD_SUMS_LIMIT
     return KernelLayout(
         parameters=total,
         sums=total + 1,
-        thread_sums=total + 1 <= THREAD_SUMS_LIMIT,
-        staged=staged,
-        scratch=SCRATCH_BUDGET_FLOATS - (total if staged else 0),
+        thread_sums=thread_sums,
+        scratch=SCRATCH_BUDGET_FLOATS - total if thread_sums else 0,
+        tile=None if thread_sums else tile_layout(sizes),
     )
 
 
 def widest_layer_error(sizes: tuple[int, ...]) -> str | None:
-    """Why the gradient kernels cannot run ``sizes``, or None: summing through group-shared memory
-    stages one sample's layer input and output gradient (in + out floats) there, whose budget
-    (``SCRATCH_BUDGET_FLOATS``) every Vulkan device has."""
-    scratch = kernel_layout(sizes).scratch
-    for k, (n_in, n_out) in enumerate(layer_pairs(sizes)):
-        if n_in + n_out > scratch:
-            return (
-                f"layer {k} ({n_in} -> {n_out}) is too wide for the gradient kernels: their backward "
-                f"pass holds one sample's layer input and output gradient, in + out = {n_in + n_out} "
-                f"floats, in {scratch} floats ({scratch * 4 // 1024} KiB) of group-shared memory, "
-                f"what is left of the least a Vulkan device offers; use layers with in + out <= {scratch}"
-            )
-    return None
+    """Why the kernels cannot run ``sizes``, or None: a wide network's tile of one sample must fit
+    in group-shared memory (narrow networks always fit)."""
+    return None if kernel_layout(sizes).thread_sums else tile_error(sizes)
 
 
 def _chunk(layout: KernelLayout, values: int) -> int:
@@ -144,11 +154,10 @@ def _chunk(layout: KernelLayout, values: int) -> int:
 
 
 def _sums_source(layout: KernelLayout) -> str:
-    """``Sums``, the kernels' IGradientSums, with ``begin``, ``atSample`` and ``finish`` for the
-    entry points to call around the samples."""
+    """``Sums``, the kernels' IGradientSums, with ``begin`` and ``finish`` for the entry points to
+    call around the samples."""
     row = layout.sums
-    if layout.thread_sums:
-        return f"""
+    return f"""
 static float threadSums[{row}];  // this thread's samples' gradient terms and loss, summed
 
 struct Sums : IGradientSums
@@ -169,43 +178,17 @@ struct Sums : IGradientSums
         [ForceUnroll]
         for (int i = 0; i < {row}; i++) threadSums[i] = 0.0;
     }}
-    static void atSample(uint position) {{}}
     static void finish(float* partials, uint block, uint local)
     {{
         groupSum<{row}, {_chunk(layout, row)}, GroupScratch>(threadSums, partials + block * {row}, local);
     }}
 }}"""
-    return f"""
-static float* blockSums;      // this thread group's row of partials
-static uint samplePosition;   // the running sample's position in the thread group
-static float lossSum;         // this thread's samples' weighted loss, summed
-
-struct Sums : IGradientSums
-{{
-    static void addLayer<let In : int, let Out : int>(uint offset, float dz[Out], float x[In])
-    {{
-        groupOuterProductSum<In, Out, GroupScratch>(
-            blockSums + offset + Out, blockSums + offset, dz, x, samplePosition);
-    }}
-    static void addLoss(float value) {{ lossSum += value; }}
-    static void begin(float* partials, uint block)
-    {{
-        blockSums = partials + block * {row};
-        lossSum = 0.0;
-    }}
-    static void atSample(uint position) {{ samplePosition = position; }}
-    static void finish(float* partials, uint block, uint local)
-    {{
-        float loss[1] = {{ lossSum }};
-        groupSum<1, 1, GroupScratch>(loss, blockSums + {row - 1}, local);
-    }}
-}}"""
 
 
 def _parameters_source(layout: KernelLayout) -> str:
-    """``Parameters``, the kernels' IParameters, with ``begin`` for the entry points to call."""
-    if layout.staged:
-        return f"""
+    """``Parameters``, the kernels' IParameters, staged in group-shared memory, with ``begin`` for the
+    entry points to call."""
+    return f"""
 static float* parameterPointer;
 groupshared float parameterCache[{layout.parameters}];
 
@@ -225,55 +208,30 @@ struct Parameters : IParameters
     }}
     static float load(uint index) {{ return stagedParameter<ParameterCache>(parameterPointer, index); }}
 }}"""
-    return """
-static float* parameterPointer;
-
-struct Parameters : IParameters
-{
-    static void begin(float* params, uint local) { parameterPointer = params; }
-    static float load(uint index) { return parameterPointer[index]; }
-}"""
 
 
 def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     layout = kernel_layout(sizes)
-    scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
     layers = layer_pairs(sizes)
     offsets, _ = parameter_offsets(sizes)
+    slopes = [OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE for k in range(len(layers))]
+    if not layout.thread_sums:
+        return tiled_source(sizes, dtype, layout.sums, slopes, offsets)
+    scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
     fields = "\n".join(
         f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums> layer{k};"
         for k, ((i, o), w) in enumerate(zip(layers, offsets))
     )
-    slopes = "\n".join(
-        f"        net.layer{k}.negativeSlope = {OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE};"
-        for k in range(len(layers))
+    slope_fields = "\n".join(
+        f"        net.layer{k}.negativeSlope = {slope};" for k, slope in enumerate(slopes)
     )
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
     n_in, n_out = sizes[0], sizes[-1]
 
     def sample_loop(data: str, n_data: int, body: str) -> str:
-        """The thread's samples in order, as ``input`` and ``{data}Row``. Where a thread runs many
-        (thread sums), each sample's rows are loaded while the one before runs, so that its loads
-        wait on memory behind that sample's arithmetic; and staged parameters are re-read per
-        sample (rereadStagedParameters). A wide network's thread runs one sample, for which
-        loading ahead only holds registers (it spilled them)."""
-        load_ahead = layout.thread_sums
-        rows = f"""
-        let input = {"nextInput" if load_ahead else f"loadVec<{n_in}>(x, sample)"};
-        let {data}Row = {"nextRow" if load_ahead else f"loadVec<{n_data}>({data}, sample)"};"""
-        ahead = f"""
-        if (i + 1 < samples.count)
-        {{
-            nextInput = loadVec<{n_in}>(x, samples.sample(i + 1));
-            nextRow = loadVec<{n_data}>({data}, samples.sample(i + 1));
-        }}"""
-        first = f"""
-    var nextInput = loadVec<{n_in}>(x, samples.sample(0));
-    var nextRow = loadVec<{n_data}>({data}, samples.sample(0));"""
-        reread = """
-        rereadStagedParameters();"""
-        before_loop = first if load_ahead else ""
-        per_sample = rows + (ahead if load_ahead else "") + (reread if layout.staged and load_ahead else "")
+        """The thread's samples in order, as ``input`` and ``{data}Row``: each sample's rows are
+        loaded while the one before runs, so that its loads wait on memory behind that sample's
+        arithmetic; and staged parameters are re-read per sample (rereadStagedParameters)."""
         return f"""
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
@@ -282,12 +240,21 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     Sums.begin(partials, block);
     Network net = Network.create();
     let samples = ThreadSamples(
-        block, local, samples_per_group, blocks_per_group, samples_per_thread);{before_loop}
+        block, local, samples_per_group, blocks_per_group, samples_per_thread);
+    var nextInput = loadVec<{n_in}>(x, samples.sample(0));
+    var nextRow = loadVec<{n_data}>({data}, samples.sample(0));
     for (uint i = 0; i < samples.count; i++)
     {{
         uint sample = samples.sample(i);
-        bool active = samples.active(i);{per_sample}
-        Sums.atSample(samples.position(i));
+        bool active = samples.active(i);
+        let input = nextInput;
+        let {data}Row = nextRow;
+        if (i + 1 < samples.count)
+        {{
+            nextInput = loadVec<{n_in}>(x, samples.sample(i + 1));
+            nextRow = loadVec<{n_data}>({data}, samples.sample(i + 1));
+        }}
+        rereadStagedParameters();
 {body}
     }}
     Sums.finish(partials, block, local);"""
@@ -333,7 +300,7 @@ struct Network
     static Network create()
     {{
         Network net;
-{slopes}
+{slope_fields}
         return net;
     }}
 

@@ -82,6 +82,7 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
 @jax.custom_vjp
 def _mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     sizes, dtype = _architecture("mlp_apply", params, x)
+    _require_kernels_fit("mlp_apply", sizes)
     y = mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype, routes=current_routes())
     check_finite("slax.nn.mlp_apply's forward kernel", [x, *_flat(params)], [y])
     return y
@@ -94,7 +95,6 @@ def _mlp_apply_fwd(params, x):
 def _mlp_apply_bwd(residuals, dy):
     params, x = residuals
     sizes, dtype = _architecture("mlp_apply", params, x)
-    _require_trainable("mlp_apply (its gradient)", sizes)
     outputs = mlp_backward_p.bind(
         x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, routes=current_routes()
     )
@@ -119,7 +119,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
       ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params``.
     """
     sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
-    _require_trainable("mlp_loss_and_grad", sizes)
+    _require_kernels_fit("mlp_loss_and_grad", sizes)
     if target.shape != x.shape[:-1] + (sizes[-1],) or target.dtype != x.dtype:
         raise ValueError(
             f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (sizes[-1],)} and "
@@ -218,7 +218,7 @@ def _check_dtype(function: str, name: str, dtype) -> None:
         raise TypeError(f"slax.nn.{function}: {name} must be float32 or float16, got {dtype}.")
 
 
-def _require_trainable(function: str, sizes: tuple[int, ...]) -> None:
+def _require_kernels_fit(function: str, sizes: tuple[int, ...]) -> None:
     problem = widest_layer_error(sizes)
     if problem:
         raise ValueError(f"slax.nn.{function}: {problem}.")

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import mlir
 
-from slax._compile import GROUP_SIZE, KernelSpec
+from slax._compile import KernelSpec
 from slax._kernel_primitive import run_kernel
 from slax._primitive import declare_primitive, result_aval
 from slax.nn._kernels import kernel_layout, layer_pairs, mlp_source, parameter_offsets
@@ -40,6 +40,16 @@ def _packed(params) -> jax.Array:
     slices of one float32 vector in this layout (``ravel_pytree``'s), XLA folds the concatenation
     of those slices back into that vector: nothing runs."""
     return jnp.concatenate([p.reshape(-1).astype(jnp.float32) for p in params])
+
+
+def _kernel_parameters(params, sizes) -> list[jax.Array]:
+    """The parameter operands of ``sizes``'s kernels: the packed parameters, and for tiled kernels
+    the same with every weight transposed (one small XLA fusion, shared by the forward and backward
+    launches of a step), which their forward pass reads along its rows."""
+    if kernel_layout(sizes).thread_sums:
+        return [_packed(params)]
+    transposed = [p.T if p.ndim == 2 else p for p in params]
+    return [_packed(params), _packed(transposed)]
 
 
 def _unpacked(flat: jax.Array, sizes, leading: tuple[int, ...]) -> list[jax.Array]:
@@ -68,10 +78,10 @@ def _forward_abstract_eval(x, *params, sizes, dtype, routes):
 
 def _forward(x, *params, sizes, dtype, routes):
     samples = math.prod(x.shape[:-1])
-    count = -(-samples // GROUP_SIZE) * GROUP_SIZE  # whole thread groups: they stage the parameters
+    count = kernel_layout(sizes).forward_threads(samples)
     (y,) = run_kernel(
         _kernel(sizes, dtype, "mlp_forward"),
-        [x, _packed(params)],
+        [x, *_kernel_parameters(params, sizes)],
         ((x.shape[:-1] + (sizes[-1],), dtype),),
         count,
         (("count", count), ("samples", samples)),
@@ -104,20 +114,19 @@ def _run_gradient_kernel(entry, operands, extra_results, x, sizes, dtype, group_
     layout = kernel_layout(sizes)
     groups = math.prod(x.shape[:group_ndim])
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
-    per_thread = layout.samples_per_thread(groups * per_group, per_group)
-    blocks = -(-per_group // (GROUP_SIZE * per_thread))  # 0 for an empty batch: no launch
-    count = groups * blocks * GROUP_SIZE
+    threads, blocks, share = layout.gradient_launch(groups * per_group, per_group)
+    count = groups * blocks * threads  # 0 for an empty batch: no launch
     data, params = operands[:2], operands[2:]
     partial, *extra = run_kernel(
         _kernel(sizes, dtype, entry),
-        [*data, _packed(params)],
+        [*data, *_kernel_parameters(params, sizes)],
         (((groups * blocks, layout.sums), "float32"), *extra_results),
         count,
         (
             ("count", count),
             ("samples_per_group", per_group),
             ("blocks_per_group", blocks),
-            ("samples_per_thread", per_thread),
+            share,
             *scalars,
         ),
         routes=routes,
