@@ -91,7 +91,7 @@ class KernelLayout:
         networks), else thread groups run tiles of samples (wide ones, ``tile``).
       scratch: group-shared floats for the thread sums' group sum (narrow networks).
       tile: the tiles' layout (wide networks; None for narrow ones, or where even one sample's
-        tile does not fit: see :func:`widest_layer_error`).
+        tile does not fit: see :func:`too_wide_error`).
     """
 
     parameters: int
@@ -140,7 +140,7 @@ def kernel_layout(sizes: tuple[int, ...]) -> KernelLayout:
     )
 
 
-def widest_layer_error(sizes: tuple[int, ...]) -> str | None:
+def too_wide_error(sizes: tuple[int, ...]) -> str | None:
     """Why the kernels cannot run ``sizes``, or None: a wide network's tile of one sample must fit
     in group-shared memory (narrow networks always fit)."""
     return None if kernel_layout(sizes).thread_sums else tile_error(sizes)
@@ -210,14 +210,32 @@ struct Parameters : IParameters
 }}"""
 
 
+def _preamble(dtype: str, scratch: int, modules: list[str]) -> str:
+    """What every MLP kernel source starts with: the imports, ``T`` (the network's dtype) and
+    ``scratch`` floats of group-shared memory behind ``GroupScratch``."""
+    imports = "".join(f"import {module};\n" for module in modules)
+    return f"""import slax.kernel;
+{imports}
+typealias T = {SLANG_SCALAR_FOR_DTYPE[dtype]};
+
+groupshared float scratch[{scratch}];
+
+struct GroupScratch : IGroupScratch
+{{
+    static const uint capacity = {scratch};
+    static void store(uint index, float value) {{ scratch[index] = value; }}
+    static float load(uint index) {{ return scratch[index]; }}
+}}"""
+
+
 def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
     layout = kernel_layout(sizes)
     layers = layer_pairs(sizes)
     offsets, _ = parameter_offsets(sizes)
     slopes = [OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE for k in range(len(layers))]
     if not layout.thread_sums:
-        return tiled_source(sizes, dtype, layout.sums, slopes, offsets)
-    scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
+        preamble = _preamble(dtype, layout.tile.scratch, ["nn.mlp", "nn.tiled"])
+        return preamble + tiled_source(sizes, layers, offsets, slopes, layout.sums)
     fields = "\n".join(
         f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums> layer{k};"
         for k, ((i, o), w) in enumerate(zip(layers, offsets))
@@ -277,19 +295,7 @@ def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
         var pair = diffPair(input);
         bwd_diff(sampleLoss)(net, pair, targetRow, active ? loss_scale : 0.0);""",
     )
-    return f"""import slax.kernel;
-import nn.mlp;
-
-typealias T = {scalar};
-
-groupshared float scratch[{layout.scratch}];
-
-struct GroupScratch : IGroupScratch
-{{
-    static const uint capacity = {layout.scratch};
-    static void store(uint index, float value) {{ scratch[index] = value; }}
-    static float load(uint index) {{ return scratch[index]; }}
-}}
+    return f"""{_preamble(dtype, layout.scratch, ["nn.mlp"])}
 {_parameters_source(layout)}
 {_sums_source(layout)}
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from slax._config import current_routes
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices, mean_over_devices
-from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, widest_layer_error
+from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, too_wide_error
 from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
 
 Params = list[dict[str, jax.Array]]
@@ -219,7 +219,7 @@ def _check_dtype(function: str, name: str, dtype) -> None:
 
 
 def _require_kernels_fit(function: str, sizes: tuple[int, ...]) -> None:
-    problem = widest_layer_error(sizes)
+    problem = too_wide_error(sizes)
     if problem:
         raise ValueError(f"slax.nn.{function}: {problem}.")
 

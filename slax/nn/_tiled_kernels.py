@@ -19,8 +19,6 @@ import dataclasses
 import functools
 import math
 
-from slax._signature import SLANG_SCALAR_FOR_DTYPE
-
 TILE_THREADS = 256
 """Threads per thread group: SLAX_TILE_THREADS in shaders/nn/tiled.slang."""
 TILE_SCRATCH_FLOATS = 8192
@@ -104,7 +102,8 @@ def tile_error(sizes: tuple[int, ...]) -> str | None:
 def block_shape(rows: int, cols: int, terms: int) -> tuple[int, int]:
     """The block (rows x cols) each role computes of a rows x cols product of ``terms`` terms: the
     one whose role finishes first, counting a load like two multiply-adds (a role loads a block's
-    rows + cols values per term and does rows * cols multiply-adds), with at most 32 sums a role."""
+    rows + cols values per term and does rows * cols multiply-adds), with at most MAX_BLOCK_SUMS
+    sums a role."""
     best = None
     for bm in range(1, 9):
         for bn in range(1, 9):
@@ -118,13 +117,18 @@ def block_shape(rows: int, cols: int, terms: int) -> tuple[int, int]:
 
 
 def tiled_source(
-    sizes: tuple[int, ...], dtype: str, sums: int, slopes: list[float], offsets: list[int]
+    sizes: tuple[int, ...],
+    layers: list[tuple[int, int]],
+    offsets: list[int],
+    slopes: list[float],
+    sums: int,
 ) -> str:
-    """The three entry points for ``sizes`` (see slax/nn/_kernels.py), given each layer's slope and
-    parameter offset and the length of a row of partial sums."""
+    """The three entry points for ``sizes`` (see slax/nn/_kernels.py), given its layers' (in, out),
+    parameter offsets and slopes and the length of a row of partial sums; they follow the source's
+    preamble (``_kernels._preamble``: the imports, ``T``, ``GroupScratch`` of ``TileLayout.scratch``
+    floats)."""
     layout = tile_layout(sizes)
     s = layout.samples
-    layers = list(zip(sizes[:-1], sizes[1:]))
     last = len(layers) - 1
     tiles = "\n".join(
         f"typealias Tile{k} = SharedTile<{offset}, {width + 1}, GroupScratch>;"
@@ -202,21 +206,7 @@ def tiled_source(
     sumLosses(first, end, sums + {sums - 1});"""
 
     forward_chain = "\n".join(forward(k) for k in range(len(layers)))
-    scalar = SLANG_SCALAR_FOR_DTYPE[dtype]
-    return f"""import slax.kernel;
-import nn.mlp;
-import nn.tiled;
-
-typealias T = {scalar};
-
-groupshared float scratch[{layout.scratch}];
-
-struct GroupScratch : IGroupScratch
-{{
-    static const uint capacity = {layout.scratch};
-    static void store(uint index, float value) {{ scratch[index] = value; }}
-    static float load(uint index) {{ return scratch[index]; }}
-}}
+    return f"""
 
 static float* parameterPointer;
 
