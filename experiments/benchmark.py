@@ -10,10 +10,11 @@ compares with the faster of ``jax`` and ``jax/flat``. One step = sample a batch,
 Adam update. Each configuration runs a jitted lax.scan of --steps steps (--unroll of them per
 iteration of its loop): one warm-up call, then the median wall time of --repeats timed calls with
 block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once per launch route
-(slax.config.cuda_launch). ``--devices 1 2`` times every configuration over a mesh
-of 1 and of 2 devices (the batch split along its first axis under plain ``jax.jit``, as
-``polynomial.py --devices``); each row's ratio compares with the faster plain JAX on as many
-devices.
+(slax.config.cuda_launch), and ``--tensor-cores on off`` once with wide networks on tensor cores
+and once on the tiled kernels (slax.config.tensor_cores; rows ``slax/<route>/simt``).
+``--devices 1 2`` times every configuration over a mesh of 1 and of 2 devices (the batch split along
+its first axis under plain ``jax.jit``, as ``polynomial.py --devices``); each row's ratio compares
+with the faster plain JAX on as many devices.
 
 The floor of a step is the larger of its matmul FLOPs at the device's peak FP32 rate (slax's
 kernels compute in float32 in both precisions) and the bytes it must move at the device's memory
@@ -195,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         help="CUDA launch routes to time slax with (ignored on CPU; default: slax.config.cuda_launch)",
     )
     parser.add_argument(
+        "--tensor-cores",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on" if slax.config.tensor_cores else "off"],
+        help="on CUDA, time slax with wide networks on tensor cores (on) and on the tiled kernels "
+        "(off, rows slax/<route>/simt), slax.config.tensor_cores (ignored on CPU; default: its value)",
+    )
+    parser.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
@@ -218,15 +227,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for problem in filter(None, map(harness.device_count_problem, args.devices)):
         parser.error(problem)
-    # slax's rows: one per CUDA launch route on a GPU; elsewhere the one route there is, by its name.
+    # slax's rows: one per CUDA launch route and tensor-core setting on a GPU; elsewhere the one
+    # route there is, by its name, as slax.config has it.
+    tensor_cores = slax.config.tensor_cores
     slax_rows = (
-        [(f"slax/{launch}", launch) for launch in args.launch]
+        [
+            (f"slax/{launch}" + ("" if cores == "on" else "/simt"), launch, cores == "on")
+            for launch, cores in itertools.product(args.launch, args.tensor_cores)
+        ]
         if harness.on_cuda()
-        else [(f"slax/{slax.launch_route()}", slax.config.cuda_launch)]
+        else [(f"slax/{slax.launch_route()}", slax.config.cuda_launch, tensor_cores)]
     )
-    # (row, model, parameters kept flat, CUDA launch route): slax once per route, then plain JAX.
-    table = [(row, "slax", keeps_parameters_flat("slax"), launch) for row, launch in slax_rows]
-    table += [(row, model, flat, slax.config.cuda_launch) for row, model, flat in JAX_ROWS]
+    # (row, model, parameters kept flat, CUDA launch route, tensor cores): slax once per route and
+    # tensor-core setting, then plain JAX.
+    table = [(row, "slax", keeps_parameters_flat("slax"), launch, cores) for row, launch, cores in slax_rows]
+    table += [(row, model, flat, slax.config.cuda_launch, tensor_cores) for row, model, flat in JAX_ROWS]
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform())
     if args.unroll > 1:
@@ -256,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
             unroll=args.unroll,
         )
         rates = {}
-        for row, model, flat, launch in table:
-            with slax.config.override(cuda_launch=launch):
+        for row, model, flat, launch, cores in table:
+            with slax.config.override(cuda_launch=launch, tensor_cores=cores):
                 rates[row] = time_steps(model=model, flat=flat)
         jax_rate = max(rates["jax"], rates["jax/flat"])
-        for model, _, flat, _ in table:
+        for model, _, flat, _, _ in table:
             rate = rates[model]
             row = {
                 "network": network,

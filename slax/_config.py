@@ -52,10 +52,13 @@ class LaunchRoutes:
       cuda: the launch route on CUDA GPUs, one of ``CUDA_LAUNCHES`` (``slax.config.cuda_launch``).
       cpu: the SlangPy device kind that runs kernels of CPU-placed JAX (``slax.config.device_kind``);
         ``None``: Vulkan where a driver exists, else SlangPy's CPU device.
+      tensor_cores: on CUDA GPUs, whether wide MLPs' kernels may run on tensor cores
+        (``slax.config.tensor_cores``).
     """
 
     cuda: str = "slangpy"
     cpu: DeviceKind | None = None
+    tensor_cores: bool = True
 
 
 _traced_routes = jax.make_user_context(LaunchRoutes())
@@ -66,12 +69,22 @@ def current_routes() -> LaunchRoutes:
     return _traced_routes.value
 
 
+def _parse_switch(value: str, source: str) -> bool:
+    """An on/off environment variable: 1/0, true/false, on/off, yes/no."""
+    normal = value.strip().lower()
+    if normal in ("1", "true", "on", "yes"):
+        return True
+    if normal in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"slax: {source}={value!r} is not a switch; expected 1 or 0 (true/false, on/off).")
+
+
 @dataclasses.dataclass
 class Config:
     """Switches of slax.
 
-    ``cuda_launch`` and ``device_kind`` are part of what JAX traces (a jitted function retraces
-    when one changes);
+    ``cuda_launch``, ``device_kind`` and ``tensor_cores`` are part of what JAX traces (a jitted
+    function retraces when one changes);
     ``debug_nans`` is read when a call is traced (a jitted function already compiled keeps the
     setting it was compiled with).
 
@@ -91,6 +104,11 @@ class Config:
         XLA's host buffers in place) or ``"cuda"`` (host copies). ``None``, the default: Vulkan
         where a driver exists, else the CPU device, saying so once. Also set by ``SLAX_DEVICE`` and
         :func:`set_device_kind`; JAX placed on a CUDA GPU always uses that GPU's CUDA device.
+      tensor_cores: on CUDA GPUs (sm_80 and newer), run wide MLPs (``slax.nn``) on tensor cores,
+        each product split into TF32 pieces so that float32 networks keep float32's accuracy
+        (``shaders/nn/tensor_cores.slang``); True by default. False runs them on the tiled kernels
+        every device runs, whose rounding is the CPU routes' (the per-sample layer's). Also set by
+        ``SLAX_TENSOR_CORES=0``.
     """
 
     CUDA_LAUNCHES: ClassVar[tuple[str, ...]] = CUDA_LAUNCHES
@@ -105,6 +123,9 @@ class Config:
             os.environ.get(DEVICE_ENV_VAR), source=f"the {DEVICE_ENV_VAR} variable"
         )
     )
+    tensor_cores: bool = dataclasses.field(
+        default_factory=lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES", "1"), "SLAX_TENSOR_CORES")
+    )
 
     def __setattr__(self, name: str, value) -> None:
         if name == "cuda_launch" and value not in CUDA_LAUNCHES:
@@ -114,10 +135,14 @@ class Config:
             )
         if name == "device_kind":
             value = parse_device_kind(value, source="slax.config.device_kind")
+        if name == "tensor_cores" and not isinstance(value, bool):
+            raise TypeError(f"slax: tensor_cores must be True or False; got {value!r}.")
         super().__setattr__(name, value)
-        if name in ("cuda_launch", "device_kind"):
+        if name in ("cuda_launch", "device_kind", "tensor_cores"):
             routes = LaunchRoutes(
-                cuda=getattr(self, "cuda_launch", "slangpy"), cpu=getattr(self, "device_kind", None)
+                cuda=getattr(self, "cuda_launch", "slangpy"),
+                cpu=getattr(self, "device_kind", None),
+                tensor_cores=getattr(self, "tensor_cores", True),
             )
             _traced_routes.set_global(routes)
 

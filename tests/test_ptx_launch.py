@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -30,6 +31,7 @@ from slax._device import SHADER_DIR
 from slax._errors import SlangCompileError
 from slax._ptx_launch import PtxLauncher, PtxLaunchError, launch_plan, ptx_entry_parameter_types
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
+from slax.nn._kernels import kernel_layout
 
 TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
 NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
@@ -146,11 +148,27 @@ def test_mlp_kernels_lower_in_both_precisions(report):
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
         assert fused["name"] == "mlp_loss_grad"
-        # 4-16-16-4 (420 parameters) is wide: 1000 samples in 63 tiles of 16, a thread group of
-        # 256 threads (8 warps) each
-        assert (fused["grid"], fused["num_warps"]) == ([63, 1, 1], 8)
-        (backward,) = _launches(report, f"mlp_apply_grad_{dtype}")
-        assert backward["name"] == "mlp_backward"
+        # 4-16-16-4 (420 parameters) is wide and lowered for CUDA on tensor cores: its thread groups
+        # of 256 threads (8 warps), as many as the tensor-core layout's launch has for 1000 samples
+        layout = kernel_layout((4, 16, 16, 4), tensor_cores=True, dtype=dtype)
+        threads, groups, _ = layout.gradient_launch(1000, 1000)
+        assert (fused["grid"], fused["num_warps"]) == ([groups, 1, 1], threads // 32)
+        # the forward pass keeps the hidden activations, which the backward pass reads
+        forward, backward = _launches(report, f"mlp_apply_grad_{dtype}")
+        assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward")
+
+
+@needs_tools
+def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
+    """Lowered for CUDA, a wide network's kernels run on tensor cores (TF32 mma.sync, PTX for sm_80,
+    which Slang asks NVRTC for itself: both CUDA routes get it); with slax.config.tensor_cores off,
+    the tiled kernels every device runs, with no mma.sync."""
+    for dtype in ("float32", "float16"):
+        (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in fused["ptx"]
+        assert re.search(r"^\.target sm_80$", fused["ptx"], re.MULTILINE)
+    (tiled,) = _launches(report, "mlp_loss_and_grad_float32_tiled")
+    assert tiled["name"] == "mlp_loss_grad" and "mma.sync" not in tiled["ptx"]
 
 
 @needs_tools

@@ -1,10 +1,13 @@
 """Slang source for the MLP kernels of one architecture (layer sizes and dtype).
 
 The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: LeakyReLU (slope
-0.01) on hidden layers, affine output layer (slope 1). Three entry points share one ``Network``:
+0.01) on hidden layers, affine output layer (slope 1). The entry points share one ``Network``:
 
 - ``mlp_forward``: ``x, params -> y``.
 - ``mlp_backward``: ``x, dy, params -> partial sums, dx``; ``bwd_diff`` of the network.
+- wide networks only (:func:`hidden_width`): ``mlp_forward_hidden``, ``x, params -> y, hidden``,
+  which keeps each sample's hidden activations, and ``mlp_backward`` reads them (``x, hidden, dy,
+  params -> partial sums, dx``) instead of running the forward pass again.
 - ``mlp_loss_grad``: ``x, target, params -> partial sums``: ``bwd_diff`` of each sample's squared
   error weighted by ``loss_scale`` (1/batch for a mean), whose backward derivative also adds the
   weighted loss: a training step's loss and gradient in one pass.
@@ -31,7 +34,9 @@ of a group. How a row is summed depends on the network's size:
   ``samples_per_thread`` samples and summing their gradients in registers, then the thread group
   adds its threads' sums; parameters are staged in group-shared memory;
 - wide ones run a tile of samples at a time per thread group, each layer a matrix product split
-  over its threads (slax/nn/_tiled_kernels.py, ``shaders/nn/tiled.slang``).
+  over its threads (slax/nn/_tiled_kernels.py, ``shaders/nn/tiled.slang``), or, for JAX on CUDA,
+  over its warps' tensor cores (slax/nn/_tensor_core_kernels.py, ``shaders/nn/tensor_cores.slang``)
+  where the network's gradient sums fit their registers.
 """
 
 from __future__ import annotations
@@ -42,7 +47,16 @@ import math
 
 from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
-from slax.nn._tiled_kernels import TILE_THREADS, TileLayout, tile_error, tile_layout, tiled_source
+from slax.nn._tensor_core_kernels import TensorCoreLayout, TensorCoreProducts, tensor_core_layout
+from slax.nn._tiled_kernels import (
+    TILE_THREADS,
+    Network,
+    TiledProducts,
+    TileLayout,
+    tile_error,
+    tile_kernels_source,
+    tile_layout,
+)
 
 HIDDEN_SLOPE = 0.01
 OUTPUT_SLOPE = 1.0
@@ -91,14 +105,19 @@ class KernelLayout:
         networks), else thread groups run tiles of samples (wide ones, ``tile``).
       scratch: group-shared floats for the thread sums' group sum (narrow networks).
       tile: the tiles' layout (wide networks; None for narrow ones, or where even one sample's
-        tile does not fit: see :func:`too_wide_error`).
+        tile does not fit: see :func:`too_wide_error`): a :class:`TensorCoreLayout` where the
+        kernels run on tensor cores, else a :class:`TileLayout`.
     """
 
     parameters: int
     sums: int
     thread_sums: bool
     scratch: int
-    tile: TileLayout | None
+    tile: TileLayout | TensorCoreLayout | None
+
+    @property
+    def tensor_cores(self) -> bool:
+        return isinstance(self.tile, TensorCoreLayout)
 
     def samples_per_thread(self, samples: int, per_group: int) -> int:
         """Samples each thread runs in a gradient launch of a narrow network over ``samples`` in
@@ -128,16 +147,30 @@ class KernelLayout:
 
 
 @functools.cache
-def kernel_layout(sizes: tuple[int, ...]) -> KernelLayout:
+def kernel_layout(sizes: tuple[int, ...], tensor_cores: bool = False, dtype: str = "float32") -> KernelLayout:
+    """How the kernels of ``sizes`` sum and read parameters; with ``tensor_cores`` (JAX on CUDA), a
+    wide network whose tensor-core layout in ``dtype`` exists takes it."""
     _, total = parameter_offsets(sizes)
     thread_sums = total + 1 <= THREAD_SUMS_LIMIT
+    tile = None
+    if not thread_sums:
+        tile = (tensor_core_layout(sizes, dtype) if tensor_cores else None) or tile_layout(sizes)
     return KernelLayout(
         parameters=total,
         sums=total + 1,
         thread_sums=thread_sums,
         scratch=SCRATCH_BUDGET_FLOATS - total if thread_sums else 0,
-        tile=None if thread_sums else tile_layout(sizes),
+        tile=tile,
     )
+
+
+def hidden_width(sizes: tuple[int, ...]) -> int:
+    """Values of each sample's hidden activations (every layer's output but the last) that
+    ``mlp_forward_hidden`` keeps for ``mlp_backward``, which then runs no forward pass: those of
+    wide networks, whose forward pass costs a third of a gradient's products; 0 for narrow ones,
+    whose backward kernel recomputes its few activations per sample in registers, cheaper than
+    writing and reading them."""
+    return 0 if kernel_layout(sizes).thread_sums else sum(sizes[1:-1])
 
 
 def too_wide_error(sizes: tuple[int, ...]) -> str | None:
@@ -210,32 +243,44 @@ struct Parameters : IParameters
 }}"""
 
 
-def _preamble(dtype: str, scratch: int, modules: list[str]) -> str:
+def _preamble(dtype: str, scratch: int, modules: list[str], fragments: bool = False) -> str:
     """What every MLP kernel source starts with: the imports, ``T`` (the network's dtype) and
-    ``scratch`` floats of group-shared memory behind ``GroupScratch``."""
+    ``scratch`` floats of group-shared memory behind ``GroupScratch``; with ``fragments`` (tensor
+    cores), from which warps also load A fragments (IFragmentScratch)."""
     imports = "".join(f"import {module};\n" for module in modules)
+    interface, rows = "IGroupScratch", ""
+    if fragments:
+        interface = "IFragmentScratch"
+        rows = "\n    static uint4 matrixRows(uint index) { return loadMatrixRows(scratch[index]); }"
     return f"""import slax.kernel;
 {imports}
 typealias T = {SLANG_SCALAR_FOR_DTYPE[dtype]};
 
 groupshared float scratch[{scratch}];
 
-struct GroupScratch : IGroupScratch
+struct GroupScratch : {interface}
 {{
     static const uint capacity = {scratch};
     static void store(uint index, float value) {{ scratch[index] = value; }}
-    static float load(uint index) {{ return scratch[index]; }}
+    static float load(uint index) {{ return scratch[index]; }}{rows}
 }}"""
 
 
-def mlp_source(sizes: tuple[int, ...], dtype: str) -> str:
-    layout = kernel_layout(sizes)
+def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -> str:
+    """The kernels of ``sizes`` in ``dtype``, those of :func:`kernel_layout` (sizes, tensor_cores, dtype)."""
+    layout = kernel_layout(sizes, tensor_cores, dtype)
     layers = layer_pairs(sizes)
     offsets, _ = parameter_offsets(sizes)
     slopes = [OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE for k in range(len(layers))]
     if not layout.thread_sums:
-        preamble = _preamble(dtype, layout.tile.scratch, ["nn.mlp", "nn.tiled"])
-        return preamble + tiled_source(sizes, layers, offsets, slopes, layout.sums)
+        network = Network(sizes, layers, offsets, slopes, dtype, layout.sums)
+        if layout.tensor_cores:
+            modules = ["nn.mlp", "nn.tiled", "nn.tensor_cores"]
+            products = TensorCoreProducts(network, layout.tile)
+        else:
+            modules, products = ["nn.mlp", "nn.tiled"], TiledProducts(network, layout.tile)
+        preamble = _preamble(dtype, layout.tile.scratch, modules, fragments=layout.tensor_cores)
+        return preamble + tile_kernels_source(network, products)
     fields = "\n".join(
         f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums> layer{k};"
         for k, ((i, o), w) in enumerate(zip(layers, offsets))

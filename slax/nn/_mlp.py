@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from slax._config import current_routes
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices, mean_over_devices
-from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, layer_pairs, too_wide_error
+from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, hidden_width, layer_pairs, too_wide_error
 from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
 
 Params = list[dict[str, jax.Array]]
@@ -79,26 +79,44 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     return across_devices(call, leaves, [False] * (len(leaves) - 1) + [has_batch], [has_batch])[0]
 
 
-@jax.custom_vjp
-def _mlp_apply(params: Params, x: jax.Array) -> jax.Array:
+def _forward(params: Params, x: jax.Array, keep_hidden: bool) -> list[jax.Array]:
+    """The forward kernel: ``[y]``, or with ``keep_hidden`` ``[y, hidden]``, the hidden activations
+    the backward kernel reads instead of running the forward pass again (``hidden_width``)."""
     sizes, dtype = _architecture("mlp_apply", params, x)
     _require_kernels_fit("mlp_apply", sizes)
-    y = mlp_forward_p.bind(x, *_flat(params), sizes=sizes, dtype=dtype, routes=current_routes())
-    check_finite("slax.nn.mlp_apply's forward kernel", [x, *_flat(params)], [y])
-    return y
+    outputs = mlp_forward_p.bind(
+        x, *_flat(params), sizes=sizes, dtype=dtype, keep_hidden=keep_hidden, routes=current_routes()
+    )
+    check_finite("slax.nn.mlp_apply's forward kernel", [x, *_flat(params)], outputs)
+    return outputs
+
+
+@jax.custom_vjp
+def _mlp_apply(params: Params, x: jax.Array) -> jax.Array:
+    return _forward(params, x, keep_hidden=False)[0]
 
 
 def _mlp_apply_fwd(params, x):
-    return _mlp_apply(params, x), (params, x)
+    sizes, _ = _architecture("mlp_apply", params, x)
+    y, *hidden = _forward(params, x, keep_hidden=hidden_width(sizes) > 0)
+    return y, (params, x, hidden)
 
 
 def _mlp_apply_bwd(residuals, dy):
-    params, x = residuals
+    params, x, hidden = residuals
     sizes, dtype = _architecture("mlp_apply", params, x)
     outputs = mlp_backward_p.bind(
-        x, dy.astype(dtype), *_flat(params), sizes=sizes, dtype=dtype, group_ndim=0, routes=current_routes()
+        x,
+        *hidden,
+        dy.astype(dtype),
+        *_flat(params),
+        sizes=sizes,
+        dtype=dtype,
+        group_ndim=0,
+        hidden=bool(hidden),
+        routes=current_routes(),
     )
-    check_finite("slax.nn.mlp_apply's backward kernel", [x, dy, *_flat(params)], outputs)
+    check_finite("slax.nn.mlp_apply's backward kernel", [x, *hidden, dy, *_flat(params)], outputs)
     dx, *grads = outputs
     flat = [g.astype(p.dtype) for g, p in zip(grads, _flat(params))]
     return _unflat(flat), dx

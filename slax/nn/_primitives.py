@@ -19,14 +19,27 @@ import jax.numpy as jnp
 from jax.interpreters import mlir
 
 from slax._compile import KernelSpec
+from slax._config import LaunchRoutes
 from slax._kernel_primitive import run_kernel
 from slax._primitive import declare_primitive, result_aval
-from slax.nn._kernels import kernel_layout, layer_pairs, mlp_source, parameter_offsets
+from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, mlp_source, parameter_offsets
+from slax.nn._tensor_core_kernels import weight_fragments
+
+PLATFORMS = ("cpu", "cuda")
+"""Where the MLP's primitives lower: on CUDA, wide networks' kernels run on tensor cores
+(slax/nn/_kernels.py, ``kernel_layout``)."""
 
 
 @functools.cache
-def _kernel(sizes: tuple[int, ...], dtype: str, entry: str) -> KernelSpec:
-    return KernelSpec(entry, source=mlp_source(sizes, dtype))
+def _kernel(sizes: tuple[int, ...], dtype: str, entry: str, tensor_cores: bool) -> KernelSpec:
+    return KernelSpec(entry, source=mlp_source(sizes, dtype, tensor_cores))
+
+
+def _tensor_cores(platform: str, routes: LaunchRoutes) -> bool:
+    """Whether the kernels of a computation lowered for ``platform`` and traced with ``routes`` may
+    use tensor cores: JAX on a CUDA GPU, whose kernels Slang compiles for that GPU (sm_80 and newer
+    have TF32 mma.sync), unless ``slax.config.tensor_cores`` was off."""
+    return platform == "cuda" and routes.tensor_cores
 
 
 def _param_shapes(sizes):
@@ -42,12 +55,16 @@ def _packed(params) -> jax.Array:
     return jnp.concatenate([p.reshape(-1).astype(jnp.float32) for p in params])
 
 
-def _kernel_parameters(params, sizes) -> list[jax.Array]:
+def _kernel_parameters(params, sizes, dtype: str, tensor_cores: bool) -> list[jax.Array]:
     """The parameter operands of ``sizes``'s kernels: the packed parameters, and for tiled kernels
-    the same with every weight transposed (one small XLA fusion, shared by the forward and backward
-    launches of a step), which their forward pass reads along its rows."""
-    if kernel_layout(sizes).thread_sums:
+    the same with every weight transposed, which their forward pass reads along its rows, or for
+    tensor-core kernels the weights as mma.sync fragments (each one small XLA fusion, shared by
+    the forward and backward launches of a step)."""
+    layout = kernel_layout(sizes, tensor_cores, dtype)
+    if layout.thread_sums:
         return [_packed(params)]
+    if layout.tensor_cores:
+        return [_packed(params), weight_fragments(params[1::2], dtype)]
     transposed = [p.T if p.ndim == 2 else p for p in params]
     return [_packed(params), _packed(transposed)]
 
@@ -72,29 +89,36 @@ def _grad_shapes(x, sizes, group_ndim):
 # --- forward ------------------------------------------------------------------------------------
 
 
-def _forward_abstract_eval(x, *params, sizes, dtype, routes):
-    return result_aval(x.shape[:-1] + (sizes[-1],), dtype, (x, *params))
+def _forward_shapes(x, sizes, keep_hidden):
+    """The forward pass's results: the output, and with ``keep_hidden`` the hidden activations
+    (slax/nn/_kernels.py, ``hidden_width``)."""
+    shapes = [x.shape[:-1] + (sizes[-1],)]
+    return shapes + [x.shape[:-1] + (hidden_width(sizes),)] if keep_hidden else shapes
 
 
-def _forward(x, *params, sizes, dtype, routes):
+def _forward_abstract_eval(x, *params, sizes, dtype, keep_hidden, routes):
+    return [result_aval(shape, dtype, (x, *params)) for shape in _forward_shapes(x, sizes, keep_hidden)]
+
+
+def _forward(x, *params, sizes, dtype, keep_hidden, routes, platform):
     samples = math.prod(x.shape[:-1])
-    count = kernel_layout(sizes).forward_threads(samples)
-    (y,) = run_kernel(
-        _kernel(sizes, dtype, "mlp_forward"),
-        [x, *_kernel_parameters(params, sizes)],
-        ((x.shape[:-1] + (sizes[-1],), dtype),),
+    tensor_cores = _tensor_cores(platform, routes)
+    count = kernel_layout(sizes, tensor_cores, dtype).forward_threads(samples)
+    return run_kernel(
+        _kernel(sizes, dtype, "mlp_forward_hidden" if keep_hidden else "mlp_forward", tensor_cores),
+        [x, *_kernel_parameters(params, sizes, dtype, tensor_cores)],
+        tuple((shape, dtype) for shape in _forward_shapes(x, sizes, keep_hidden)),
         count,
         (("count", count), ("samples", samples)),
         routes=routes,
     )
-    return y
 
 
 # --- gradients ----------------------------------------------------------------------------------
 
 
-def _backward_abstract_eval(x, dy, *params, sizes, dtype, group_ndim, routes):
-    operands = (x, dy, *params)
+def _backward_abstract_eval(*operands, sizes, dtype, group_ndim, hidden, routes):
+    x = operands[0]
     return [result_aval(x.shape, x.dtype, operands)] + [
         result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
     ]
@@ -107,19 +131,22 @@ def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_
     ]
 
 
-def _run_gradient_kernel(entry, operands, extra_results, x, sizes, dtype, group_ndim, routes, scalars=()):
-    """Launches ``mlp_backward`` or ``mlp_loss_grad`` (see slax/nn/_kernels.py for the layout) and
-    adds up the thread groups' partial sums of each group: ``[loss per group, *extra results,
-    *parameter gradients]``."""
-    layout = kernel_layout(sizes)
+def _run_gradient_kernel(
+    entry, operands, num_data, extra_results, x, sizes, dtype, group_ndim, routes, platform, scalars=()
+):
+    """Launches ``mlp_backward`` or ``mlp_loss_grad`` (see slax/nn/_kernels.py for the layout) on
+    ``operands``, ``num_data`` per-sample arrays then the parameters, and adds up the thread groups'
+    partial sums of each group: ``[loss per group, *extra results, *parameter gradients]``."""
+    tensor_cores = _tensor_cores(platform, routes)
+    layout = kernel_layout(sizes, tensor_cores, dtype)
     groups = math.prod(x.shape[:group_ndim])
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
     threads, blocks, share = layout.gradient_launch(groups * per_group, per_group)
     count = groups * blocks * threads  # 0 for an empty batch: no launch
-    data, params = operands[:2], operands[2:]
+    data, params = operands[:num_data], operands[num_data:]
     partial, *extra = run_kernel(
-        _kernel(sizes, dtype, entry),
-        [*data, *_kernel_parameters(params, sizes)],
+        _kernel(sizes, dtype, entry, tensor_cores),
+        [*data, *_kernel_parameters(params, sizes, dtype, tensor_cores)],
         (((groups * blocks, layout.sums), "float32"), *extra_results),
         count,
         (
@@ -135,23 +162,37 @@ def _run_gradient_kernel(entry, operands, extra_results, x, sizes, dtype, group_
     return [summed[..., -1], *extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
 
 
-def _backward(x, dy, *params, sizes, dtype, group_ndim, routes):
+def _backward(*operands, sizes, dtype, group_ndim, hidden, routes, platform):
+    """``x, [hidden,] dy, *params -> dx, *grads``: with ``hidden``, from the hidden activations the
+    forward pass kept (``mlp_forward_p`` with ``keep_hidden``)."""
+    x = operands[0]
     _, dx, *grads = _run_gradient_kernel(
-        "mlp_backward", [x, dy, *params], [(x.shape, dtype)], x, sizes, dtype, group_ndim, routes
+        "mlp_backward",
+        operands,
+        3 if hidden else 2,
+        [(x.shape, dtype)],
+        x,
+        sizes,
+        dtype,
+        group_ndim,
+        routes,
+        platform,
     )
     return [dx, *grads]
 
 
-def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
+def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes, platform):
     return _run_gradient_kernel(
         "mlp_loss_grad",
         [x, target, *params],
+        2,
         [],
         x,
         sizes,
         dtype,
         group_ndim,
         routes,
+        platform,
         (("loss_scale", float(loss_scale)),),
     )
 
@@ -193,6 +234,10 @@ def _batch_per_sample(primitive, args, dims, *, num_data, **params):
     return outputs, ([0] * len(outputs) if primitive.multiple_results else 0)
 
 
+def _batch_backward(primitive, args, dims, **params):
+    return _batch_per_sample(primitive, args, dims, num_data=3 if params["hidden"] else 2, **params)
+
+
 def _batch_by_loop(primitive, args, dims, **params):
     """Per-example parameters: one launch per example, in a lax.map."""
     size = _batch_size(args, dims)
@@ -204,20 +249,22 @@ def _batch_by_loop(primitive, args, dims, **params):
 mlp_forward_p = declare_primitive(
     "slang_mlp_forward",
     abstract_eval=_forward_abstract_eval,
-    lowering=mlir.lower_fun(_forward, multiple_results=False),
+    lowering=mlir.lower_fun(_forward, multiple_results=True),
+    platforms=PLATFORMS,
     batching_rule=functools.partial(_batch_per_sample, num_data=1),
-    multiple_results=False,
 )
 mlp_backward_p = declare_primitive(
     "slang_mlp_backward",
     abstract_eval=_backward_abstract_eval,
     lowering=mlir.lower_fun(_backward, multiple_results=True),
-    batching_rule=functools.partial(_batch_per_sample, num_data=2),
+    platforms=PLATFORMS,
+    batching_rule=_batch_backward,
 )
 mlp_loss_grad_p = declare_primitive(
     "slang_mlp_loss_grad",
     abstract_eval=_loss_grad_abstract_eval,
     lowering=mlir.lower_fun(_loss_grad, multiple_results=True),
+    platforms=PLATFORMS,
     batching_rule=functools.partial(_batch_per_sample, num_data=2),
     jvp=_loss_and_grad_is_not_differentiable,
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Protocol
 
 TILE_THREADS = 256
 """Threads per thread group: SLAX_TILE_THREADS in shaders/nn/tiled.slang."""
@@ -56,12 +57,17 @@ class TileLayout:
     scratch: int
 
     def tiles_per_block(self, samples: int, per_group: int) -> int:
-        """Tiles each thread group of a gradient launch runs, for ``samples`` in vmapped groups of
-        ``per_group``: one until the launch would exceed BLOCKS_WANTED thread groups, then as many
-        as bring it there, but no more than a vmapped group has."""
-        tiles = math.ceil(per_group / self.samples)
-        wanted = math.ceil(samples / self.samples / BLOCKS_WANTED)
-        return max(1, min(wanted, tiles))
+        """Tiles each thread group of a gradient launch runs (:func:`tiles_per_block`)."""
+        return tiles_per_block(self.samples, samples, per_group)
+
+
+def tiles_per_block(tile_samples: int, samples: int, per_group: int, least: int = 1) -> int:
+    """Tiles of ``tile_samples`` each thread group of a gradient launch runs, for ``samples`` in
+    vmapped groups of ``per_group``: ``least`` until the launch would exceed BLOCKS_WANTED thread
+    groups, then as many as bring it there, but no more than a vmapped group has."""
+    tiles = math.ceil(per_group / tile_samples)
+    wanted = math.ceil(samples / tile_samples / BLOCKS_WANTED)
+    return max(1, min(max(wanted, least), tiles))
 
 
 def _scratch(sizes: tuple[int, ...], samples: int) -> TileLayout:
@@ -116,98 +122,198 @@ def block_shape(rows: int, cols: int, terms: int) -> tuple[int, int]:
     return best[1]
 
 
-def tiled_source(
-    sizes: tuple[int, ...],
-    layers: list[tuple[int, int]],
-    offsets: list[int],
-    slopes: list[float],
-    sums: int,
-) -> str:
-    """The three entry points for ``sizes`` (see slax/nn/_kernels.py), given its layers' (in, out),
-    parameter offsets and slopes and the length of a row of partial sums; they follow the source's
-    preamble (``_kernels._preamble``: the imports, ``T``, ``GroupScratch`` of ``TileLayout.scratch``
-    floats)."""
-    layout = tile_layout(sizes)
-    s = layout.samples
-    last = len(layers) - 1
-    tiles = "\n".join(
-        f"typealias Tile{k} = SharedTile<{offset}, {width + 1}, GroupScratch>;"
-        for k, (offset, width) in enumerate(zip(layout.offsets, sizes))
-    )
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """What a tile kernel source needs of the network: its widths, layers' (in, out), each layer's
+    parameter offset (its bias; its weight follows) and LeakyReLU slope, the dtype, and the length
+    of a row of partial sums."""
 
-    def forward(k: int) -> str:
-        n_in, n_out = layers[k]
-        bm, bn = block_shape(s, n_out, n_in)
-        return (
-            f"        tileForward<T, {s}, {n_in}, {n_out}, {offsets[k]}, {bm}, {bn}, Parameters, "
-            f"TransposedParameters, Tile{k}, Tile{k + 1}>(first, end, {slopes[k]});\n        groupBarrier();"
-        )
+    sizes: tuple[int, ...]
+    layers: list[tuple[int, int]]
+    offsets: list[int]
+    slopes: list[float]
+    dtype: str
+    sums: int
 
-    def backward(k: int, input_gradient: bool) -> str:
-        n_in, n_out = layers[k]
-        wm, wn = block_shape(n_out, n_in, s)
-        lines = [
-            f"        tileParameterGradient<{s}, {n_in}, {n_out}, {offsets[k]}, {wm}, {wn}, Tile{k}, "
-            f"Tile{k + 1}>(first, end, sums, t == 0);"
-        ]
-        if input_gradient:
-            xm, xn = block_shape(s, n_in, n_out)
-            lines.append(
-                f"        tileInputGradient<{s}, {n_in}, {n_out}, {offsets[k]}, {xm}, {xn}, Parameters, "
-                f"Tile{k + 1}, Gradient>(first, end);"
-            )
-        lines.append("        groupBarrier();")
-        if k > 0:
-            slope = slopes[k - 1]
-            lines.append(
-                f"        tileActivationGradient<{s}, {n_in}, Gradient, Tile{k}>(first, end, {slope});"
-                "\n        groupBarrier();"
-            )
-        return "\n".join(lines)
+    @property
+    def hidden(self) -> int:
+        """Values a sample's hidden activations take: every layer's output but the last."""
+        return sum(self.sizes[1:-1])
 
-    def gradient_body(entry_backward: bool) -> str:
-        hidden = "\n".join(forward(k) for k in range(last))
-        if entry_backward:
-            output = f"""
-        loadTile<T, {s}, {sizes[-1]}, Tile{last + 1}>(dy, tile, true, first, end);
-        groupBarrier();"""
-        else:
-            output = f"""
-{forward(last)}
-        tileSquaredError<T, {s}, {sizes[-1]}, Tile{last + 1}, Losses>(target, tile, loss_scale, first, end);
-        groupBarrier();"""
-        layers_back = "\n".join(backward(k, k > 0 or entry_backward) for k in range(last, -1, -1))
-        store_dx = (
-            f"\n        storeTile<T, {s}, {sizes[0]}, Gradient>(dx, tile, first, end);"
-            if entry_backward
-            else ""
-        )
+    def hidden_offset(self, k: int) -> int:
+        """Where layer k's output (k < the last layer) starts among a sample's hidden values."""
+        return sum(self.sizes[1 : k + 1])
+
+
+class TileProducts(Protocol):
+    """The layers' matrix products of tile kernels: Slang code for the entry points of
+    :func:`tile_kernels_source`, which run in every thread of a group, with ``first, end`` its
+    roles (groupRoles), ``tile`` (TileSamples) the tile, ``t`` the tile's number in the group, and
+    ``sums`` the group's row of partial sums."""
+
+    samples: int
+    """Samples per tile."""
+    operand: str
+    """The name of the parameters' second operand (the first, ``params``, is the flat layout)."""
+
+    def declarations(self) -> str:
+        """Module-level code: ``Parameters`` (reading ``params``), ``Tile0``... (each layer's input
+        and the output), ``Losses``, and whatever the products need."""
+
+    def setup(self, summing: bool) -> str:
+        """Each entry point's first lines after the roles: the pointers behind ``declarations``;
+        ``summing``: in a gradient kernel."""
+
+    def forward(self, k: int, summing: bool) -> str:
+        """Layer k from Tile{k} to Tile{k+1}, ending with a group barrier; ``summing``: in a
+        gradient kernel, whose parameter gradient sums are live."""
+
+    def begin_sums(self) -> str:
+        """Before a gradient kernel's tiles: the parameter gradient sums start."""
+
+    def backward(self, k: int, input_gradient: bool) -> str:
+        """Layer k's backward pass from its output gradient in Tile{k+1}: its parameter gradients
+        added to the sums, and for k > 0 the previous layer's output gradient (through its
+        activation) over Tile{k}, or for k == 0 with ``input_gradient`` the network's to ``dx``;
+        ending where the next tile may overwrite Tile0."""
+
+    def end_sums(self) -> str:
+        """After a gradient kernel's tiles: the sums to ``sums``."""
+
+
+def tile_kernels_source(network: Network, products: TileProducts) -> str:
+    """The entry points of a wide network's tile kernels (see slax/nn/_kernels.py), with its layers'
+    products from ``products``; they follow the source's preamble (``_kernels._preamble``: the
+    imports, ``T``, ``GroupScratch``):
+
+    - ``mlp_forward``: ``x, params, <operand> -> y``, a tile per thread group;
+    - ``mlp_forward_hidden``: the same, also writing each sample's hidden activations (every layer's
+      output but the last, ``Network.hidden`` values a sample, as T) for ``mlp_backward``;
+    - ``mlp_backward``: ``x, hidden, dy, params, <operand> -> partial sums, dx``, from the hidden
+      activations ``mlp_forward_hidden`` wrote, with no forward pass;
+    (a network of one layer has no hidden activations, and these take no ``hidden`` pointer);
+    - ``mlp_loss_grad``: ``x, target, params, <operand> -> partial sums``, forward and backward.
+    """
+    s, sizes, hidden = products.samples, network.sizes, network.hidden
+    last = len(network.layers) - 1
+
+    def roles(summing: bool) -> str:
         return f"""
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
-    uint block = thread / SLAX_TILE_THREADS, first, end;
-    groupRoles(thread % SLAX_TILE_THREADS, SLAX_TILE_THREADS, first, end);
-    parameterPointer = params;
-    transposedPointer = transposed_params;
-    float* sums = partials + block * {sums};
+    uint block = thread / SLAX_TILE_THREADS, local = thread % SLAX_TILE_THREADS, first, end;
+    groupRoles(local, SLAX_TILE_THREADS, first, end);
+{products.setup(summing)}"""
+
+    def hidden_tiles(move: str) -> str:
+        """Each hidden layer's output tile to (storeTile) or from (loadTile) ``hidden``."""
+        return "".join(
+            f"\n        {move}<T, {s}, {sizes[k + 1]}, {hidden}, Tile{k + 1}>"
+            f"(hidden + {network.hidden_offset(k)}, tile"
+            + (", false" if move == "loadTile" else "")
+            + ", first, end);"
+            for k in range(last)
+        )
+
+    def forward_body(keep_hidden: bool) -> str:  # (a network with no hidden layer keeps nothing)
+        chain = "\n".join(products.forward(k, False) for k in range(len(network.layers)))
+        return f"""{roles(False)}
+    let tile = TileSamples(0, block * {s}, samples);
+    loadTile<T, {s}, {sizes[0]}, {sizes[0]}, Tile0>(x, tile, false, first, end);
+    groupBarrier();
+{chain}{hidden_tiles("storeTile") if keep_hidden else ""}
+    storeTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(y, tile, first, end);"""
+
+    def gradient_body(entry_backward: bool) -> str:
+        if entry_backward:
+            inputs = f"""{hidden_tiles("loadTile")}
+        loadTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(dy, tile, true, first, end);
+        groupBarrier();"""
+        else:
+            chain = "\n".join(products.forward(k, True) for k in range(len(network.layers)))
+            inputs = f"""
+        groupBarrier();
+{chain}
+        tileSquaredError<T, {s}, {sizes[-1]}, Tile{last + 1}, Losses>(target, tile, loss_scale, first, end);
+        groupBarrier();"""
+        layers_back = "\n".join(products.backward(k, entry_backward) for k in range(last, -1, -1))
+        return f"""{roles(True)}
+    float* sums = partials + block * {network.sums};
     uint groupStart = (block / blocks_per_group) * samples_per_group;
     uint firstTile = (block % blocks_per_group) * tiles_per_block;
-    clearLosses(first, end);
+    clearLosses<Losses>(first, end);
+{products.begin_sums()}
     for (uint t = 0; t < tiles_per_block; t++)
     {{
         let tile = TileSamples(groupStart, (firstTile + t) * {s}, samples_per_group);
         if (tile.first >= samples_per_group) break;  // the same for the whole thread group
-        loadTile<T, {s}, {sizes[0]}, Tile0>(x, tile, false, first, end);
-        groupBarrier();
-{hidden}{output}
-{layers_back}{store_dx}
+        loadTile<T, {s}, {sizes[0]}, {sizes[0]}, Tile0>(x, tile, false, first, end);{inputs}
+{layers_back}
     }}
+{products.end_sums()}
     groupBarrier();
-    sumLosses(first, end, sums + {sums - 1});"""
+    sumLosses<Losses>(first, end, sums + {network.sums - 1});"""
 
-    forward_chain = "\n".join(forward(k) for k in range(len(layers)))
+    operand = products.operand
+    hidden_pointer = "uniform T* hidden, " if hidden else ""
     return f"""
+{products.declarations()}
 
+[shader("compute")]
+[numthreads(SLAX_TILE_THREADS, 1, 1)]
+void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform float* params,
+                 uniform float* {operand}, uniform T* y, uniform uint count, uniform uint samples)
+{{{forward_body(False)}
+}}
+
+[shader("compute")]
+[numthreads(SLAX_TILE_THREADS, 1, 1)]
+void mlp_forward_hidden(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform float* params,
+                        uniform float* {operand}, uniform T* y, {hidden_pointer}uniform uint count,
+                        uniform uint samples)
+{{{forward_body(True)}
+}}
+
+[shader("compute")]
+[numthreads(SLAX_TILE_THREADS, 1, 1)]
+void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {hidden_pointer}uniform T* dy,
+                  uniform float* params, uniform float* {operand}, uniform float* partials,
+                  uniform T* dx, uniform uint count, uniform uint samples_per_group,
+                  uniform uint blocks_per_group, uniform uint tiles_per_block)
+{{{gradient_body(True)}
+}}
+
+[shader("compute")]
+[numthreads(SLAX_TILE_THREADS, 1, 1)]
+void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
+                   uniform float* params, uniform float* {operand}, uniform float* partials,
+                   uniform uint count, uniform uint samples_per_group, uniform uint blocks_per_group,
+                   uniform uint tiles_per_block, uniform float loss_scale)
+{{{gradient_body(False)}
+}}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class TiledProducts:
+    """:class:`TileProducts` of the tiled kernels: each layer's products split into blocks of sums
+    over the group's threads (``shaders/nn/tiled.slang``), the weight gradient added to the group's
+    row of partial sums after every tile, the forward pass reading the weights transposed."""
+
+    network: Network
+    layout: TileLayout
+    operand: str = "transposed_params"
+
+    @property
+    def samples(self) -> int:
+        return self.layout.samples
+
+    def declarations(self) -> str:
+        tiles = "\n".join(
+            f"typealias Tile{k} = SharedTile<{offset}, {width + 1}, GroupScratch>;"
+            for k, (offset, width) in enumerate(zip(self.layout.offsets, self.network.sizes))
+        )
+        return f"""
 static float* parameterPointer;
 
 static float* transposedPointer;
@@ -223,58 +329,47 @@ struct TransposedParameters : IParameters
 }}
 
 {tiles}
-typealias Gradient = SharedTile<{layout.gradient}, {layout.gradient_stride}, GroupScratch>;
-typealias Losses = SharedTile<{layout.losses}, 0, GroupScratch>;
+typealias Gradient = SharedTile<{self.layout.gradient}, {self.layout.gradient_stride}, GroupScratch>;
+typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
 
-void clearLosses(uint first, uint end)
-{{
-    for (uint role = first; role < end; role++) Losses.store(0, role, 0.0);
-}}
+    def setup(self, summing: bool) -> str:
+        return "    parameterPointer = params;\n    transposedPointer = transposed_params;"
 
-// The roles' shares of the loss, added in role order (the backward kernel's are all zero).
-void sumLosses(uint first, uint end, float* out)
-{{
-    if (first == 0 && end > 0)
-    {{
-        float sum = 0.0;
-        for (uint role = 0; role < SLAX_TILE_THREADS; role++) sum += Losses.load(0, role);
-        *out = sum;
-    }}
-}}
+    def forward(self, k: int, summing: bool) -> str:
+        s, (n_in, n_out) = self.samples, self.network.layers[k]
+        bm, bn = block_shape(s, n_out, n_in)
+        return (
+            f"        tileForward<T, {s}, {n_in}, {n_out}, {self.network.offsets[k]}, {bm}, {bn}, "
+            f"Parameters, TransposedParameters, Tile{k}, Tile{k + 1}>"
+            f"(first, end, {self.network.slopes[k]});\n"
+            "        groupBarrier();"
+        )
 
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform float* params,
-                 uniform float* transposed_params, uniform T* y, uniform uint count, uniform uint samples)
-{{
-    uint thread = slax_thread_index(thread_id);
-    if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
-    uint first, end;
-    groupRoles(thread % SLAX_TILE_THREADS, SLAX_TILE_THREADS, first, end);
-    parameterPointer = params;
-    transposedPointer = transposed_params;
-    let tile = TileSamples(0, (thread / SLAX_TILE_THREADS) * {s}, samples);
-    loadTile<T, {s}, {sizes[0]}, Tile0>(x, tile, false, first, end);
-    groupBarrier();
-{forward_chain}
-    storeTile<T, {s}, {sizes[-1]}, Tile{last + 1}>(y, tile, first, end);
-}}
+    def begin_sums(self) -> str:
+        return "    // each tile's gradient terms go to `sums` (the first tile's start them)"
 
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy,
-                  uniform float* params, uniform float* transposed_params, uniform float* partials,
-                  uniform T* dx, uniform uint count, uniform uint samples_per_group,
-                  uniform uint blocks_per_group, uniform uint tiles_per_block)
-{{{gradient_body(True)}
-}}
+    def backward(self, k: int, input_gradient: bool) -> str:
+        s, (n_in, n_out), offset = self.samples, self.network.layers[k], self.network.offsets[k]
+        wm, wn = block_shape(n_out, n_in, s)
+        lines = [
+            f"        tileParameterGradient<{s}, {n_in}, {n_out}, {offset}, {wm}, {wn}, Tile{k}, "
+            f"Tile{k + 1}>(first, end, sums, t == 0);"
+        ]
+        if k > 0 or input_gradient:
+            xm, xn = block_shape(s, n_in, n_out)
+            lines.append(
+                f"        tileInputGradient<{s}, {n_in}, {n_out}, {offset}, {xm}, {xn}, Parameters, "
+                f"Tile{k + 1}, Gradient>(first, end);"
+            )
+        lines.append("        groupBarrier();")
+        if k > 0:
+            lines.append(
+                f"        tileActivationGradient<{s}, {n_in}, Gradient, Tile{k}>(first, end, "
+                f"{self.network.slopes[k - 1]});\n        groupBarrier();"
+            )
+        elif input_gradient:
+            lines.append(f"        storeTile<T, {s}, {n_in}, {n_in}, Gradient>(dx, tile, first, end);")
+        return "\n".join(lines)
 
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
-                   uniform float* params, uniform float* transposed_params, uniform float* partials,
-                   uniform uint count, uniform uint samples_per_group, uniform uint blocks_per_group,
-                   uniform uint tiles_per_block, uniform float loss_scale)
-{{{gradient_body(False)}
-}}
-"""
+    def end_sums(self) -> str:
+        return ""

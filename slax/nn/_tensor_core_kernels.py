@@ -1,0 +1,323 @@
+"""Slang source for the MLP kernels of a wide network on NVIDIA tensor cores
+(``shaders/nn/tensor_cores.slang``), for JAX on CUDA.
+
+The entry points, launches and partial sums are those of the tiled kernels
+(slax/nn/_tiled_kernels.py), tiles of ``TENSOR_CORE_SAMPLES`` samples, with one difference in the
+operands: where the tiled kernels take the weights transposed, these take them as B fragments
+(:func:`weight_fragments`), each layer's weight for the forward pass and its transpose for the
+backward pass, which XLA lays out once per step.
+
+A gradient launch's thread group keeps its weight gradient in registers for all its tiles
+(``warpGradientProduct``) and writes its row of partial sums once, so a network runs here only if
+those sums fit a thread's registers (``MAX_REGISTER_SUMS``), and if a tile fits its group-shared memory
+(``TENSOR_CORE_SCRATCH_FLOATS``); others run the tiled kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from slax.nn._tiled_kernels import TILE_THREADS, Network, tiles_per_block
+
+TENSOR_CORE_SAMPLES = {"float32": 32, "float16": 16}
+"""Samples per tile, by the network's dtype: blocks of an mma.sync's 16 rows. Two blocks let each
+weight fragment a warp loads serve both and halve the barriers per sample; in float32, whose
+fragments are twice as large, that was faster (digits, 2^16 samples, H100: 277 against 292 us a
+training step), in float16 one block was (227 against 238 us), its gradient kernel spilling fewer
+registers (BENCHMARKS.md)."""
+TENSOR_CORE_SCRATCH_FLOATS = 12288
+"""Group-shared floats a tensor-core kernel may use: 48 KiB, the most CUDA gives a kernel's static
+group-shared memory."""
+WARPS = TILE_THREADS // 32
+MAX_REGISTER_SUMS = 96
+"""Most floats of weight and bias gradient a thread keeps in registers across its tiles."""
+LEAST_SAMPLES_PER_BLOCK = 32
+"""Samples a gradient launch's thread group runs at least (whole tiles): each writes a row of partial
+sums (the network's parameters, 17,227 floats for the digits network) that XLA then adds, so at
+small batches fewer groups running more tiles each finish sooner (digits, 2^12 samples: 29 against
+36 us for the gradient kernel with tiles of 32, 26 against 37 with tiles of 16)."""
+FORWARD_GROUPS_PER_PROCESSOR = 3
+"""Thread groups of the forward kernels a multiprocessor holds (registers capped to fit them); the
+gradient kernels' gradient sums need 128 registers a thread, so two of theirs."""
+FORWARD_CHAINS = 2
+BACKWARD_CHAINS = 1
+"""Independent chains of mma.sync in which each block of a row product sums (warpRowProduct): in the
+forward kernels, and in the gradient kernels, where the gradient sums take most registers."""
+MAX_CHUNK = 4
+"""Most column blocks a warp runs at once in a row product (each holds 4 floats of sums)."""
+
+
+def _stride(width: int) -> int:
+    """A tile's row stride for ``width`` values: room for them rounded up to 8 (the zero columns an
+    A fragment reaches), plus 4, so that rows start 16-byte aligned and the 8 rows an ldmatrix
+    block or a warp's column load reads fall in different banks (shaders/nn/tensor_cores.slang,
+    FragmentTile)."""
+    return 8 * math.ceil(width / 8) + 4
+
+
+def _blocks8(rows: int, cols: int) -> int:
+    """8 x 8 blocks of B fragments of a rows x cols matrix."""
+    return math.ceil(rows / 8) * math.ceil(cols / 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientShape:
+    """How warps hold a layer's weight gradient (shaders/nn/tensor_cores.slang, GradientRectangle):
+    ``rounds`` rectangles of ``rows`` x ``cols`` blocks of 16 x 8 each."""
+
+    rows: int
+    cols: int
+    rounds: int
+
+    @property
+    def blocks(self) -> int:
+        return self.rows * self.cols * self.rounds
+
+
+def gradient_shape(n_out: int, n_in: int) -> GradientShape:
+    """The rectangles for an n_out x n_in weight gradient that cost a warp least per step of 8
+    samples: counting a split A fragment (4 loads, 8 roundings) as 16 instructions, a B fragment
+    as 8 and a block's products as 12, over as many rounds as the warps need to cover every block;
+    among equals, the fewest blocks held (registers)."""
+    row_blocks, col_blocks = math.ceil(n_out / 16), math.ceil(n_in / 8)
+    best = None
+    for rows in range(1, min(4, row_blocks) + 1):
+        for cols in range(1, min(8, col_blocks) + 1):
+            rectangles = math.ceil(row_blocks / rows) * math.ceil(col_blocks / cols)
+            rounds = math.ceil(rectangles / WARPS)
+            cost = rounds * (16 * rows + 8 * cols + 12 * rows * cols)
+            key = (cost, rounds * rows * cols)
+            if best is None or key < best[0]:
+                best = (key, GradientShape(rows, cols, rounds))
+    return best[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorCoreLayout:
+    """Where a tile's values live in group-shared memory, where each layer's B fragments are, and
+    how many gradient sums a thread holds.
+
+    Attributes:
+      samples: samples per tile (``TENSOR_CORE_SAMPLES`` of the network's dtype).
+      offsets, strides: each tile of activations, from the input's to the output's (floats from the
+        start of group-shared memory; row stride).
+      losses: TILE_THREADS floats, one per thread, for the loss's partial sums.
+      scratch: group-shared floats in all.
+      forward_fragments, backward_fragments: where each layer's B fragments start, of its weight
+        (Out x In) and of its transpose, in blocks of 8 x 8 values (:func:`weight_fragments`).
+      gradients: how warps hold each layer's weight gradient.
+      bias_sums: per layer, the bias gradients each thread holds.
+    """
+
+    samples: int
+    offsets: tuple[int, ...]
+    strides: tuple[int, ...]
+    losses: int
+    scratch: int
+    forward_fragments: tuple[int, ...]
+    backward_fragments: tuple[int, ...]
+    gradients: tuple[GradientShape, ...]
+    bias_sums: tuple[int, ...]
+
+    def tiles_per_block(self, samples: int, per_group: int) -> int:
+        least = max(1, LEAST_SAMPLES_PER_BLOCK // self.samples)
+        return tiles_per_block(self.samples, samples, per_group, least)
+
+    @property
+    def register_sums(self) -> int:
+        """Floats of gradient sums a thread keeps in registers across its tiles."""
+        return 4 * sum(shape.blocks for shape in self.gradients) + sum(self.bias_sums)
+
+
+@functools.cache
+def tensor_core_layout(sizes: tuple[int, ...], dtype: str) -> TensorCoreLayout | None:
+    """The layout of the tensor-core kernels of ``sizes`` in ``dtype``, or None where they cannot
+    run it (a tile over the group-shared memory budget, or gradient sums over ``MAX_REGISTER_SUMS``)."""
+    samples = TENSOR_CORE_SAMPLES[dtype]
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    strides = tuple(_stride(width) for width in sizes)
+    offsets, total = [], 0
+    for stride in strides:
+        offsets.append(total)
+        total += samples * stride
+    forward, backward, blocks = [], [], 0
+    for n_in, n_out in layers:
+        forward.append(blocks)
+        blocks += _blocks8(n_out, n_in)
+    for n_in, n_out in layers:
+        backward.append(blocks)
+        blocks += _blocks8(n_in, n_out)
+    layout = TensorCoreLayout(
+        samples=samples,
+        offsets=tuple(offsets),
+        strides=strides,
+        losses=total,
+        scratch=total + TILE_THREADS,
+        forward_fragments=tuple(forward),
+        backward_fragments=tuple(backward),
+        gradients=tuple(gradient_shape(n_out, n_in) for n_in, n_out in layers),
+        bias_sums=tuple(math.ceil(n_out / TILE_THREADS) for _, n_out in layers),
+    )
+    if layout.scratch > TENSOR_CORE_SCRATCH_FLOATS or layout.register_sums > MAX_REGISTER_SUMS:
+        return None
+    return layout
+
+
+def pieces(dtype: str) -> tuple[int, int, int]:
+    """TF32 pieces of the activations, the weights and the gradients in a ``dtype`` network: one
+    for values held as half (a float16 network's activations and weights are TF32 values exactly),
+    two for floats."""
+    held = 1 if dtype == "float16" else 2
+    return held, held, 2
+
+
+def _tf32(values):
+    """``values`` (float32) rounded to TF32, to nearest with ties away from zero (cvt.rna.tf32.f32):
+    the low 13 of the 23 mantissa bits cleared after adding half of their weight."""
+    bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
+    return jax.lax.bitcast_convert_type((bits + jnp.uint32(0x1000)) & jnp.uint32(0xFFFFE000), jnp.float32)
+
+
+def b_fragments(matrix, weight_pieces: int):
+    """``matrix`` (N x K, float32) as mma.sync's B fragments of B = matrix^T (K x N): for each block
+    of 8 columns of B (j) and 8 rows (s), in that order, lane l = 4 g + t's two values
+    B[8s + t][8j + g] and B[8s + t + 4][8j + g] side by side, zeros past the matrix's edges; in
+    two pieces, the pair's TF32 parts (hi) then the TF32 rest (lo), so the kernel loads a lane's
+    fragment with one load and rounds nothing. 64 ceil(N/8) ceil(K/8) values a piece."""
+    n, k = matrix.shape
+    blocks_n, blocks_k = math.ceil(n / 8), math.ceil(k / 8)
+    padded = jnp.pad(matrix, ((0, 8 * blocks_n - n), (0, 8 * blocks_k - k)))
+    # [j][g][s][h][t]: row 8j + g, column 8s + 4h + t  ->  [j][s][g][t][h]
+    blocks = padded.reshape(blocks_n, 8, blocks_k, 2, 4).transpose(0, 2, 1, 4, 3)
+    if weight_pieces > 1:
+        hi = _tf32(blocks)
+        blocks = jnp.stack([hi, _tf32(blocks - hi)], axis=-2)  # [j][s][g][t][piece][h]
+    return blocks.reshape(-1)
+
+
+def weight_fragments(weights, dtype: str) -> jax.Array:
+    """The fragments operand of the tensor-core kernels of a ``dtype`` network
+    (``TensorCoreLayout.forward_fragments`` and ``backward_fragments``): each layer's weight
+    (Out x In), then each one's transpose, as B fragments in float32 (one small XLA fusion)."""
+    weight_pieces = pieces(dtype)[1]
+    weights = [w.astype(jnp.float32) for w in weights]
+    return jnp.concatenate(
+        [b_fragments(w, weight_pieces) for w in weights] + [b_fragments(w.T, weight_pieces) for w in weights]
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorCoreProducts:
+    """:class:`~slax.nn._tiled_kernels.TileProducts` on tensor cores (shaders/nn/tensor_cores.slang):
+    warps run each product in mma.sync blocks, keep the weight gradient in registers across the
+    group's tiles, and write it to the row of partial sums once."""
+
+    network: Network
+    layout: TensorCoreLayout
+    operand: str = "fragments"
+
+    @property
+    def samples(self) -> int:
+        return self.layout.samples
+
+    def _fragments(self, block: int) -> str:
+        """The fragments from 8 x 8 block ``block`` on."""
+        return f"fragments + {block * 64 * pieces(self.network.dtype)[1]}"
+
+    @staticmethod
+    def _chunk(cols: int) -> int:
+        """Column blocks of 8 a warp runs at once in a row product of ``cols`` columns."""
+        return max(1, min(MAX_CHUNK, math.ceil(math.ceil(cols / 8) / WARPS)))
+
+    def declarations(self) -> str:
+        tiles = "\n".join(
+            f"typealias Tile{k} = FragmentTile<{offset}, {stride}, GroupScratch>;"
+            for k, (offset, stride) in enumerate(zip(self.layout.offsets, self.layout.strides))
+        )
+        return f"""
+static float* parameterPointer;
+
+struct Parameters : IParameters
+{{
+    static float load(uint index) {{ return parameterPointer[index]; }}
+}}
+
+{tiles}
+typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
+
+    def setup(self, summing: bool) -> str:
+        lines = [
+            "    uint warp = local / 32, lane = local % 32;",
+            "    parameterPointer = params;",
+            "    clearScratch<GroupScratch>(local);  // the tiles' padding columns stay zero",
+            "    groupBarrier();  // before any thread writes a tile",
+        ]
+        if not summing and FORWARD_GROUPS_PER_PROCESSOR == 3:
+            lines.append("    threeGroupsPerProcessor();")
+        return "\n".join(lines)
+
+    def forward(self, k: int, summing: bool) -> str:
+        s, (n_in, n_out) = self.samples, self.network.layers[k]
+        chains = BACKWARD_CHAINS if summing else FORWARD_CHAINS
+        act, weight, _ = pieces(self.network.dtype)
+        epilogue = f"BiasActivation<T, {self.network.offsets[k]}, Parameters, Tile{k + 1}>"
+        return (
+            f"        warpRowProduct<{s}, {n_in}, {n_out}, {act}, {weight}, {self._chunk(n_out)}, {chains}, "
+            f"Tile{k}, "
+            f"{epilogue}>(warp, lane, {self._fragments(self.layout.forward_fragments[k])}, "
+            f"{epilogue}({self.network.slopes[k]}));\n        groupBarrier();"
+        )
+
+    def begin_sums(self) -> str:
+        return "\n".join(
+            f"    float4 weightSums{k}[{shape.blocks}];\n"
+            f"    [ForceUnroll] for (int r = 0; r < {shape.blocks}; r++) weightSums{k}[r] = float4(0.0);\n"
+            f"    float biasSums{k}[{bias}];\n"
+            f"    [ForceUnroll] for (int r = 0; r < {bias}; r++) biasSums{k}[r] = 0.0;"
+            for k, (shape, bias) in enumerate(zip(self.layout.gradients, self.layout.bias_sums))
+        )
+
+    def backward(self, k: int, input_gradient: bool) -> str:
+        s, (n_in, n_out) = self.samples, self.network.layers[k]
+        act, weight, grad = pieces(self.network.dtype)
+        shape = self.layout.gradients[k]
+        lines = [
+            f"        warpGradientProduct<{s}, {n_in}, {n_out}, {grad}, {act}, {shape.rows}, {shape.cols}, "
+            f"{shape.rounds}, {shape.blocks}, Tile{k + 1}, Tile{k}>(warp, lane, weightSums{k});",
+            f"        addBiasGradient<{s}, {n_out}, {self.layout.bias_sums[k]}, Tile{k + 1}>"
+            f"(local, biasSums{k});",
+        ]
+        fragments = self._fragments(self.layout.backward_fragments[k])
+        if k > 0:
+            epilogue = f"ActivationGradient<Tile{k}>"
+            lines += [
+                f"        groupBarrier();  // the weight gradient above was Tile{k}'s last reader",
+                f"        warpRowProduct<{s}, {n_out}, {n_in}, {grad}, {weight}, {self._chunk(n_in)}, "
+                f"{BACKWARD_CHAINS}, Tile{k + 1}, "
+                f"{epilogue}>(warp, lane, {fragments}, {epilogue}({self.network.slopes[k - 1]}));",
+            ]
+        elif input_gradient:
+            epilogue = f"InputGradient<T, {n_in}>"
+            lines.append(
+                f"        warpRowProduct<{s}, {n_out}, {n_in}, {grad}, {weight}, {self._chunk(n_in)}, "
+                f"{BACKWARD_CHAINS}, Tile1, "
+                f"{epilogue}>(warp, lane, {fragments}, {epilogue}(dx, tile));"
+            )
+        lines.append("        groupBarrier();")
+        return "\n".join(lines)
+
+    def end_sums(self) -> str:
+        network = self.network
+        return "\n".join(
+            f"    storeGradientBlocks<{n_in}, {n_out}, {network.offsets[k]}, {shape.rows}, {shape.cols}, "
+            f"{shape.rounds}, {shape.blocks}>(warp, lane, weightSums{k}, sums);\n"
+            f"    storeBiasGradient<{n_out}, {network.offsets[k]}, {bias}>(local, biasSums{k}, sums);"
+            for k, ((n_in, n_out), shape, bias) in enumerate(
+                zip(network.layers, self.layout.gradients, self.layout.bias_sums)
+            )
+        )
