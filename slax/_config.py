@@ -69,14 +69,19 @@ def current_routes() -> LaunchRoutes:
     return _traced_routes.value
 
 
-def _parse_switch(value: str, source: str) -> bool:
-    """An on/off environment variable: 1/0, true/false, on/off, yes/no."""
-    normal = value.strip().lower()
+def _parse_switch(value: str | None, source: str, default: bool) -> bool:
+    """An on/off environment variable: 1/0, true/false, on/off, yes/no; unset or empty, ``default``
+    (as an empty SLAX_CUDA_LAUNCH or SLAX_DEVICE leaves theirs)."""
+    normal = (value or "").strip().lower()
+    if not normal:
+        return default
     if normal in ("1", "true", "on", "yes"):
         return True
     if normal in ("0", "false", "off", "no"):
         return False
-    raise ValueError(f"slax: {source}={value!r} is not a switch; expected 1 or 0 (true/false, on/off).")
+    raise ValueError(
+        f"slax: {source}={value!r} is not a switch; expected 1 or 0 (true/false, on/off, yes/no), or unset."
+    )
 
 
 @dataclasses.dataclass
@@ -124,7 +129,7 @@ class Config:
         )
     )
     tensor_cores: bool = dataclasses.field(
-        default_factory=lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES", "1"), "SLAX_TENSOR_CORES")
+        default_factory=lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES"), "SLAX_TENSOR_CORES", True)
     )
 
     def __setattr__(self, name: str, value) -> None:

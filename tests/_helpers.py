@@ -1,4 +1,5 @@
-"""What several test files share: where the repository is, and running Python in a fresh process."""
+"""What several test files share: where the repository is, running Python in a fresh process,
+finding equations in a jaxpr, and the MLP tests' random inputs and error measure."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn
+
+from slax.testing import away_from_kinks, compare
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 """The repository's root: experiments/, tests/scripts/ and shaders/ are under it."""
@@ -35,3 +42,39 @@ def run_python(
         text=True,
         timeout=timeout,
     )
+
+
+def equations(jaxpr: Jaxpr, keep: Callable[[JaxprEqn], bool]) -> Iterator[JaxprEqn]:
+    """Every equation of ``jaxpr`` that ``keep`` accepts, those of nested jaxprs (grad, custom_vjp,
+    jit) included: where a transformation put a primitive is JAX's business, that it is there is
+    the test's."""
+    for equation in jaxpr.eqns:
+        if keep(equation):
+            yield equation
+        for value in equation.params.values():
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, (ClosedJaxpr, Jaxpr)):
+                    yield from equations(getattr(item, "jaxpr", item), keep)
+
+
+def draw_uniform(key, shape, dtype):
+    """Values uniform in [-1, 1), drawn in float32 and rounded to ``dtype``."""
+    return jax.random.uniform(key, shape, jnp.float32, -1.0, 1.0).astype(dtype)
+
+
+def mlp_inputs(params, key, batch, dtype):
+    """``batch`` random inputs of the network ``params``, none of them at a LeakyReLU kink
+    (slax.testing.away_from_kinks), where a gradient has no single right value."""
+    kept, attempt = [], 0
+    while sum(len(k) for k in kept) < batch:
+        shape = (batch + 64, params[0]["weight"].shape[1])
+        draw = draw_uniform(jax.random.fold_in(key, attempt), shape, dtype)
+        kept.append(away_from_kinks(params, draw))
+        attempt += 1
+    return jnp.concatenate(kept)[:batch]
+
+
+def relative_error(got, want) -> float:
+    """The largest normwise relative error over the leaves of ``got`` against ``want``
+    (slax.testing.compare)."""
+    return compare("", "", got, want, 0.0).max_rel_error

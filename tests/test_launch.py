@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend.core import ClosedJaxpr, Jaxpr
+from _helpers import equations
 
 import slax
 from slax import nn
@@ -51,13 +51,7 @@ def default_devices():
 
 def _slax_equations(jaxpr):
     """Every equation of a slax primitive in ``jaxpr``, nested jaxprs (grad, custom_vjp) included."""
-    for equation in jaxpr.eqns:
-        if equation.primitive.name in SLAX_PRIMITIVES:
-            yield equation
-        for value in equation.params.values():
-            for item in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(item, (ClosedJaxpr, Jaxpr)):
-                    yield from _slax_equations(getattr(item, "jaxpr", item))
+    return equations(jaxpr, lambda equation: equation.primitive.name in SLAX_PRIMITIVES)
 
 
 @pytest.mark.parametrize("route", slax.config.CUDA_LAUNCHES)
@@ -77,7 +71,9 @@ def test_every_slax_primitive_is_traced_with_the_route(poly, scale_shift, route)
         jaxpr = jax.make_jaxpr(program)(jnp.linspace(-1, 1, 8))
     equations = list(_slax_equations(jaxpr.jaxpr))
     assert {e.primitive.name for e in equations} == SLAX_PRIMITIVES
-    assert {e.params["routes"] for e in equations} == {LaunchRoutes(cuda=route, cpu=slax.config.device_kind)}
+    assert {e.params["routes"] for e in equations} == {
+        LaunchRoutes(cuda=route, cpu=slax.config.device_kind, tensor_cores=slax.config.tensor_cores)
+    }
 
 
 def test_changing_cuda_launch_retraces_a_jitted_function(poly):
@@ -100,7 +96,9 @@ def test_changing_cuda_launch_retraces_a_jitted_function(poly):
         routes = [e.params["routes"] for e in _slax_equations(f.trace(x).jaxpr.jaxpr)]
     f(x)
     assert traced == [first, other]
-    assert routes == [LaunchRoutes(cuda=other, cpu=slax.config.device_kind)]
+    assert routes == [
+        LaunchRoutes(cuda=other, cpu=slax.config.device_kind, tensor_cores=slax.config.tensor_cores)
+    ]
 
 
 def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind):

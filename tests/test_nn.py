@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _helpers import draw_uniform, mlp_inputs, relative_error
 from _training import cast, parameter_state, training_step
 from jax.flatten_util import ravel_pytree
 
@@ -18,27 +19,9 @@ from slax.nn import _kernels as nn_kernels
 from slax.nn import _mlp as nn_mlp
 from slax.nn import _primitives as nn_primitives
 from slax.nn import _tiled_kernels as nn_tiled
-from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
+from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
-
-
-def _draw(key, shape, dtype):
-    return jax.random.uniform(key, shape, jnp.float32, -1.0, 1.0).astype(dtype)
-
-
-def _inputs(params, key, batch, dtype):
-    """``batch`` random inputs, none of them at a LeakyReLU kink (slax.testing.away_from_kinks)."""
-    kept, attempt = [], 0
-    while sum(len(k) for k in kept) < batch:
-        draw = _draw(jax.random.fold_in(key, attempt), (batch + 64, params[0]["weight"].shape[1]), dtype)
-        kept.append(away_from_kinks(params, draw))
-        attempt += 1
-    return jnp.concatenate(kept)[:batch]
-
-
-def _relative_error(got, want):
-    return compare("", "", got, want, 0.0).max_rel_error
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -47,7 +30,7 @@ def _relative_error(got, want):
 def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     keys = jax.random.split(jax.random.key(batch + len(sizes)), 3)
     params = nn.mlp_init(keys[0], sizes, dtype)
-    x = _inputs(params, keys[1], batch, dtype)
+    x = mlp_inputs(params, keys[1], batch, dtype)
 
     def loss(apply):  # a nonlinear JAX loss around the network
         return lambda params, x: jnp.sum(jnp.sin(apply(params, x).astype(jnp.float32) * 1.3))
@@ -62,16 +45,16 @@ def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
 def test_loss_and_grad_matches_reference(dtype):
     keys = jax.random.split(jax.random.key(7), 4)
     params = nn.mlp_init(keys[0], (3, 7, 5), dtype)
-    x, target = _inputs(params, keys[1], 257, dtype), _draw(keys[2], (257, 5), dtype)
+    x, target = mlp_inputs(params, keys[1], 257, dtype), draw_uniform(keys[2], (257, 5), dtype)
     loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
     loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(
         *cast((params, x, target), jnp.float32), storage_dtype=dtype
     )
     tolerance = RELATIVE_TOLERANCE[dtype]
-    assert _relative_error(loss, loss_ref) < tolerance
+    assert relative_error(loss, loss_ref) < tolerance
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
         assert got.dtype == jnp.float32
-        assert _relative_error(got, want) < tolerance
+        assert relative_error(got, want) < tolerance
 
 
 def test_depth_is_not_capped_by_push_constants():
@@ -80,14 +63,14 @@ def test_depth_is_not_capped_by_push_constants():
     sizes = (3, 6, 5, 6, 5, 6, 5, 6, 2)
     keys = jax.random.split(jax.random.key(11), 4)
     params = nn.mlp_init(keys[0], sizes)
-    x, target = _inputs(params, keys[1], 100, "float32"), _draw(keys[2], (100, 2), "float32")
+    x, target = mlp_inputs(params, keys[1], 100, "float32"), draw_uniform(keys[2], (100, 2), "float32")
     reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float32")
     check_grads(nn.mlp_apply, reference, params, x, modes=("rev",), raises=True)
     loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
     loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target)
-    assert _relative_error(loss, loss_ref) < RELATIVE_TOLERANCE["float32"]
+    assert relative_error(loss, loss_ref) < RELATIVE_TOLERANCE["float32"]
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
-        assert _relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
+        assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
 
 
 def test_layers_too_wide_for_group_shared_memory_are_refused_at_trace_time():
@@ -113,7 +96,7 @@ def test_large_batch_gradients_are_race_free(sizes, batch, dtype):
     per tile, then over a group's tiles): every run matches the reference, bit for bit."""
     keys = jax.random.split(jax.random.key(3), 4)
     params = nn.mlp_init(keys[0], sizes, dtype)
-    x, target = _inputs(params, keys[1], batch, dtype), _draw(keys[2], (batch, sizes[-1]), dtype)
+    x, target = mlp_inputs(params, keys[1], batch, dtype), draw_uniform(keys[2], (batch, sizes[-1]), dtype)
     _, reference = jax.value_and_grad(nn.mlp_loss_reference)(
         *cast((params, x, target), jnp.float32), storage_dtype=dtype
     )
@@ -121,7 +104,7 @@ def test_large_batch_gradients_are_race_free(sizes, batch, dtype):
     runs = [jax.tree.leaves(run(params, x, target)[1]) for _ in range(3)]
     for leaves in runs:
         for got, want in zip(leaves, jax.tree.leaves(reference)):
-            assert _relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
+            assert relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
     for first, again in zip(runs[0], runs[1]):
         assert np.array_equal(again, first), "the reduction is not deterministic"
 
@@ -136,16 +119,16 @@ def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads
     monkeypatch.setattr(nn_kernels, "THREADS_WANTED", threads_wanted)
     keys = jax.random.split(jax.random.key(12), 4)
     params = nn.mlp_init(keys[0], (4, 16, 4), dtype)
-    x = _inputs(params, keys[1], 1000, dtype).reshape(2, 500, 4)
-    target = _draw(keys[2], (2, 500, 4), dtype)
+    x = mlp_inputs(params, keys[1], 1000, dtype).reshape(2, 500, 4)
+    target = draw_uniform(keys[2], (2, 500, 4), dtype)
     loss, grads = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))(params, x, target)
     for k in range(2):
         loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(
             *cast((params, x[k], target[k]), jnp.float32), storage_dtype=dtype
         )
-        assert _relative_error(loss[k], loss_ref) < RELATIVE_TOLERANCE[dtype]
+        assert relative_error(loss[k], loss_ref) < RELATIVE_TOLERANCE[dtype]
         for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
-            assert _relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
+            assert relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
 
 
 def test_an_empty_batch_launches_nothing_and_gives_zeros():
@@ -204,8 +187,8 @@ def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks
         assert nn_kernels.kernel_layout(sizes).tile.samples == tile_samples
         keys = jax.random.split(jax.random.key(14), 4)
         params = nn.mlp_init(keys[0], sizes, dtype)
-        x = _inputs(params, keys[1], 1000, dtype).reshape(2, 500, 5)
-        target = _draw(keys[2], (2, 500, 6), dtype)
+        x = mlp_inputs(params, keys[1], 1000, dtype).reshape(2, 500, 5)
+        target = draw_uniform(keys[2], (2, 500, 6), dtype)
         loss, grads = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))(params, x, target)
         apply_grads = jax.jit(jax.vmap(jax.grad(lambda p, x: jnp.sum(nn.mlp_apply(p, x))), (None, 0)))(
             params, x
@@ -214,15 +197,15 @@ def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks
             loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(
                 *cast((params, x[k], target[k]), jnp.float32), storage_dtype=dtype
             )
-            assert _relative_error(loss[k], loss_ref) < RELATIVE_TOLERANCE[dtype]
+            assert relative_error(loss[k], loss_ref) < RELATIVE_TOLERANCE[dtype]
             for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
-                assert _relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
+                assert relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
             inputs = x[k].astype(jnp.float32)
             apply_ref = jax.grad(
                 lambda p, inputs=inputs: jnp.sum(nn.mlp_apply_reference(p, inputs, storage_dtype=dtype))
             )(cast(params, jnp.float32))
             for got, want in zip(jax.tree.leaves(apply_grads), jax.tree.leaves(apply_ref)):
-                assert _relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
+                assert relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
     finally:
         for cached in caches:
             cached.cache_clear()
@@ -231,7 +214,7 @@ def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks
 def test_vmap_gives_per_example_gradients():
     keys = jax.random.split(jax.random.key(4), 2)
     params = nn.mlp_init(keys[0], (3, 7, 5))
-    x = _draw(keys[1], (6, 3), "float32")
+    x = draw_uniform(keys[1], (6, 3), "float32")
 
     def per_example(apply):
         return jax.vmap(jax.grad(lambda p, x: jnp.sum(apply(p, x[None]) ** 2)), in_axes=(None, 0))(params, x)
@@ -239,16 +222,16 @@ def test_vmap_gives_per_example_gradients():
     got, want = per_example(nn.mlp_apply), per_example(nn.mlp_apply_reference)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert g.shape[0] == 6
-        assert _relative_error(g, w) < RELATIVE_TOLERANCE["float32"]
+        assert relative_error(g, w) < RELATIVE_TOLERANCE["float32"]
 
 
 def test_vmap_over_parameters():
     keys = jax.random.split(jax.random.key(5), 3)
     stacked = jax.vmap(lambda k: nn.mlp_init(k, (3, 7, 5)))(jax.random.split(keys[0], 3))
-    x = _draw(keys[1], (10, 3), "float32")
+    x = draw_uniform(keys[1], (10, 3), "float32")
     got = jax.vmap(nn.mlp_apply, in_axes=(0, None))(stacked, x)
     want = jax.vmap(nn.mlp_apply_reference, in_axes=(0, None))(stacked, x)
-    assert _relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
+    assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
 
 
 def test_training_matches_pure_jax():
@@ -284,7 +267,7 @@ def test_ravelled_parameters_are_the_kernels_layout():
     atomics, so not the same order twice (4 ulps apart in one run of five on the H100)."""
     keys = jax.random.split(jax.random.key(9), 3)
     params = nn.mlp_init(keys[0], (4, 16, 4))
-    x, target = _inputs(params, keys[1], 300, jnp.float32), _draw(keys[2], (300, 4), jnp.float32)
+    x, target = mlp_inputs(params, keys[1], 300, jnp.float32), draw_uniform(keys[2], (300, 4), jnp.float32)
     np.testing.assert_array_equal(nn_primitives._packed(nn_mlp._flat(params)), ravel_pytree(params)[0])
 
     def loss_around_apply(params, x, target):
@@ -310,12 +293,12 @@ def test_ravelled_parameters_are_the_kernels_layout():
 
 def test_scan_over_apply():
     params = nn.mlp_init(jax.random.key(8), (5, 9, 5))
-    x = _draw(jax.random.key(9), (4, 5), "float32")
+    x = draw_uniform(jax.random.key(9), (4, 5), "float32")
 
     def iterate(apply):
         return jax.lax.scan(lambda h, _: (jnp.tanh(apply(params, h)), None), x, None, length=20)[0]
 
-    assert _relative_error(jax.jit(lambda: iterate(nn.mlp_apply))(), iterate(nn.mlp_apply_reference)) < 1e-5
+    assert relative_error(jax.jit(lambda: iterate(nn.mlp_apply))(), iterate(nn.mlp_apply_reference)) < 1e-5
 
 
 def test_init_shapes_and_range():
@@ -387,8 +370,8 @@ def test_the_cpu_device_gives_the_vulkan_routes_results(dtype):
             pytest.skip(f"needs both CPU routes; {kind}: {error}")
     keys = jax.random.split(jax.random.key(11), 4)
     params = nn.mlp_init(keys[0], (64, 128, 64, 10), dtype)
-    x, target = _inputs(params, keys[1], 1000, dtype), _draw(keys[2], (1000, 10), dtype)
-    dy = _draw(keys[3], (1000, 10), dtype)
+    x, target = mlp_inputs(params, keys[1], 1000, dtype), draw_uniform(keys[2], (1000, 10), dtype)
+    dy = draw_uniform(keys[3], (1000, 10), dtype)
 
     def run():
         y, pullback = jax.vjp(nn.mlp_apply, params, x)
@@ -399,4 +382,4 @@ def test_the_cpu_device_gives_the_vulkan_routes_results(dtype):
         with slax.config.override(device_kind=kind):
             results[kind] = run()
     for got, want in zip(jax.tree.leaves(results["cpu"]), jax.tree.leaves(results["vulkan"])):
-        assert _relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
+        assert relative_error(got, want) < RELATIVE_TOLERANCE[dtype]

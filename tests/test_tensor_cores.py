@@ -1,0 +1,185 @@
+"""The tensor-core MLP kernels (shaders/nn/tensor_cores.slang) at work: the ``slax.config.tensor_cores``
+switch, wide networks against the plain-JAX reference on every device, and on a CUDA GPU, where
+they run on tensor cores, against the reference and the tiled kernels. Their layouts:
+tests/test_tensor_core_layout.py."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+from _helpers import draw_uniform, equations, mlp_inputs, relative_error, run_python
+from _training import cast
+
+import slax
+from slax import nn
+from slax._config import _parse_switch, current_routes
+from slax.nn import _primitives as nn_primitives
+from slax.nn._kernels import hidden_width, kernel_layout
+
+DTYPES = ["float32", "float16"]
+DIGITS = (64, 128, 64, 10)
+WIDE = [(40, 10), (13, 21, 10), DIGITS]
+"""Wide networks (too many parameters for a thread's registers) that fit the tensor-core layout: one
+layer alone (no hidden activations), widths off multiples of 8 (fragments and tiles padded with
+zeros), and the digits network."""
+TOLERANCE = {"float32": 1e-5, "float16": 1e-2}
+"""Normwise relative error of a network's loss and gradients against the float32 reference. float32:
+the tiled kernels sum in another order (a few ulps); the tensor cores' 3xTF32 products miss under
+3 * 2^-20 (3e-6) of each |a b| (test_b_fragments_multiply_as_mma_sync_reads_them): 1.7e-6 measured
+for the digits network on an H100. float16: the kernels round activations to half as the reference
+does, but a sum in another order can round the other way (2^-11 relative) in each of the layers:
+about ten half ulps, slax.testing's tolerance."""
+
+
+def _ids(sizes):
+    return "-".join(map(str, sizes))
+
+
+# --- the switch -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [(value, True) for value in ("1", " TRUE ", "on", "Yes")]
+    + [(value, False) for value in ("0", "false", "OFF", "no")],
+)
+def test_switch_values(value, on):
+    """An on/off variable takes the usual spellings, in any case, with spaces around; unset or empty
+    it is the default (as an empty SLAX_CUDA_LAUNCH is); anything else is refused naming the
+    variable, rather than read as on or off."""
+    assert _parse_switch(value, "SLAX_TENSOR_CORES", not on) is on
+    for unset in (None, "", "  "):
+        assert _parse_switch(unset, "SLAX_TENSOR_CORES", on) is on
+    with pytest.raises(ValueError, match=r"SLAX_TENSOR_CORES='2' is not a switch; expected 1 or 0"):
+        _parse_switch("2", "SLAX_TENSOR_CORES", on)
+
+
+@pytest.mark.one_device_kind
+def test_the_environment_variable_is_read_at_import():
+    """``SLAX_TENSOR_CORES`` sets the switch and the routes traced with it when slax is imported; a
+    value that is no switch stops the import, naming the variable."""
+    show = "import slax, slax._config as c; print(slax.config.tensor_cores, c.current_routes().tensor_cores)"
+    result = run_python("-c", show, env={**os.environ, "SLAX_TENSOR_CORES": " Off "}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["False", "False"]
+    result = run_python("-c", "import slax", env={**os.environ, "SLAX_TENSOR_CORES": "maybe"}, timeout=300)
+    assert result.returncode != 0 and "SLAX_TENSOR_CORES='maybe' is not a switch" in result.stderr
+
+
+def test_the_switch_takes_only_booleans():
+    """A truthy non-bool would be taken for a setting it is not (and routes must stay hashable data)."""
+    before = slax.config.tensor_cores
+    with pytest.raises(TypeError, match=r"tensor_cores must be True or False; got 0"):
+        slax.config.tensor_cores = 0
+    assert slax.config.tensor_cores is before and current_routes().tensor_cores is before
+
+
+def test_the_switch_is_traced():
+    """The switch is part of what JAX traces: primitives carry it, and a jitted function is traced
+    again when it changes rather than reusing a lowering made with the other setting."""
+    params = nn.mlp_init(jax.random.key(27), (13, 21, 10))
+    x = draw_uniform(jax.random.key(28), (4, 13), "float32")
+    traced = []
+
+    @jax.jit
+    def apply(x):
+        traced.append(slax.config.tensor_cores)
+        return nn.mlp_apply(params, x)
+
+    before = slax.config.tensor_cores
+    apply(x)
+    with slax.config.override(tensor_cores=not before):
+        jaxpr = jax.make_jaxpr(lambda x: nn.mlp_apply(params, x))(x).jaxpr
+        (forward,) = equations(jaxpr, lambda e: e.primitive is nn_primitives.mlp_forward_p)
+        assert forward.params["routes"].tensor_cores is (not before)
+        apply(x)
+    apply(x)
+    assert traced == [before, not before]
+
+
+# --- networks ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lowered(monkeypatch):
+    """The kernels lowered while the test runs: (sizes, dtype, entry point, tensor cores)."""
+    kernels = []
+    make = nn_primitives._kernel
+
+    def recorded(*key):
+        kernels.append(key)
+        return make(*key)
+
+    monkeypatch.setattr(nn_primitives, "_kernel", recorded)
+    return kernels
+
+
+def _problem(sizes, dtype, batch=1000):
+    """Parameters, inputs away from kinks and targets; 1000 samples end in a part tile (tiles of 32
+    samples in float32, 16 in float16)."""
+    keys = jax.random.split(jax.random.key(sum(sizes)), 3)
+    params = nn.mlp_init(keys[0], sizes, dtype)
+    return params, mlp_inputs(params, keys[1], batch, dtype), draw_uniform(keys[2], (batch, sizes[-1]), dtype)
+
+
+def _loss_around(apply):
+    return lambda params, x: jnp.sum(jnp.sin(apply(params, x).astype(jnp.float32) * 1.3))
+
+
+def _gradients(params, x, target):
+    """mlp_loss_and_grad's loss and gradients, and the gradients of a loss around mlp_apply, each from
+    a function jitted afresh (so that its kernels are lowered now)."""
+    loss_and_grad = jax.jit(lambda *args: nn.mlp_loss_and_grad(*args))(params, x, target)
+    return loss_and_grad, jax.jit(jax.grad(_loss_around(nn.mlp_apply)))(params, x)
+
+
+def _reference_gradients(params, x, target, dtype):
+    """The same from the plain-JAX twin, in float32 at full precision, rounding activations to dtype."""
+    params, x, target = cast((params, x, target), jnp.float32)
+    loss_and_grad = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target, storage_dtype=dtype)
+    reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
+    return loss_and_grad, jax.grad(_loss_around(reference))(params, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sizes", WIDE, ids=_ids)
+def test_wide_networks_match_the_reference(sizes, dtype, device_kind, lowered):
+    """The fused loss and gradient and the gradient through mlp_apply of wide networks (one layer;
+    widths off multiples of 8) agree with the reference (TOLERANCE). CPU-placed JAX runs the tiled
+    kernels whatever the switch; a CUDA GPU the tensor-core kernels, unless switched off."""
+    assert not kernel_layout(sizes).thread_sums
+    params, x, target = _problem(sizes, dtype)
+    got, want = _gradients(params, x, target), _reference_gradients(params, x, target, dtype)
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert relative_error(got_leaf, want_leaf) < TOLERANCE[dtype]
+    forward = "mlp_forward_hidden" if hidden_width(sizes) else "mlp_forward"
+    tensor_cores = device_kind == "cuda" and slax.config.tensor_cores
+    assert {(key[2], key[3]) for key in lowered} == {
+        (entry, tensor_cores) for entry in ("mlp_loss_grad", forward, "mlp_backward")
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sizes", [DIGITS, (13, 21, 10)], ids=_ids)
+def test_tensor_cores_match_the_reference_and_the_tiled_kernels(sizes, dtype, device_kind, lowered):
+    """On a CUDA GPU, the tensor-core kernels' loss and gradients agree with the reference and with
+    the tiled kernels (tensor cores off) within TOLERANCE: float32 networks keep float32's accuracy
+    through the 3xTF32 split (a product misses under 3 * 2^-20 of |a b|: lo's TF32 reading in each
+    operand, and lo lo, left out); float16 networks multiply exact half values and sum in float, as
+    the tiled kernels do."""
+    if device_kind != "cuda":
+        pytest.skip("JAX on a CUDA GPU runs tensor cores; elsewhere both settings run the tiled kernels")
+    params, x, target = _problem(sizes, dtype)
+    results = {}
+    for tensor_cores in (True, False):
+        with slax.config.override(tensor_cores=tensor_cores):
+            results[tensor_cores] = jax.tree.leaves(_gradients(params, x, target))
+    want = jax.tree.leaves(_reference_gradients(params, x, target, dtype))
+    for on, off, reference in zip(results[True], results[False], want, strict=True):
+        assert relative_error(on, reference) < TOLERANCE[dtype]
+        assert relative_error(on, off) < TOLERANCE[dtype]
+    assert {key[3] for key in lowered} == {True, False}
