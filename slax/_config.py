@@ -141,7 +141,10 @@ class Config:
         if name == "device_kind":
             value = parse_device_kind(value, source="slax.config.device_kind")
         if name == "tensor_cores" and not isinstance(value, bool):
-            raise TypeError(f"slax: tensor_cores must be True or False; got {value!r}.")
+            raise TypeError(
+                f"slax: tensor_cores must be True or False (slax.config.tensor_cores or SLAX_TENSOR_CORES); "
+                f"got {value!r}."
+            )
         super().__setattr__(name, value)
         if name in ("cuda_launch", "device_kind", "tensor_cores"):
             routes = LaunchRoutes(

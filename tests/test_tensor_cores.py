@@ -73,7 +73,10 @@ def test_the_environment_variable_is_read_at_import():
 def test_the_switch_takes_only_booleans():
     """A truthy non-bool would be taken for a setting it is not (and routes must stay hashable data)."""
     before = slax.config.tensor_cores
-    with pytest.raises(TypeError, match=r"tensor_cores must be True or False; got 0"):
+    with pytest.raises(
+        TypeError,
+        match=r"tensor_cores must be True or False \(slax.config.tensor_cores or SLAX_TENSOR_CORES\); got 0",
+    ):
         slax.config.tensor_cores = 0
     assert slax.config.tensor_cores is before and current_routes().tensor_cores is before
 
@@ -99,6 +102,22 @@ def test_the_switch_is_traced():
         apply(x)
     apply(x)
     assert traced == [before, not before]
+
+
+@pytest.mark.parametrize(("capability", "on"), [("70", False), ("75", False), ("80", True), ("90", True)])
+def test_gpus_before_sm_80_run_the_tiled_kernels(monkeypatch, capability, on):
+    """The tensor-core kernels' PTX is for sm_80 (TF32 mma.sync), which a V100 or T4 refuses to
+    load: lowered for CUDA, only a GPU of compute capability 8.0 or newer takes them (the capability
+    the PTX launcher reads, here set as SLAX_CUDA_COMPUTE_CAPABILITY sets it for a GPU not present);
+    the CPU never does."""
+    monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
+    routes = current_routes()
+    with slax.config.override(tensor_cores=True):
+        assert nn_primitives._tensor_cores("cuda", current_routes()) is on
+        assert nn_primitives._tensor_cores("cpu", current_routes()) is False
+    with slax.config.override(tensor_cores=False):
+        assert nn_primitives._tensor_cores("cuda", current_routes()) is False
+    assert current_routes() == routes
 
 
 # --- networks ---------------------------------------------------------------------------------------

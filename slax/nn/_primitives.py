@@ -22,6 +22,7 @@ from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
 from slax._kernel_primitive import run_kernel
 from slax._primitive import declare_primitive, result_aval
+from slax._ptx_launch import compute_capability
 from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, mlp_source, parameter_offsets
 from slax.nn._tensor_core_kernels import weight_fragments
 
@@ -37,9 +38,10 @@ def _kernel(sizes: tuple[int, ...], dtype: str, entry: str, tensor_cores: bool) 
 
 def _tensor_cores(platform: str, routes: LaunchRoutes) -> bool:
     """Whether the kernels of a computation lowered for ``platform`` and traced with ``routes`` may
-    use tensor cores: JAX on a CUDA GPU, whose kernels Slang compiles for that GPU (sm_80 and newer
-    have TF32 mma.sync), unless ``slax.config.tensor_cores`` was off."""
-    return platform == "cuda" and routes.tensor_cores
+    use tensor cores: JAX on a CUDA GPU of compute capability 8.0 or newer (TF32 mma.sync; the
+    kernels' PTX is for sm_80, which an older GPU refuses to load), unless
+    ``slax.config.tensor_cores`` was off. Older GPUs run the tiled kernels."""
+    return platform == "cuda" and routes.tensor_cores and compute_capability() >= 80
 
 
 def _param_shapes(sizes):

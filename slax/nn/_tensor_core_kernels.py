@@ -39,15 +39,13 @@ MAX_REGISTER_SUMS = 96
 LEAST_SAMPLES_PER_BLOCK = 32
 """Samples a gradient launch's thread group runs at least (whole tiles): each writes a row of partial
 sums (the network's parameters, 17,227 floats for the digits network) that XLA then adds, so at
-small batches fewer groups running more tiles each finish sooner (digits, 2^12 samples: 29 against
-36 us for the gradient kernel with tiles of 32, 26 against 37 with tiles of 16)."""
+small batches fewer groups running more tiles each finish sooner (digits, 2^12 samples, tiles of
+16: 26 against 37 us for the gradient kernel with two tiles a group rather than one). A float32
+tile of 32 samples is that many already."""
 FORWARD_GROUPS_PER_PROCESSOR = 3
-"""Thread groups of the forward kernels a multiprocessor holds (registers capped to fit them); the
-gradient kernels' gradient sums need 128 registers a thread, so two of theirs."""
-FORWARD_CHAINS = 2
-BACKWARD_CHAINS = 1
-"""Independent chains of mma.sync in which each block of a row product sums (warpRowProduct): in the
-forward kernels, and in the gradient kernels, where the gradient sums take most registers."""
+"""Thread groups of the forward kernels a multiprocessor holds: 3 (the prelude's
+``threeGroupsPerProcessor`` caps their registers to fit three) or 2, the gradient kernels' number
+(their gradient sums need 128 registers a thread)."""
 MAX_CHUNK = 4
 """Most column blocks a warp runs at once in a row product (each holds 4 floats of sums)."""
 
@@ -81,9 +79,9 @@ class GradientShape:
 
 def gradient_shape(n_out: int, n_in: int) -> GradientShape:
     """The rectangles for an n_out x n_in weight gradient that cost a warp least per step of 8
-    samples: counting a split A fragment (4 loads, 8 roundings) as 16 instructions, a B fragment
-    as 8 and a block's products as 12, over as many rounds as the warps need to cover every block;
-    among equals, the fewest blocks held (registers)."""
+    samples: counting a split A fragment (4 loads, 4 splits of two instructions each) as 16
+    instructions, a B fragment as 8 and a block's products as 12, over as many rounds as the warps
+    need to cover every block; among equals, the fewest blocks held (registers)."""
     row_blocks, col_blocks = math.ceil(n_out / 16), math.ceil(n_in / 8)
     best = None
     for rows in range(1, min(4, row_blocks) + 1):
@@ -263,12 +261,10 @@ typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
 
     def forward(self, k: int, summing: bool) -> str:
         s, (n_in, n_out) = self.samples, self.network.layers[k]
-        chains = BACKWARD_CHAINS if summing else FORWARD_CHAINS
         act, weight, _ = pieces(self.network.dtype)
         epilogue = f"BiasActivation<T, {self.network.offsets[k]}, Parameters, Tile{k + 1}>"
         return (
-            f"        warpRowProduct<{s}, {n_in}, {n_out}, {act}, {weight}, {self._chunk(n_out)}, {chains}, "
-            f"Tile{k}, "
+            f"        warpRowProduct<{s}, {n_in}, {n_out}, {act}, {weight}, {self._chunk(n_out)}, Tile{k}, "
             f"{epilogue}>(warp, lane, {self._fragments(self.layout.forward_fragments[k])}, "
             f"{epilogue}({self.network.slopes[k]}));\n        groupBarrier();"
         )
@@ -292,21 +288,16 @@ typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
             f"        addBiasGradient<{s}, {n_out}, {self.layout.bias_sums[k]}, Tile{k + 1}>"
             f"(local, biasSums{k});",
         ]
-        fragments = self._fragments(self.layout.backward_fragments[k])
         if k > 0:
-            epilogue = f"ActivationGradient<Tile{k}>"
-            lines += [
-                f"        groupBarrier();  // the weight gradient above was Tile{k}'s last reader",
-                f"        warpRowProduct<{s}, {n_out}, {n_in}, {grad}, {weight}, {self._chunk(n_in)}, "
-                f"{BACKWARD_CHAINS}, Tile{k + 1}, "
-                f"{epilogue}>(warp, lane, {fragments}, {epilogue}({self.network.slopes[k - 1]}));",
-            ]
+            epilogue, arguments = f"ActivationGradient<Tile{k}>", f"{self.network.slopes[k - 1]}"
+            lines.append(f"        groupBarrier();  // the weight gradient above was Tile{k}'s last reader")
         elif input_gradient:
-            epilogue = f"InputGradient<T, {n_in}>"
+            epilogue, arguments = f"InputGradient<T, {n_in}>", "dx, tile"
+        if k > 0 or input_gradient:  # the input gradient, into Tile{k} or dx
             lines.append(
                 f"        warpRowProduct<{s}, {n_out}, {n_in}, {grad}, {weight}, {self._chunk(n_in)}, "
-                f"{BACKWARD_CHAINS}, Tile1, "
-                f"{epilogue}>(warp, lane, {fragments}, {epilogue}(dx, tile));"
+                f"Tile{k + 1}, {epilogue}>(warp, lane, {self._fragments(self.layout.backward_fragments[k])}, "
+                f"{epilogue}({arguments}));"
             )
         lines.append("        groupBarrier();")
         return "\n".join(lines)
