@@ -12,7 +12,7 @@ import numpy as np
 
 from slax._compile import KernelSpec, entry_point_parameters
 from slax._config import current_routes
-from slax._kernel_primitive import run_kernel
+from slax._kernel_primitive import UINT_MAX, run_kernel
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices
 from slax._signature import SLANG_SCALAR_FOR_DTYPE, exact_number
@@ -24,7 +24,6 @@ _DTYPE_FOR_KERNEL_SCALAR = {
     "int64_t": "int64",
     "uint64_t": "uint64",
 }
-_UINT_MAX = 2**32 - 1
 
 COUNT_SUFFIX = "_count"
 """``uniform uint <pointer>_count``: a scalar slax fills with that pointer's element count."""
@@ -120,11 +119,11 @@ class SlangKernel:
                 f"{unknown}, missing: {missing}."
             )
         counts = {name: math.prod(shapes[k][0]) for name, k in self._counts.items()}
-        too_large = {name: n for name, n in counts.items() if n > _UINT_MAX}
+        too_large = {name: n for name, n in counts.items() if n > UINT_MAX}
         if too_large:
             raise ValueError(
                 f"slax: kernel {self.entry!r}: buffers of {too_large} elements do not fit the uint "
-                f"counts it declares (at most {_UINT_MAX})."
+                f"counts it declares (at most {UINT_MAX})."
             )
         threads = int(exact_number(threads, "int64", f"threads of kernel {self.entry!r}"))
         if threads < 0:

@@ -25,6 +25,11 @@ from slax._primitive import declare_primitive, result_aval
 
 Results = tuple[tuple[tuple[int, ...], str], ...]
 """(shape, dtype name) of each result."""
+UINT_MAX = 2**32 - 1
+"""The most threads one launch runs: the calling convention numbers them with a 32-bit ``uint``
+(``slax_thread_index``, shaders/slax/kernel.slang). The kernels slax generates (Slang functions',
+the MLP's) index their buffers with ``uint``s too, so each of their buffers holds at most this many
+elements; past it, indices would wrap and the kernel would read and write the wrong elements."""
 
 
 def run_kernel(
@@ -50,8 +55,34 @@ def run_kernel(
 
 
 def _abstract_eval(*operands, spec, results, scalars, count, aliases, routes):
-    del spec, scalars, count, aliases, routes
+    del scalars, aliases, routes
+    _require_uint_reach(spec, [o.shape for o in operands], [shape for shape, _ in results], count)
     return [result_aval(shape, dtype, operands) for shape, dtype in results]
+
+
+def _require_uint_reach(spec: KernelSpec, operand_shapes, result_shapes, count: int) -> None:
+    """Refuses, when traced, a launch whose thread numbers or (for kernels slax generates) buffer
+    indices would pass ``UINT_MAX`` and wrap: it would silently compute the wrong elements. A
+    hand-written kernel indexes its buffers as it chooses (slax/_kernel.py checks the element
+    counts it declares)."""
+    split = "Split the work over several calls, e.g. jax.lax.map over chunks of the batch."
+    if count > UINT_MAX:
+        raise ValueError(
+            f"slax: kernel {spec.entry!r} would launch {count:,} threads, but a launch numbers its "
+            f"threads with a 32-bit uint (slax_thread_index, shaders/slax/kernel.slang): at most "
+            f"{UINT_MAX:,}. {split}"
+        )
+    if spec.source is None:
+        return
+    buffers = [("operand", k, s) for k, s in enumerate(operand_shapes)]
+    buffers += [("result", k, s) for k, s in enumerate(result_shapes)]
+    for role, k, shape in buffers:
+        if math.prod(shape) > UINT_MAX:
+            raise ValueError(
+                f"slax: kernel {spec.entry!r}: its {role} {k} has shape {tuple(shape)}, "
+                f"{math.prod(shape):,} elements, but the kernels slax generates index their "
+                f"buffers with 32-bit uints: at most {UINT_MAX:,} elements each. {split}"
+            )
 
 
 def _lowering(ctx, *operands, spec, results, scalars, count, aliases, routes, platform):

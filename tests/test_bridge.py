@@ -224,6 +224,25 @@ def test_more_threads_than_elements_stay_in_bounds(module, rng):
         kernel(x, results=[jax.ShapeDtypeStruct((10,), jnp.float32)], threads=10, x_count=10, a=2.0, b=1.0)
 
 
+def test_more_threads_than_a_uint_numbers_are_refused_when_traced(module):
+    """A launch numbers its threads with a 32-bit uint (shaders/slax/kernel.slang): 2**32 threads
+    would wrap to thread 0 and run threads twice. Refused when traced, with the limit and what to
+    do; the largest launch that fits lowers."""
+    kernel = module.kernel("scale_shift_float")
+    x = jax.ShapeDtypeStruct((6,), jnp.float32)
+
+    def lower(threads):
+        return jax.jit(lambda x: kernel(x, results=[x], threads=threads, a=2.0, b=1.0)).lower(x)
+
+    lower(2**32 - 1)
+    with pytest.raises(
+        ValueError,
+        match=r"kernel 'scale_shift_float' would launch 4,294,967,296 threads, .* at most "
+        r"4,294,967,295\. Split the work over several calls",
+    ):
+        lower(2**32)
+
+
 def test_wrong_dtype_names_parameter(module):
     kernel = module.kernel("scale_shift_float")
     x = jnp.ones(4, jnp.float16)

@@ -344,6 +344,23 @@ def test_grid_beyond_one_dispatch_row(poly):
     np.testing.assert_allclose(y[ROW_THREADS:], expected[ROW_THREADS:], rtol=1e-6)
 
 
+def test_grids_past_uint_indices_are_refused_when_traced(fns):
+    """Generated kernels number threads and index elements with 32-bit uints: a grid of 2**32
+    points, or 2**31 points of a float3 (2**32 * 3 / 2 elements), would wrap and compute the wrong
+    elements. Refused when traced (no memory is touched), naming the kernel and the shape; the
+    largest buffer that fits lowers."""
+    floats = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+    with pytest.raises(ValueError, match=r"'slax_primal_softplus' would launch 4,294,967,296 threads"):
+        jax.jit(fns.softplus).lower(floats(2**32))
+    with pytest.raises(
+        ValueError,
+        match=r"'slax_primal_twist': its operand 0 has shape \(2147483648, 3\), 6,442,450,944 "
+        r"elements, .* at most 4,294,967,295 elements each",
+    ):
+        jax.jit(fns.twist).lower(floats(2**31, 3), floats(2**31, 3), 1.0)
+    jax.jit(fns.twist).lower(floats(2**32 // 3, 3), floats(2**32 // 3, 3), 1.0)
+
+
 def test_dir_lists_the_modules_functions(fns, tmp_path, monkeypatch):
     """Tab completion: dir() holds every module-scope function, generic or not, and no struct
     member, call or attribute; each listed name is callable through the module."""

@@ -89,6 +89,24 @@ def test_layers_too_wide_for_group_shared_memory_are_refused_at_trace_time():
         jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(params)
 
 
+def test_batches_past_uint_indices_are_refused_when_traced():
+    """The kernels number threads and index samples' elements with 32-bit uints. A wide network
+    runs a thread group of 256 threads per tile, one sample a tile at 3-2048-2048-3, so 2**24
+    samples would launch 2**32 threads, whose numbers wrap to 0: the kernel would skip every sample
+    and return uninitialised memory. 2**30 samples of 4 inputs would wrap the inputs' indices.
+    Both refused when traced (nothing is allocated); a batch within the limits lowers."""
+    wide = jax.eval_shape(lambda: nn.mlp_init(jax.random.key(0), (3, 2048, 2048, 3)))
+    with pytest.raises(ValueError, match=r"'mlp_forward' would launch 4,294,967,296 threads, .* Split"):
+        jax.jit(nn.mlp_apply).lower(wide, jax.ShapeDtypeStruct((1 << 24, 3), jnp.float32))
+    narrow = nn.mlp_init(jax.random.key(0), (4, 16, 4))
+    loss_and_grad = jax.jit(nn.mlp_loss_and_grad)
+    most = jax.ShapeDtypeStruct(((1 << 30) - 1, 4), jnp.float32)
+    loss_and_grad.lower(narrow, most, most)
+    too_many = jax.ShapeDtypeStruct((1 << 30, 4), jnp.float32)
+    with pytest.raises(ValueError, match=r"'mlp_loss_grad': its operand 0 has shape \(1073741824, 4\)"):
+        loss_and_grad.lower(narrow, too_many, too_many)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize(("sizes", "batch"), [((4, 16, 4), 1 << 16), ((64, 128, 64, 10), 1 << 12)])
 def test_large_batch_gradients_are_race_free(sizes, batch, dtype):
