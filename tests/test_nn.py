@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _helpers import draw_uniform, mlp_inputs, relative_error
+from _helpers import draw_uniform, equations, mlp_inputs, relative_error
 from _training import cast, parameter_state, training_step
 from jax.flatten_util import ravel_pytree
 
@@ -19,6 +19,7 @@ from slax.nn import _kernels as nn_kernels
 from slax.nn import _mlp as nn_mlp
 from slax.nn import _primitives as nn_primitives
 from slax.nn import _tiled_kernels as nn_tiled
+from slax.nn._primitives import mlp_backward_p
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
@@ -39,6 +40,37 @@ def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     # twin's rounding (and so its LeakyReLU kinks) where the half network has them.
     reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
     check_grads(loss(nn.mlp_apply), loss(reference), params, x, modes=("rev",), raises=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
+def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtype):
+    """A training step differentiates the parameters only: x's cotangent is then a symbolic zero,
+    and the backward kernel is mlp_backward_params, which computes and stores no dx (for wide
+    networks, a quarter of the backward products fewer). Its gradients are the reference's, as are
+    those of mlp_backward, which runs where x is differentiated too; per example under vmap alike."""
+    keys = jax.random.split(jax.random.key(len(sizes) + 40), 2)
+    params = nn.mlp_init(keys[0], sizes, dtype)
+    x = mlp_inputs(params, keys[1], 300, dtype)
+
+    def loss(apply):
+        return lambda params, x: jnp.sum(jnp.sin(apply(params, x).astype(jnp.float32) * 1.3))
+
+    def assert_close(got, want):
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert relative_error(got_leaf, want_leaf) < RELATIVE_TOLERANCE[dtype]
+
+    reference = loss(functools.partial(nn.mlp_apply_reference, storage_dtype=dtype))
+    in_float32 = cast((params, x), jnp.float32)
+    for argnums, computes_dx in [(0, False), ((0, 1), True)]:
+        grad = jax.grad(loss(nn.mlp_apply), argnums)
+        backward = equations(jax.make_jaxpr(grad)(params, x).jaxpr, lambda e: e.primitive is mlp_backward_p)
+        assert [e.params["input_gradient"] for e in backward] == [computes_dx]
+        assert_close(jax.jit(grad)(params, x), jax.grad(reference, argnums)(*in_float32))
+    examples = x[:5, None]
+    per_example = jax.vmap(jax.grad(loss(nn.mlp_apply)), in_axes=(None, 0))
+    per_example_reference = jax.vmap(jax.grad(reference), in_axes=(None, 0))
+    assert_close(per_example(params, examples), per_example_reference(*cast((params, examples), jnp.float32)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -153,9 +153,12 @@ def test_mlp_kernels_lower_in_both_precisions(report):
         layout = kernel_layout((4, 16, 16, 4), tensor_cores=True, dtype=dtype)
         threads, groups, _ = layout.gradient_launch(1000, 1000)
         assert (fused["grid"], fused["num_warps"]) == ([groups, 1, 1], threads // 32)
-        # the forward pass keeps the hidden activations, which the backward pass reads
+        # the forward pass keeps the hidden activations, which the backward pass reads; the
+        # gradient of the parameters alone computes no input gradient
         forward, backward = _launches(report, f"mlp_apply_grad_{dtype}")
-        assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward")
+        assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward_params")
+    forward, backward = _launches(report, "mlp_apply_grad_with_input_float32")
+    assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward")
 
 
 @needs_tools

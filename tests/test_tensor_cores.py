@@ -150,25 +150,28 @@ def _loss_around(apply):
 
 
 def _gradients(params, x, target):
-    """mlp_loss_and_grad's loss and gradients, and the gradients of a loss around mlp_apply, each from
-    a function jitted afresh (so that its kernels are lowered now)."""
+    """mlp_loss_and_grad's loss and gradients, and the gradients of a loss around mlp_apply over the
+    parameters alone (mlp_backward_params) and over them and x (mlp_backward), each from a function
+    jitted afresh (so that its kernels are lowered now)."""
     loss_and_grad = jax.jit(lambda *args: nn.mlp_loss_and_grad(*args))(params, x, target)
-    return loss_and_grad, jax.jit(jax.grad(_loss_around(nn.mlp_apply)))(params, x)
+    loss = _loss_around(nn.mlp_apply)
+    return loss_and_grad, jax.jit(jax.grad(loss))(params, x), jax.jit(jax.grad(loss, (0, 1)))(params, x)
 
 
 def _reference_gradients(params, x, target, dtype):
     """The same from the plain-JAX twin, in float32 at full precision, rounding activations to dtype."""
     params, x, target = cast((params, x, target), jnp.float32)
     loss_and_grad = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target, storage_dtype=dtype)
-    reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
-    return loss_and_grad, jax.grad(_loss_around(reference))(params, x)
+    loss = _loss_around(functools.partial(nn.mlp_apply_reference, storage_dtype=dtype))
+    return loss_and_grad, jax.grad(loss)(params, x), jax.grad(loss, (0, 1))(params, x)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sizes", WIDE, ids=_ids)
 def test_wide_networks_match_the_reference(sizes, dtype, device_kind, lowered):
-    """The fused loss and gradient and the gradient through mlp_apply of wide networks (one layer;
-    widths off multiples of 8) agree with the reference (TOLERANCE). CPU-placed JAX runs the tiled
+    """The fused loss and gradient and the gradients through mlp_apply (of the parameters alone, and
+    with x's) of wide networks (one layer; widths off multiples of 8) agree with the reference
+    (TOLERANCE). CPU-placed JAX runs the tiled
     kernels whatever the switch; a CUDA GPU the tensor-core kernels, unless switched off."""
     assert not kernel_layout(sizes).thread_sums
     params, x, target = _problem(sizes, dtype)
@@ -178,7 +181,7 @@ def test_wide_networks_match_the_reference(sizes, dtype, device_kind, lowered):
     forward = "mlp_forward_hidden" if hidden_width(sizes) else "mlp_forward"
     tensor_cores = device_kind == "cuda" and slax.config.tensor_cores
     assert {(key[2], key[3]) for key in lowered} == {
-        (entry, tensor_cores) for entry in ("mlp_loss_grad", forward, "mlp_backward")
+        (entry, tensor_cores) for entry in ("mlp_loss_grad", forward, "mlp_backward", "mlp_backward_params")
     }
 
 

@@ -5,9 +5,13 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
 
 - ``mlp_forward``: ``x, params -> y``.
 - ``mlp_backward``: ``x, dy, params -> partial sums, dx``; ``bwd_diff`` of the network.
+- ``mlp_backward_params``: ``x, dy, params -> partial sums``, the same without ``dx``, for
+  gradients of the parameters alone (a training step's: its data need none); wide networks'
+  kernels then skip the first layer's input-gradient product (about a quarter of the digits
+  network's backward products).
 - wide networks only (:func:`hidden_width`): ``mlp_forward_hidden``, ``x, params -> y, hidden``,
-  which keeps each sample's hidden activations, and ``mlp_backward`` reads them (``x, hidden, dy,
-  params -> partial sums, dx``) instead of running the forward pass again.
+  which keeps each sample's hidden activations, and both backward kernels read them (``x, hidden,
+  dy, params -> ...``) instead of running the forward pass again.
 - ``mlp_loss_grad``: ``x, target, params -> partial sums``: ``bwd_diff`` of each sample's squared
   error weighted by ``loss_scale`` (1/batch for a mean), whose backward derivative also adds the
   weighted loss: a training step's loss and gradient in one pass.
@@ -322,17 +326,20 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
     }}
     Sums.finish(partials, block, local);"""
 
-    backward_loop = sample_loop(
-        "dy",
-        n_out,
-        f"""
+    def backward_loop(input_gradient: bool) -> str:
+        store = f"""
+        if (active)
+            for (int j = 0; j < {n_in}; j++) dx[sample * {n_in} + j] = __realCast<T>(pair.d.vals[j]);"""
+        return sample_loop(
+            "dy",
+            n_out,
+            f"""
         var pair = diffPair(input);
         MLGrad<{n_out}> dOut;
         for (int j = 0; j < {n_out}; j++) dOut.vals[j] = active ? __realCast<float>(dyRow.vals[j]) : 0.0;
-        bwd_diff(networkOutput)(net, pair, dOut);
-        if (active)
-            for (int j = 0; j < {n_in}; j++) dx[sample * {n_in} + j] = __realCast<T>(pair.d.vals[j]);""",
-    )
+        bwd_diff(networkOutput)(net, pair, dOut);{store if input_gradient else ""}""",
+        )
+
     loss_grad_loop = sample_loop(
         "target",
         n_out,
@@ -402,7 +409,16 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T
                   uniform float* params, uniform float* partials, uniform T* dx, uniform uint count,
                   uniform uint samples_per_group, uniform uint blocks_per_group,
                   uniform uint samples_per_thread)
-{{{backward_loop}
+{{{backward_loop(True)}
+}}
+
+[shader("compute")]
+[numthreads(SLAX_GROUP_SIZE, 1, 1)]
+void mlp_backward_params(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy,
+                         uniform float* params, uniform float* partials, uniform uint count,
+                         uniform uint samples_per_group, uniform uint blocks_per_group,
+                         uniform uint samples_per_thread)
+{{{backward_loop(False)}
 }}
 
 [shader("compute")]

@@ -119,11 +119,10 @@ def _forward(x, *params, sizes, dtype, keep_hidden, routes, platform):
 # --- gradients ----------------------------------------------------------------------------------
 
 
-def _backward_abstract_eval(*operands, sizes, dtype, group_ndim, hidden, routes):
+def _backward_abstract_eval(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
     x = operands[0]
-    return [result_aval(x.shape, x.dtype, operands)] + [
-        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
-    ]
+    dx = [result_aval(x.shape, x.dtype, operands)] if input_gradient else []
+    return dx + [result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)]
 
 
 def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
@@ -136,7 +135,7 @@ def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_
 def _run_gradient_kernel(
     entry, operands, num_data, extra_results, x, sizes, dtype, group_ndim, routes, platform, scalars=()
 ):
-    """Launches ``mlp_backward`` or ``mlp_loss_grad`` (see slax/nn/_kernels.py for the layout) on
+    """Launches ``entry``, a gradient kernel (see slax/nn/_kernels.py for the layout), on
     ``operands``, ``num_data`` per-sample arrays then the parameters, and adds up the thread groups'
     partial sums of each group: ``[loss per group, *extra results, *parameter gradients]``."""
     tensor_cores = _tensor_cores(platform, routes)
@@ -164,15 +163,16 @@ def _run_gradient_kernel(
     return [summed[..., -1], *extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
 
 
-def _backward(*operands, sizes, dtype, group_ndim, hidden, routes, platform):
-    """``x, [hidden,] dy, *params -> dx, *grads``: with ``hidden``, from the hidden activations the
-    forward pass kept (``mlp_forward_p`` with ``keep_hidden``)."""
+def _backward(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes, platform):
+    """``x, [hidden,] dy, *params -> [dx,] *grads``: with ``hidden``, from the hidden activations
+    the forward pass kept (``mlp_forward_p`` with ``keep_hidden``); ``dx`` only with
+    ``input_gradient`` (else ``mlp_backward_params``, which computes none)."""
     x = operands[0]
-    _, dx, *grads = _run_gradient_kernel(
-        "mlp_backward",
+    _, *gradients = _run_gradient_kernel(
+        "mlp_backward" if input_gradient else "mlp_backward_params",
         operands,
         3 if hidden else 2,
-        [(x.shape, dtype)],
+        [(x.shape, dtype)] if input_gradient else [],
         x,
         sizes,
         dtype,
@@ -180,7 +180,7 @@ def _backward(*operands, sizes, dtype, group_ndim, hidden, routes, platform):
         routes,
         platform,
     )
-    return [dx, *grads]
+    return gradients
 
 
 def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes, platform):

@@ -191,6 +191,8 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
       output but the last, ``Network.hidden`` values a sample, as T) for ``mlp_backward``;
     - ``mlp_backward``: ``x, hidden, dy, params, <operand> -> partial sums, dx``, from the hidden
       activations ``mlp_forward_hidden`` wrote, with no forward pass;
+    - ``mlp_backward_params``: the same without ``dx``, nor the first layer's input-gradient
+      product behind it (a training step's gradient: its data need none);
     (a network of one layer has no hidden activations, and these take no ``hidden`` pointer);
     - ``mlp_loss_grad``: ``x, target, params, <operand> -> partial sums``, forward and backward.
     """
@@ -224,8 +226,8 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
 {chain}{hidden_tiles("storeTile") if keep_hidden else ""}
     storeTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(y, tile, first, end);"""
 
-    def gradient_body(entry_backward: bool) -> str:
-        if entry_backward:
+    def gradient_body(from_hidden: bool, input_gradient: bool) -> str:
+        if from_hidden:
             inputs = f"""{hidden_tiles("loadTile")}
         loadTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(dy, tile, true, first, end);
         groupBarrier();"""
@@ -236,7 +238,7 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
 {chain}
         tileSquaredError<T, {s}, {sizes[-1]}, Tile{last + 1}, Losses>(target, tile, loss_scale, first, end);
         groupBarrier();"""
-        layers_back = "\n".join(products.backward(k, entry_backward) for k in range(last, -1, -1))
+        layers_back = "\n".join(products.backward(k, input_gradient) for k in range(last, -1, -1))
         return f"""{roles(True)}
     float* sums = partials + block * {network.sums};
     uint groupStart = (block / blocks_per_group) * samples_per_group;
@@ -280,7 +282,16 @@ void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {hidden_p
                   uniform float* params, uniform float* {operand}, uniform float* partials,
                   uniform T* dx, uniform uint count, uniform uint samples_per_group,
                   uniform uint blocks_per_group, uniform uint tiles_per_block)
-{{{gradient_body(True)}
+{{{gradient_body(True, True)}
+}}
+
+[shader("compute")]
+[numthreads(SLAX_TILE_THREADS, 1, 1)]
+void mlp_backward_params(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {hidden_pointer}uniform T* dy,
+                         uniform float* params, uniform float* {operand}, uniform float* partials,
+                         uniform uint count, uniform uint samples_per_group,
+                         uniform uint blocks_per_group, uniform uint tiles_per_block)
+{{{gradient_body(True, False)}
 }}
 
 [shader("compute")]
@@ -289,7 +300,7 @@ void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform 
                    uniform float* params, uniform float* {operand}, uniform float* partials,
                    uniform uint count, uniform uint samples_per_group, uniform uint blocks_per_group,
                    uniform uint tiles_per_block, uniform float loss_scale)
-{{{gradient_body(False)}
+{{{gradient_body(False, False)}
 }}
 """
 

@@ -210,6 +210,10 @@ def main() -> None:
             params,
             data,
         )
+    cases["mlp_apply_grad_with_input_float32"] = (
+        jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum(), (0, 1)),
+        *cases["mlp_apply_grad_float32"][1:],
+    )
     report = {name: launches(function, *args) for name, (function, *args) in cases.items()}
     with slax.config.override(tensor_cores=False):  # the tiled kernels every device runs
         report["mlp_loss_and_grad_float32_tiled"] = launches(*cases["mlp_loss_and_grad_float32"])
