@@ -123,6 +123,14 @@ class KernelLayout:
     def tensor_cores(self) -> bool:
         return isinstance(self.tile, TensorCoreLayout)
 
+    @property
+    def wide_tile(self) -> TileLayout | TensorCoreLayout:
+        """``tile``, of a wide network the kernels can run: the entry points refuse the others
+        when traced (:func:`too_wide_error`), before any launch asks for it."""
+        if self.tile is None:
+            raise ValueError(f"slax: no tile layout: {'narrow network' if self.thread_sums else 'too wide'}.")
+        return self.tile
+
     def samples_per_thread(self, samples: int, per_group: int) -> int:
         """Samples each thread runs in a gradient launch of a narrow network over ``samples`` in
         all, in vmapped groups of ``per_group``: enough to keep near THREADS_WANTED threads, but no
@@ -138,8 +146,8 @@ class KernelLayout:
         if self.thread_sums:
             per_thread = self.samples_per_thread(samples, per_group)
             return GROUP_SIZE, -(-per_group // (GROUP_SIZE * per_thread)), ("samples_per_thread", per_thread)
-        per_block = self.tile.tiles_per_block(samples, per_group)
-        blocks = -(-per_group // (self.tile.samples * per_block))
+        per_block = self.wide_tile.tiles_per_block(samples, per_group)
+        blocks = -(-per_group // (self.wide_tile.samples * per_block))
         return TILE_THREADS, blocks, ("tiles_per_block", per_block)
 
     def forward_threads(self, samples: int) -> int:
@@ -147,7 +155,7 @@ class KernelLayout:
         parameters, or run a tile each)."""
         if self.thread_sums:
             return -(-samples // GROUP_SIZE) * GROUP_SIZE
-        return -(-samples // self.tile.samples) * TILE_THREADS
+        return -(-samples // self.wide_tile.samples) * TILE_THREADS
 
 
 @functools.cache
@@ -277,13 +285,15 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
     offsets, _ = parameter_offsets(sizes)
     slopes = [OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE for k in range(len(layers))]
     if not layout.thread_sums:
+        tile = layout.wide_tile
         network = Network(sizes, layers, offsets, slopes, dtype, layout.sums)
-        if layout.tensor_cores:
+        products: TensorCoreProducts | TiledProducts
+        if isinstance(tile, TensorCoreLayout):
             modules = ["nn.mlp", "nn.tiled", "nn.tensor_cores"]
-            products = TensorCoreProducts(network, layout.tile)
+            products = TensorCoreProducts(network, tile)
         else:
-            modules, products = ["nn.mlp", "nn.tiled"], TiledProducts(network, layout.tile)
-        preamble = _preamble(dtype, layout.tile.scratch, modules, fragments=layout.tensor_cores)
+            modules, products = ["nn.mlp", "nn.tiled"], TiledProducts(network, tile)
+        preamble = _preamble(dtype, tile.scratch, modules, fragments=layout.tensor_cores)
         return preamble + tile_kernels_source(network, products)
     fields = "\n".join(
         f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums> layer{k};"

@@ -83,16 +83,16 @@ def gradient_shape(n_out: int, n_in: int) -> GradientShape:
     instructions, a B fragment as 8 and a block's products as 12, over as many rounds as the warps
     need to cover every block; among equals, the fewest blocks held (registers)."""
     row_blocks, col_blocks = math.ceil(n_out / 16), math.ceil(n_in / 8)
-    best = None
-    for rows in range(1, min(4, row_blocks) + 1):
-        for cols in range(1, min(8, col_blocks) + 1):
-            rectangles = math.ceil(row_blocks / rows) * math.ceil(col_blocks / cols)
-            rounds = math.ceil(rectangles / WARPS)
-            cost = rounds * (16 * rows + 8 * cols + 12 * rows * cols)
-            key = (cost, rounds * rows * cols)
-            if best is None or key < best[0]:
-                best = (key, GradientShape(rows, cols, rounds))
-    return best[1]
+
+    def shape(rows: int, cols: int) -> GradientShape:
+        rectangles = math.ceil(row_blocks / rows) * math.ceil(col_blocks / cols)
+        return GradientShape(rows, cols, math.ceil(rectangles / WARPS))
+
+    def cost(s: GradientShape) -> tuple[int, int]:
+        return s.rounds * (16 * s.rows + 8 * s.cols + 12 * s.rows * s.cols), s.blocks
+
+    rows, cols = range(1, min(4, row_blocks) + 1), range(1, min(8, col_blocks) + 1)
+    return min((shape(r, c) for r in rows for c in cols), key=cost)
 
 
 @dataclasses.dataclass(frozen=True)

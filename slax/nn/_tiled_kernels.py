@@ -110,16 +110,13 @@ def block_shape(rows: int, cols: int, terms: int) -> tuple[int, int]:
     one whose role finishes first, counting a load like two multiply-adds (a role loads a block's
     rows + cols values per term and does rows * cols multiply-adds), with at most MAX_BLOCK_SUMS
     sums a role."""
-    best = None
-    for bm in range(1, 9):
-        for bn in range(1, 9):
-            if bm * bn > MAX_BLOCK_SUMS:
-                continue
-            rounds = math.ceil(math.ceil(rows / bm) * math.ceil(cols / bn) / TILE_THREADS)
-            cost = rounds * terms * (bm * bn + 2 * (bm + bn))
-            if best is None or (cost, bm * bn) < best[0]:
-                best = ((cost, bm * bn), (bm, bn))
-    return best[1]
+
+    def cost(shape: tuple[int, int]) -> tuple[int, int]:
+        bm, bn = shape
+        rounds = math.ceil(math.ceil(rows / bm) * math.ceil(cols / bn) / TILE_THREADS)
+        return rounds * terms * (bm * bn + 2 * (bm + bn)), bm * bn
+
+    return min(((bm, bn) for bm in range(1, 9) for bn in range(1, 9) if bm * bn <= MAX_BLOCK_SUMS), key=cost)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +148,13 @@ class TileProducts(Protocol):
     roles (groupRoles), ``tile`` (TileSamples) the tile, ``t`` the tile's number in the group, and
     ``sums`` the group's row of partial sums."""
 
-    samples: int
-    """Samples per tile."""
-    operand: str
-    """The name of the parameters' second operand (the first, ``params``, is the flat layout)."""
+    @property
+    def samples(self) -> int:
+        """Samples per tile."""
+
+    @property
+    def operand(self) -> str:
+        """The name of the parameters' second operand (the first, ``params``, is the flat layout)."""
 
     def declarations(self) -> str:
         """Module-level code: ``Parameters`` (reading ``params``), ``Tile0``... (each layer's input
