@@ -336,11 +336,13 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
     }}
     Sums.finish(partials, block, local);"""
 
-    def backward_loop(input_gradient: bool) -> str:
+    def backward_entry(input_gradient: bool) -> str:
+        """``mlp_backward``, or without ``dx`` (nor its store) ``mlp_backward_params``."""
+        name, dx = ("mlp_backward", "uniform T* dx, ") if input_gradient else ("mlp_backward_params", "")
         store = f"""
         if (active)
             for (int j = 0; j < {n_in}; j++) dx[sample * {n_in} + j] = __realCast<T>(pair.d.vals[j]);"""
-        return sample_loop(
+        loop = sample_loop(
             "dy",
             n_out,
             f"""
@@ -349,6 +351,15 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
         for (int j = 0; j < {n_out}; j++) dOut.vals[j] = active ? __realCast<float>(dyRow.vals[j]) : 0.0;
         bwd_diff(networkOutput)(net, pair, dOut);{store if input_gradient else ""}""",
         )
+        return f"""
+[shader("compute")]
+[numthreads(SLAX_GROUP_SIZE, 1, 1)]
+void {name}(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, uniform float* params,
+            uniform float* partials, {dx}uniform uint count, uniform uint samples_per_group,
+            uniform uint blocks_per_group, uniform uint samples_per_thread)
+{{{loop}
+}}
+"""
 
     loss_grad_loop = sample_loop(
         "target",
@@ -413,24 +424,7 @@ void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform fl
     for (int i = 0; i < {n_out}; i++) y[thread * {n_out} + i] = out.vals[i];
 }}
 
-[shader("compute")]
-[numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy,
-                  uniform float* params, uniform float* partials, uniform T* dx, uniform uint count,
-                  uniform uint samples_per_group, uniform uint blocks_per_group,
-                  uniform uint samples_per_thread)
-{{{backward_loop(True)}
-}}
-
-[shader("compute")]
-[numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_backward_params(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy,
-                         uniform float* params, uniform float* partials, uniform uint count,
-                         uniform uint samples_per_group, uniform uint blocks_per_group,
-                         uniform uint samples_per_thread)
-{{{backward_loop(False)}
-}}
-
+{backward_entry(True)}{backward_entry(False)}
 [shader("compute")]
 [numthreads(SLAX_GROUP_SIZE, 1, 1)]
 void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,

@@ -258,6 +258,21 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
 
     operand = products.operand
     hidden_pointer = "uniform T* hidden, " if hidden else ""
+
+    def backward_entry(input_gradient: bool) -> str:
+        """``mlp_backward``, or without ``dx`` (nor layer 0's input-gradient product)
+        ``mlp_backward_params``."""
+        name, dx = ("mlp_backward", "uniform T* dx, ") if input_gradient else ("mlp_backward_params", "")
+        return f"""
+[shader("compute")]
+[numthreads(SLAX_TILE_THREADS, 1, 1)]
+void {name}(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {hidden_pointer}uniform T* dy,
+            uniform float* params, uniform float* {operand}, uniform float* partials, {dx}uniform uint count,
+            uniform uint samples_per_group, uniform uint blocks_per_group, uniform uint tiles_per_block)
+{{{gradient_body(True, input_gradient)}
+}}
+"""
+
     return f"""
 {products.declarations()}
 
@@ -276,24 +291,7 @@ void mlp_forward_hidden(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uni
 {{{forward_body(True)}
 }}
 
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_backward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {hidden_pointer}uniform T* dy,
-                  uniform float* params, uniform float* {operand}, uniform float* partials,
-                  uniform T* dx, uniform uint count, uniform uint samples_per_group,
-                  uniform uint blocks_per_group, uniform uint tiles_per_block)
-{{{gradient_body(True, True)}
-}}
-
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_backward_params(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {hidden_pointer}uniform T* dy,
-                         uniform float* params, uniform float* {operand}, uniform float* partials,
-                         uniform uint count, uniform uint samples_per_group,
-                         uniform uint blocks_per_group, uniform uint tiles_per_block)
-{{{gradient_body(True, False)}
-}}
-
+{backward_entry(True)}{backward_entry(False)}
 [shader("compute")]
 [numthreads(SLAX_TILE_THREADS, 1, 1)]
 void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
