@@ -61,10 +61,12 @@ def _abstract_eval(*operands, spec, results, scalars, count, aliases, routes):
 
 
 def _require_uint_reach(spec: KernelSpec, operand_shapes, result_shapes, count: int) -> None:
-    """Refuses, when traced, a launch whose thread numbers or (for kernels slax generates) buffer
-    indices would pass ``UINT_MAX`` and wrap: it would silently compute the wrong elements. A
-    hand-written kernel indexes its buffers as it chooses (slax/_kernel.py checks the element
-    counts it declares)."""
+    """Refuses a launch whose thread numbers or (for kernels slax generates) buffer indices would
+    pass ``UINT_MAX`` and wrap: it would silently compute the wrong elements. It runs where the
+    launch is bound: a hand-written kernel's call when traced, a Slang function's or the MLP's
+    launch when the computation is lowered (its thread count depends on the platform), before
+    anything runs either way. A hand-written kernel indexes its buffers as it chooses
+    (slax/_kernel.py checks the element counts it declares)."""
     split = "Split the work over several calls, e.g. jax.lax.map over chunks of the batch."
     if count > UINT_MAX:
         raise ValueError(

@@ -344,10 +344,10 @@ def test_grid_beyond_one_dispatch_row(poly):
     np.testing.assert_allclose(y[ROW_THREADS:], expected[ROW_THREADS:], rtol=1e-6)
 
 
-def test_grids_past_uint_indices_are_refused_when_traced(fns):
+def test_grids_past_uint_indices_are_refused_before_they_run(fns):
     """Generated kernels number threads and index elements with 32-bit uints: a grid of 2**32
     points, or 2**31 points of a float3 (2**32 * 3 / 2 elements), would wrap and compute the wrong
-    elements. Refused when traced (no memory is touched), naming the kernel and the shape; the
+    elements. Refused when lowered (no memory is touched), naming the kernel and the shape; the
     largest buffer that fits lowers."""
     floats = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
     with pytest.raises(ValueError, match=r"'slax_primal_softplus' would launch 4,294,967,296 threads"):

@@ -121,15 +121,20 @@ def test_layers_too_wide_for_group_shared_memory_are_refused_at_trace_time():
         jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(params)
 
 
-def test_batches_past_uint_indices_are_refused_when_traced():
+def test_batches_past_uint_indices_are_refused_before_they_run():
     """The kernels number threads and index samples' elements with 32-bit uints. A wide network
     runs a thread group of 256 threads per tile, one sample a tile at 3-2048-2048-3, so 2**24
     samples would launch 2**32 threads, whose numbers wrap to 0: the kernel would skip every sample
-    and return uninitialised memory. 2**30 samples of 4 inputs would wrap the inputs' indices.
-    Both refused when traced (nothing is allocated); a batch within the limits lowers."""
+    and return uninitialised memory. Under jax.grad it keeps 4096 hidden values a sample: 2**20
+    samples' would wrap. 2**30 samples of 4 inputs would wrap the inputs' indices. All refused when
+    lowered, before anything runs (nothing is allocated); batches within the limits lower."""
     wide = jax.eval_shape(lambda: nn.mlp_init(jax.random.key(0), (3, 2048, 2048, 3)))
     with pytest.raises(ValueError, match=r"'mlp_forward' would launch 4,294,967,296 threads, .* Split"):
         jax.jit(nn.mlp_apply).lower(wide, jax.ShapeDtypeStruct((1 << 24, 3), jnp.float32))
+    grad = jax.jit(jax.grad(lambda p, x: nn.mlp_apply(p, x).sum()))
+    grad.lower(wide, jax.ShapeDtypeStruct(((1 << 20) - 1, 3), jnp.float32))
+    with pytest.raises(ValueError, match=r"'mlp_forward_hidden': its result 1 has shape \(1048576, 4096\)"):
+        grad.lower(wide, jax.ShapeDtypeStruct((1 << 20, 3), jnp.float32))
     narrow = nn.mlp_init(jax.random.key(0), (4, 16, 4))
     loss_and_grad = jax.jit(nn.mlp_loss_and_grad)
     most = jax.ShapeDtypeStruct(((1 << 30) - 1, 4), jnp.float32)
@@ -137,6 +142,30 @@ def test_batches_past_uint_indices_are_refused_when_traced():
     too_many = jax.ShapeDtypeStruct((1 << 30, 4), jnp.float32)
     with pytest.raises(ValueError, match=r"'mlp_loss_grad': its operand 0 has shape \(1073741824, 4\)"):
         loss_and_grad.lower(narrow, too_many, too_many)
+
+
+def test_gradient_thread_groups_past_uint_sample_positions_are_refused():
+    """A wide network's gradient kernels step through whole tiles: with one input and one output,
+    2**32 - 1 samples fit every buffer, but the last thread group's tiles reach past sample 2**32,
+    whose uint position would wrap to sample 0 and count the first samples twice. Refused when
+    lowered, saying so."""
+    params = jax.eval_shape(lambda: nn.mlp_init(jax.random.key(0), (1, 32, 32, 1)))
+    data = jax.ShapeDtypeStruct(((1 << 32) - 1, 1), jnp.float32)
+    past = r"'mlp_loss_grad': its thread groups step through 4,29\d,\d{3},\d{3} sample positions"
+    with pytest.raises(ValueError, match=past):
+        jax.jit(nn.mlp_loss_and_grad).lower(params, data, data)
+
+
+def test_a_symbolically_zero_cotangent_gives_zero_gradients_without_a_launch():
+    """mlp_apply's VJP takes symbolic zeros; JAX skips an equation whose one cotangent is zero, but
+    a symbolic zero reaching the backward rule gives zero gradients (and none for x) directly."""
+    params = nn.mlp_init(jax.random.key(6), (3, 7, 5))
+    x = draw_uniform(jax.random.key(7), (4, 3), "float32")
+    dy = jax.custom_derivatives.SymbolicZero(jax.typeof(jnp.zeros((4, 5), jnp.float32)))
+    grads, dx = nn_mlp._mlp_apply_bwd((params, x, [], True), dy)
+    assert dx is None
+    for leaf, param in zip(jax.tree.leaves(grads), jax.tree.leaves(params), strict=True):
+        assert leaf.shape == param.shape and not np.any(leaf)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -150,6 +150,13 @@ class KernelLayout:
         blocks = -(-per_group // (self.wide_tile.samples * per_block))
         return TILE_THREADS, blocks, ("tiles_per_block", per_block)
 
+    def gradient_reach(self, samples: int, per_group: int) -> int:
+        """The sample positions a gradient launch over ``samples`` in vmapped groups of
+        ``per_group`` steps through in each group, the padding of its last thread group included:
+        the kernels number them with 32-bit uints."""
+        _, blocks, (_, each) = self.gradient_launch(samples, per_group)
+        return blocks * each * (GROUP_SIZE if self.thread_sums else self.wide_tile.samples)
+
     def forward_threads(self, samples: int) -> int:
         """Threads a forward launch over ``samples`` runs: whole thread groups (they stage the
         parameters, or run a tile each)."""

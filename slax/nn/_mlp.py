@@ -111,9 +111,9 @@ def _mlp_apply_bwd(residuals, dy):
     """Parameter gradients, and ``x``'s only where it is differentiated: otherwise the kernel
     computes none (``mlp_backward_params``) and the cotangent is a symbolic zero (None)."""
     params, x, hidden, input_gradient = residuals
+    if isinstance(dy, SymbolicZero):  # (JAX skips an equation whose one cotangent is zero)
+        return jax.tree.map(jnp.zeros_like, params), None
     sizes, dtype = _architecture("mlp_apply", params, x)
-    if isinstance(dy, SymbolicZero):
-        dy = jnp.zeros(dy.shape, dy.dtype)
     outputs = mlp_backward_p.bind(
         x,
         *hidden,

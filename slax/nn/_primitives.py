@@ -20,7 +20,7 @@ from jax.interpreters import mlir
 
 from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
-from slax._kernel_primitive import run_kernel
+from slax._kernel_primitive import UINT_MAX, run_kernel
 from slax._primitive import declare_primitive, result_aval
 from slax._ptx_launch import compute_capability
 from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, mlp_source, parameter_offsets
@@ -144,6 +144,14 @@ def _run_gradient_kernel(
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
     threads, blocks, share = layout.gradient_launch(groups * per_group, per_group)
     count = groups * blocks * threads  # 0 for an empty batch: no launch
+    reach = layout.gradient_reach(groups * per_group, per_group)
+    if reach > UINT_MAX:
+        raise ValueError(
+            f"slax: kernel {entry!r}: its thread groups step through {reach:,} sample positions "
+            f"for {per_group:,} samples (the last group padded), past the 32-bit uint indices it "
+            f"uses: at most {UINT_MAX:,}. Split the batch over several calls, e.g. jax.lax.map "
+            "over chunks of it."
+        )
     data, params = operands[:num_data], operands[num_data:]
     partial, *extra = run_kernel(
         _kernel(sizes, dtype, entry, tensor_cores),
