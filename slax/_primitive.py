@@ -1,8 +1,8 @@
 """How every slax primitive is declared, and what their rules share.
 
 :func:`declare_primitive` is the one recipe: a JAX ``Primitive`` with its impl (JAX's own
-dispatch), abstract evaluation, lowering and batching rule, and its JVP and transpose where it has
-them, registered the way JAX's ``lax`` registers its own. The kernel launch
+dispatch), abstract evaluation, lowering and batching rule, and its JVP, transpose and dead-code
+elimination rules where it has them, registered the way JAX's ``lax`` registers its own. The kernel launch
 (``slax/_kernel_primitive.py``), the Slang function primitives (``slax/_function_primitives.py``)
 and the MLP (``slax/nn/_primitives.py``) are all declared with it.
 
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 from jax._src import dispatch
+from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -42,6 +43,7 @@ def declare_primitive(
     platforms: Sequence[str] | None = None,
     jvp: Callable | None = None,
     transpose: Callable | None = None,
+    dead_code: Callable | None = None,
 ) -> Primitive:
     """A slax primitive named ``name``, with its rules registered.
 
@@ -54,6 +56,8 @@ def declare_primitive(
       batching_rule: called with the primitive first (see :data:`BatchingRule`).
       multiple_results: whether it returns a list of arrays.
       jvp, transpose: ``ad.primitive_jvps`` and ``ad.primitive_transposes`` rules, if any.
+      dead_code: a dead-code elimination rule (``pe.dce_rules``), for a primitive that can drop
+        an unread output: ``(used_outputs, eqn) -> (used_inputs, new eqn or None)``.
     """
     primitive = Primitive(name)
     primitive.multiple_results = multiple_results
@@ -68,6 +72,8 @@ def declare_primitive(
         ad.primitive_jvps[primitive] = jvp
     if transpose is not None:
         ad.primitive_transposes[primitive] = transpose
+    if dead_code is not None:
+        pe.dce_rules[primitive] = dead_code
     return primitive
 
 

@@ -130,6 +130,22 @@ def cpu_path():
 
 
 @pytest.fixture
+def lowered(monkeypatch):
+    """The MLP kernels lowered while the test runs: (sizes, dtype, entry point, tensor cores)."""
+    from slax.nn import _primitives as nn_primitives
+
+    kernels = []
+    make = nn_primitives._kernel
+
+    def recorded(*key):
+        kernels.append(key)
+        return make(*key)
+
+    monkeypatch.setattr(nn_primitives, "_kernel", recorded)
+    return kernels
+
+
+@pytest.fixture
 def rng():
     """A fixed-seed NumPy generator, fresh per test."""
     import numpy as np

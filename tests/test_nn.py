@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _helpers import draw_uniform, equations, mlp_inputs, relative_error
+from _helpers import draw_uniform, mlp_inputs, relative_error
 from _training import cast, parameter_state, training_step
 from jax.flatten_util import ravel_pytree
 
@@ -19,7 +19,6 @@ from slax.nn import _kernels as nn_kernels
 from slax.nn import _mlp as nn_mlp
 from slax.nn import _primitives as nn_primitives
 from slax.nn import _tiled_kernels as nn_tiled
-from slax.nn._primitives import mlp_backward_p
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
@@ -44,11 +43,12 @@ def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
-def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtype):
-    """A training step differentiates the parameters only: x's cotangent is then a symbolic zero,
-    and the backward kernel is mlp_backward_params, which computes and stores no dx (for wide
-    networks, a quarter of the backward products fewer). Its gradients are the reference's, as are
-    those of mlp_backward, which runs where x is differentiated too; per example under vmap alike."""
+def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtype, lowered):
+    """A training step differentiates the parameters only: nothing reads x's cotangent, and
+    jax.jit's dead-code elimination lowers mlp_backward_params, which computes and stores no dx
+    (for wide networks, a quarter of the backward products fewer), in a jitted gradient, under
+    vmap and in a scanned training step. Its gradients are the reference's, as are those of
+    mlp_backward, which runs where x is differentiated too."""
     keys = jax.random.split(jax.random.key(len(sizes) + 40), 2)
     params = nn.mlp_init(keys[0], sizes, dtype)
     x = mlp_inputs(params, keys[1], 300, dtype)
@@ -56,21 +56,35 @@ def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtyp
     def loss(apply):
         return lambda params, x: jnp.sum(jnp.sin(apply(params, x).astype(jnp.float32) * 1.3))
 
+    def backward_kernels():
+        return [key[2] for key in lowered if key[2].startswith("mlp_backward")]
+
     def assert_close(got, want):
         for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             assert relative_error(got_leaf, want_leaf) < RELATIVE_TOLERANCE[dtype]
 
     reference = loss(functools.partial(nn.mlp_apply_reference, storage_dtype=dtype))
-    in_float32 = cast((params, x), jnp.float32)
-    for argnums, computes_dx in [(0, False), ((0, 1), True)]:
-        grad = jax.grad(loss(nn.mlp_apply), argnums)
-        backward = equations(jax.make_jaxpr(grad)(params, x).jaxpr, lambda e: e.primitive is mlp_backward_p)
-        assert [e.params["input_gradient"] for e in backward] == [computes_dx]
-        assert_close(jax.jit(grad)(params, x), jax.grad(reference, argnums)(*in_float32))
+    for argnums, backward in [(0, "mlp_backward_params"), ((0, 1), "mlp_backward")]:
+        lowered.clear()
+        got = jax.jit(jax.grad(loss(nn.mlp_apply), argnums))(params, x)
+        assert backward_kernels() == [backward]
+        assert_close(got, jax.grad(reference, argnums)(*cast((params, x), jnp.float32)))
+    lowered.clear()
     examples = x[:5, None]
-    per_example = jax.vmap(jax.grad(loss(nn.mlp_apply)), in_axes=(None, 0))
+    per_example = jax.jit(jax.vmap(jax.grad(loss(nn.mlp_apply)), in_axes=(None, 0)))(params, examples)
+    assert backward_kernels() == ["mlp_backward_params"]
     per_example_reference = jax.vmap(jax.grad(reference), in_axes=(None, 0))
-    assert_close(per_example(params, examples), per_example_reference(*cast((params, examples), jnp.float32)))
+    assert_close(per_example, per_example_reference(*cast((params, examples), jnp.float32)))
+    lowered.clear()
+    target = jnp.zeros((len(x), sizes[-1]), jnp.float32)
+
+    def squared_error(params, x, target):
+        return jnp.sum((nn.mlp_apply(params, x).astype(jnp.float32) - target) ** 2)
+
+    optimizer = optax.adam(1e-3)
+    step = training_step(jax.value_and_grad(squared_error), optimizer, lambda key: (x, target))
+    jax.jit(lambda state, keys: jax.lax.scan(step, state, keys)).lower((params, optimizer.init(params)), keys)
+    assert backward_kernels() == ["mlp_backward_params"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -154,18 +168,6 @@ def test_gradient_thread_groups_past_uint_sample_positions_are_refused():
     past = r"'mlp_loss_grad': its thread groups step through 4,29\d,\d{3},\d{3} sample positions"
     with pytest.raises(ValueError, match=past):
         jax.jit(nn.mlp_loss_and_grad).lower(params, data, data)
-
-
-def test_a_symbolically_zero_cotangent_gives_zero_gradients_without_a_launch():
-    """mlp_apply's VJP takes symbolic zeros; JAX skips an equation whose one cotangent is zero, but
-    a symbolic zero reaching the backward rule gives zero gradients (and none for x) directly."""
-    params = nn.mlp_init(jax.random.key(6), (3, 7, 5))
-    x = draw_uniform(jax.random.key(7), (4, 3), "float32")
-    dy = jax.custom_derivatives.SymbolicZero(jax.typeof(jnp.zeros((4, 5), jnp.float32)))
-    grads, dx = nn_mlp._mlp_apply_bwd((params, x, [], True), dy)
-    assert dx is None
-    for leaf, param in zip(jax.tree.leaves(grads), jax.tree.leaves(params), strict=True):
-        assert leaf.shape == param.shape and not np.any(leaf)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -123,20 +123,6 @@ def test_gpus_before_sm_80_run_the_tiled_kernels(monkeypatch, capability, on):
 # --- networks ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def lowered(monkeypatch):
-    """The kernels lowered while the test runs: (sizes, dtype, entry point, tensor cores)."""
-    kernels = []
-    make = nn_primitives._kernel
-
-    def recorded(*key):
-        kernels.append(key)
-        return make(*key)
-
-    monkeypatch.setattr(nn_primitives, "_kernel", recorded)
-    return kernels
-
-
 def _problem(sizes, dtype, batch=1000):
     """Parameters, inputs away from kinks and targets; 1000 samples end in a part tile (tiles of 32
     samples in float32, 16 in float16)."""

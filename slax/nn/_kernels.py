@@ -5,10 +5,10 @@ The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: L
 
 - ``mlp_forward``: ``x, params -> y``.
 - ``mlp_backward``: ``x, dy, params -> partial sums, dx``; ``bwd_diff`` of the network.
-- ``mlp_backward_params``: ``x, dy, params -> partial sums``, the same without ``dx``, for
-  gradients of the parameters alone (a training step's: its data need none); wide networks'
-  kernels then skip the first layer's input-gradient product (about a quarter of the digits
-  network's backward products).
+- ``mlp_backward_params``: ``x, dy, params -> partial sums``, the same without ``dx``, where
+  nothing reads it (slax/nn/_primitives.py, ``_backward_dead_code``: a training step's gradient,
+  whose data need none); wide networks' kernels then skip the first layer's input-gradient
+  product (about a quarter of the digits network's backward products).
 - wide networks only (:func:`hidden_width`): ``mlp_forward_hidden``, ``x, params -> y, hidden``,
   which keeps each sample's hidden activations, and both backward kernels read them (``x, hidden,
   dy, params -> ...``) instead of running the forward pass again.

@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import SymbolicZero
 
 from slax._config import current_routes
 from slax._primitive import check_finite, vary_alike
@@ -98,21 +97,16 @@ def _mlp_apply(params: Params, x: jax.Array) -> jax.Array:
 
 
 def _mlp_apply_fwd(params, x):
-    """With symbolic zeros (``defvjp`` below), each argument comes as a CustomVJPPrimal: ``x``'s
-    ``perturbed`` says whether its gradient is wanted at all, which a training step's never is."""
-    params = jax.tree.map(lambda leaf: leaf.value, params)
-    x, input_gradient = x.value, x.perturbed
     sizes, _ = _architecture("mlp_apply", params, x)
     y, *hidden = _forward(params, x, keep_hidden=hidden_width(sizes) > 0)
-    return y, (params, x, hidden, input_gradient)
+    return y, (params, x, hidden)
 
 
 def _mlp_apply_bwd(residuals, dy):
-    """Parameter gradients, and ``x``'s only where it is differentiated: otherwise the kernel
-    computes none (``mlp_backward_params``) and the cotangent is a symbolic zero (None)."""
-    params, x, hidden, input_gradient = residuals
-    if isinstance(dy, SymbolicZero):  # (JAX skips an equation whose one cotangent is zero)
-        return jax.tree.map(jnp.zeros_like, params), None
+    """Parameter gradients and ``x``'s. Where nothing reads ``x``'s (a gradient of the parameters
+    alone, as a training step takes it), jax.jit's dead-code elimination swaps the kernel for one
+    that computes none (slax/nn/_primitives.py, ``_backward_dce``)."""
+    params, x, hidden = residuals
     sizes, dtype = _architecture("mlp_apply", params, x)
     outputs = mlp_backward_p.bind(
         x,
@@ -123,16 +117,16 @@ def _mlp_apply_bwd(residuals, dy):
         dtype=dtype,
         group_ndim=0,
         hidden=bool(hidden),
-        input_gradient=input_gradient,
+        input_gradient=True,
         routes=current_routes(),
     )
     check_finite("slax.nn.mlp_apply's backward kernel", [x, *hidden, dy, *_flat(params)], outputs)
-    dx, *grads = outputs if input_gradient else [None, *outputs]
+    dx, *grads = outputs
     flat = [g.astype(p.dtype) for g, p in zip(grads, _flat(params))]
     return _unflat(flat), dx
 
 
-_mlp_apply.defvjp(_mlp_apply_fwd, _mlp_apply_bwd, symbolic_zeros=True)
+_mlp_apply.defvjp(_mlp_apply_fwd, _mlp_apply_bwd)
 
 
 def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[jax.Array, Params]:

@@ -191,6 +191,19 @@ def _backward(*operands, sizes, dtype, group_ndim, hidden, input_gradient, route
     return gradients
 
 
+def _backward_dead_code(used_outputs: list[bool], equation):
+    """jax.jit's dead-code elimination of a backward launch: where nothing reads ``dx`` (a gradient
+    of the parameters alone, as a training step takes it), the launch of ``mlp_backward_params``,
+    which computes none (for wide networks, a quarter of the backward products fewer); where
+    nothing reads any result, none."""
+    if not any(used_outputs):
+        return [False] * len(equation.invars), None
+    if equation.params["input_gradient"] and not used_outputs[0]:
+        params = {**equation.params, "input_gradient": False}
+        equation = equation.replace(params=params, outvars=equation.outvars[1:])
+    return [True] * len(equation.invars), equation
+
+
 def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes, platform):
     return _run_gradient_kernel(
         "mlp_loss_grad",
@@ -269,6 +282,7 @@ mlp_backward_p = declare_primitive(
     lowering=mlir.lower_fun(_backward, multiple_results=True),
     platforms=PLATFORMS,
     batching_rule=_batch_backward,
+    dead_code=_backward_dead_code,
 )
 mlp_loss_grad_p = declare_primitive(
     "slang_mlp_loss_grad",
