@@ -2,9 +2,10 @@
 
 :func:`declare_primitive` is the one recipe: a JAX ``Primitive`` with its impl (JAX's own
 dispatch), abstract evaluation, lowering and batching rule, and its JVP, transpose and dead-code
-elimination rules where it has them, registered the way JAX's ``lax`` registers its own. The kernel launch
-(``slax/_kernel_primitive.py``), the Slang function primitives (``slax/_function_primitives.py``)
-and the MLP (``slax/nn/_primitives.py``) are all declared with it.
+elimination rules where it has them, registered the way JAX's ``lax`` registers its own. The
+kernel launch (``slax/_kernel_primitive.py``), the Slang function primitives
+(``slax/_function_primitives.py``) and the MLP (``slax/nn/_primitives.py``) are all declared with
+it.
 
 Every slax primitive takes a ``routes`` parameter (:class:`slax._config.LaunchRoutes`), bound by
 the public entry point from ``slax.config`` and passed on by every rule, down to the kernel launch

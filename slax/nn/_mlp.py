@@ -105,7 +105,7 @@ def _mlp_apply_fwd(params, x):
 def _mlp_apply_bwd(residuals, dy):
     """Parameter gradients and ``x``'s. Where nothing reads ``x``'s (a gradient of the parameters
     alone, as a training step takes it), jax.jit's dead-code elimination swaps the kernel for one
-    that computes none (slax/nn/_primitives.py, ``_backward_dce``)."""
+    that computes none (slax/nn/_primitives.py, ``_backward_dead_code``)."""
     params, x, hidden = residuals
     sizes, dtype = _architecture("mlp_apply", params, x)
     outputs = mlp_backward_p.bind(
