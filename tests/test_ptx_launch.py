@@ -165,13 +165,20 @@ def test_mlp_kernels_lower_in_both_precisions(report):
 def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
     """Lowered for CUDA, a wide network's kernels run on tensor cores (TF32 mma.sync, PTX for sm_80,
     which Slang asks NVRTC for itself: both CUDA routes get it); with slax.config.tensor_cores off,
-    the tiled kernels every device runs, with no mma.sync."""
+    the tiled kernels every device runs, with no mma.sync. Float tiles are filled by asynchronous
+    copies (cp.async; by 16 bytes, 4-16-16-4's rows being 16-byte aligned), half ones by loads
+    that convert them."""
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in fused["ptx"]
         assert re.search(r"^\.target sm_80$", fused["ptx"], re.MULTILINE)
+        for launch in (fused, *_launches(report, f"mlp_apply_grad_{dtype}")):
+            ptx = launch["ptx"]
+            copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
+            assert (bool(copies), "cp.async.wait_all" in ptx) == ((dtype == "float32",) * 2), launch["name"]
     (tiled,) = _launches(report, "mlp_loss_and_grad_float32_tiled")
-    assert tiled["name"] == "mlp_loss_grad" and "mma.sync" not in tiled["ptx"]
+    assert tiled["name"] == "mlp_loss_grad"
+    assert "mma.sync" not in tiled["ptx"] and "cp.async" not in tiled["ptx"]
 
 
 @needs_tools

@@ -270,7 +270,11 @@ def _preamble(dtype: str, scratch: int, modules: list[str], fragments: bool = Fa
     interface, rows = "IGroupScratch", ""
     if fragments:
         interface = "IFragmentScratch"
-        rows = "\n    static uint4 matrixRows(uint index) { return loadMatrixRows(scratch[index]); }"
+        rows = (
+            "\n    static uint4 matrixRows(uint index) { return loadMatrixRows(scratch[index]); }"
+            "\n    static void copy(uint index, float* source, uint floats, bool zero)"
+            " { copyToScratch(scratch[index], source, floats, zero); }"
+        )
     return f"""import slax.kernel;
 {imports}
 typealias T = {SLANG_SCALAR_FOR_DTYPE[dtype]};

@@ -223,6 +223,12 @@ class TensorCoreProducts:
     def samples(self) -> int:
         return self.layout.samples
 
+    @property
+    def copies_tiles(self) -> bool:
+        """Float tiles are copied (cp.async): all of a tile's loads in flight at once, through no
+        register. Half ones are loaded, to be converted."""
+        return self.network.dtype == "float32"
+
     def _fragments(self, block: int) -> str:
         """The fragments from 8 x 8 block ``block`` on."""
         return f"fragments + {block * 64 * pieces(self.network.dtype)[1]}"

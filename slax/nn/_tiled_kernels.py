@@ -156,6 +156,11 @@ class TileProducts(Protocol):
     def operand(self) -> str:
         """The name of the parameters' second operand (the first, ``params``, is the flat layout)."""
 
+    @property
+    def copies_tiles(self) -> bool:
+        """Whether tiles are filled from memory by asynchronous copies (copyTile, float data on
+        CUDA) rather than loads (loadTile)."""
+
     def declarations(self) -> str:
         """Module-level code: ``Parameters`` (reading ``params``), ``Tile0``... (each layer's input
         and the output), ``Losses``, and whatever the products need."""
@@ -207,13 +212,30 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
     groupRoles(local, SLAX_TILE_THREADS, first, end);
 {products.setup(summing)}"""
 
-    def hidden_tiles(move: str) -> str:
-        """Each hidden layer's output tile to (storeTile) or from (loadTile) ``hidden``."""
+    def fill(data: str, width: int, stride: int, offset: int, k: int, zero_padding: bool) -> str:
+        """Tile{k} from ``width`` values a sample at ``data + offset`` (``stride`` apart), read only
+        after ``filled`` and a group barrier: loaded (loadTile), or copied (copyTile), by 4 floats
+        where the rows and the offset keep them 16-byte aligned."""
+        at, zero = (f"{data} + {offset}" if offset else data), str(zero_padding).lower()
+        if products.copies_tiles:
+            floats = 4 if width % 4 == stride % 4 == offset % 4 == 0 else 1
+            return f"copyTile<{s}, {width}, {stride}, {floats}, Tile{k}>({at}, tile, {zero}, first, end);"
+        return f"loadTile<T, {s}, {width}, {stride}, Tile{k}>({at}, tile, {zero}, first, end);"
+
+    filled = "waitTileCopies();\n        " if products.copies_tiles else ""
+
+    def fill_hidden() -> str:
+        """Each hidden layer's output tile from ``hidden``."""
         return "".join(
-            f"\n        {move}<T, {s}, {sizes[k + 1]}, {hidden}, Tile{k + 1}>"
-            f"(hidden + {network.hidden_offset(k)}, tile"
-            + (", false" if move == "loadTile" else "")
-            + ", first, end);"
+            f"\n        {fill('hidden', sizes[k + 1], hidden, network.hidden_offset(k), k + 1, False)}"
+            for k in range(last)
+        )
+
+    def store_hidden() -> str:
+        """Each hidden layer's output tile to ``hidden``."""
+        return "".join(
+            f"\n    storeTile<T, {s}, {sizes[k + 1]}, {hidden}, Tile{k + 1}>"
+            f"(hidden + {network.hidden_offset(k)}, tile, first, end);"
             for k in range(last)
         )
 
@@ -221,20 +243,20 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
         chain = "\n".join(products.forward(k, False) for k in range(len(network.layers)))
         return f"""{roles(False)}
     let tile = TileSamples(0, block * {s}, samples);
-    loadTile<T, {s}, {sizes[0]}, {sizes[0]}, Tile0>(x, tile, false, first, end);
-    groupBarrier();
-{chain}{hidden_tiles("storeTile") if keep_hidden else ""}
+    {fill("x", sizes[0], sizes[0], 0, 0, False)}
+    {filled}groupBarrier();
+{chain}{store_hidden() if keep_hidden else ""}
     storeTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(y, tile, first, end);"""
 
     def gradient_body(from_hidden: bool, input_gradient: bool) -> str:
         if from_hidden:
-            inputs = f"""{hidden_tiles("loadTile")}
-        loadTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(dy, tile, true, first, end);
-        groupBarrier();"""
+            inputs = f"""{fill_hidden()}
+        {fill("dy", sizes[-1], sizes[-1], 0, last + 1, True)}
+        {filled}groupBarrier();"""
         else:
             chain = "\n".join(products.forward(k, True) for k in range(len(network.layers)))
             inputs = f"""
-        groupBarrier();
+        {filled}groupBarrier();
 {chain}
         tileSquaredError<T, {s}, {sizes[-1]}, Tile{last + 1}, Losses>(target, tile, loss_scale, first, end);
         groupBarrier();"""
@@ -249,7 +271,7 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
     {{
         let tile = TileSamples(groupStart, (firstTile + t) * {s}, samples_per_group);
         if (tile.first >= samples_per_group) break;  // the same for the whole thread group
-        loadTile<T, {s}, {sizes[0]}, {sizes[0]}, Tile0>(x, tile, false, first, end);{inputs}
+        {fill("x", sizes[0], sizes[0], 0, 0, False)}{inputs}
 {layers_back}
     }}
 {products.end_sums()}
@@ -312,6 +334,7 @@ class TiledProducts:
     network: Network
     layout: TileLayout
     operand: str = "transposed_params"
+    copies_tiles: bool = False
 
     @property
     def samples(self) -> int:
