@@ -161,21 +161,51 @@ def test_mlp_kernels_lower_in_both_precisions(report):
     assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward")
 
 
+def _tile_copies(ptx: str) -> dict[str, int]:
+    """The asynchronous tile copies in ``ptx`` by size (cp.async.cg of 16 bytes, cp.async.ca of 4),
+    and its waits for them (cp.async.wait_all). Asserts that no group barrier follows a copy before
+    a wait, in the PTX's order: a tile's copies are awaited before the barrier that publishes it."""
+    counts = {"16": 0, "4": 0, "wait": 0}
+    pending = False
+    for line in ptx.splitlines():
+        copy = re.search(r"cp\.async\.(?:cg|ca)\.shared\.global \[%r\d+\], \[%rd\d+\], (16|4), %r\d+;", line)
+        if copy:
+            counts[copy.group(1)] += 1
+            pending = True
+        elif "cp.async.wait_all" in line:
+            counts["wait"] += 1
+            pending = False
+        elif re.search(r"\bbar(rier)?\.sync\b", line):
+            assert not pending, "a group barrier after tile copies with no wait for them"
+    return counts
+
+
 @needs_tools
 def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
     """Lowered for CUDA, a wide network's kernels run on tensor cores (TF32 mma.sync, PTX for sm_80,
     which Slang asks NVRTC for itself: both CUDA routes get it); with slax.config.tensor_cores off,
     the tiled kernels every device runs, with no mma.sync. Float tiles are filled by asynchronous
-    copies (cp.async; by 16 bytes, 4-16-16-4's rows being 16-byte aligned), half ones by loads
-    that convert them."""
+    copies (cp.async), awaited before their barrier: by 16 bytes where rows stay 16-byte aligned
+    (4-16-16-4's), by 4 where a width is not a multiple of 4 floats (5-16-16-3's input and output
+    gradient, the hidden tiles by 16); half ones by loads that convert them."""
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in fused["ptx"]
         assert re.search(r"^\.target sm_80$", fused["ptx"], re.MULTILINE)
         for launch in (fused, *_launches(report, f"mlp_apply_grad_{dtype}")):
-            ptx = launch["ptx"]
-            copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16", ptx)
-            assert (bool(copies), "cp.async.wait_all" in ptx) == ((dtype == "float32",) * 2), launch["name"]
+            counts = _tile_copies(launch["ptx"])
+            if dtype == "float32":
+                assert counts["16"] and not counts["4"] and counts["wait"], launch["name"]
+            else:
+                assert counts == {"16": 0, "4": 0, "wait": 0}, launch["name"]
+    for launch in _launches(report, "mlp_apply_grad_with_input_float32"):
+        counts = _tile_copies(launch["ptx"])
+        assert counts["16"] and not counts["4"] and counts["wait"], launch["name"]
+    forward, backward = _launches(report, "mlp_apply_grad_odd_widths_float32")
+    assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward_params")
+    forward_copies, backward_copies = _tile_copies(forward["ptx"]), _tile_copies(backward["ptx"])
+    assert forward_copies["4"] and not forward_copies["16"] and forward_copies["wait"]  # x, 5 wide
+    assert backward_copies["4"] and backward_copies["16"] and backward_copies["wait"]  # dy; hidden
     (tiled,) = _launches(report, "mlp_loss_and_grad_float32_tiled")
     assert tiled["name"] == "mlp_loss_grad"
     assert "mma.sync" not in tiled["ptx"] and "cp.async" not in tiled["ptx"]

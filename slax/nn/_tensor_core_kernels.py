@@ -143,6 +143,9 @@ def tensor_core_layout(sizes: tuple[int, ...], dtype: str) -> TensorCoreLayout |
     for stride in strides:
         offsets.append(total)
         total += samples * stride
+    # Every row 16-byte aligned in group-shared memory, as ldmatrix reads it and copyTile writes it
+    # (16-byte cp.async): the group's `scratch`, its only group-shared array, starts the window.
+    assert all(offset % 4 == 0 for offset in offsets) and all(stride % 4 == 0 for stride in strides)
     forward, backward, blocks = [], [], 0
     for n_in, n_out in layers:
         forward.append(blocks)

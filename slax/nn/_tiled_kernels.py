@@ -215,14 +215,19 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
     def fill(data: str, width: int, stride: int, offset: int, k: int, zero_padding: bool) -> str:
         """Tile{k} from ``width`` values a sample at ``data + offset`` (``stride`` apart), read only
         after ``filled`` and a group barrier: loaded (loadTile), or copied (copyTile), by 4 floats
-        where the rows and the offset keep them 16-byte aligned."""
+        where the source rows stay 16-byte aligned. That takes ``data`` 16-byte aligned: XLA's GPU
+        buffers are (its entry parameters at least 16 bytes, kEntryParameterAlignBytes, its own
+        allocations 64), and so are the destination rows of the products that copy
+        (:func:`slax.nn._tensor_core_kernels.tensor_core_layout` checks its tiles)."""
         at, zero = (f"{data} + {offset}" if offset else data), str(zero_padding).lower()
         if products.copies_tiles:
-            floats = 4 if width % 4 == stride % 4 == offset % 4 == 0 else 1
+            floats = 4 if width % 4 == 0 and stride % 4 == 0 and offset % 4 == 0 else 1
             return f"copyTile<{s}, {width}, {stride}, {floats}, Tile{k}>({at}, tile, {zero}, first, end);"
         return f"loadTile<T, {s}, {width}, {stride}, Tile{k}>({at}, tile, {zero}, first, end);"
 
-    filled = "waitTileCopies();\n        " if products.copies_tiles else ""
+    def filled(indent: str) -> str:
+        """The group barrier after a tile's fills, behind the wait for their copies."""
+        return f"waitTileCopies();\n{indent}groupBarrier();" if products.copies_tiles else "groupBarrier();"
 
     def fill_hidden() -> str:
         """Each hidden layer's output tile from ``hidden``."""
@@ -244,7 +249,7 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
         return f"""{roles(False)}
     let tile = TileSamples(0, block * {s}, samples);
     {fill("x", sizes[0], sizes[0], 0, 0, False)}
-    {filled}groupBarrier();
+    {filled("    ")}
 {chain}{store_hidden() if keep_hidden else ""}
     storeTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(y, tile, first, end);"""
 
@@ -252,11 +257,11 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
         if from_hidden:
             inputs = f"""{fill_hidden()}
         {fill("dy", sizes[-1], sizes[-1], 0, last + 1, True)}
-        {filled}groupBarrier();"""
+        {filled("        ")}"""
         else:
             chain = "\n".join(products.forward(k, True) for k in range(len(network.layers)))
             inputs = f"""
-        {filled}groupBarrier();
+        {filled("        ")}
 {chain}
         tileSquaredError<T, {s}, {sizes[-1]}, Tile{last + 1}, Losses>(target, tile, loss_scale, first, end);
         groupBarrier();"""
@@ -334,7 +339,12 @@ class TiledProducts:
     network: Network
     layout: TileLayout
     operand: str = "transposed_params"
-    copies_tiles: bool = False
+
+    @property
+    def copies_tiles(self) -> bool:
+        """Tiles are loaded (loadTile): their rows in group-shared memory are ``width + 1`` floats
+        apart, which no 16-byte copy keeps aligned, and the kernels run on every device."""
+        return False
 
     @property
     def samples(self) -> int:

@@ -210,6 +210,14 @@ def main() -> None:
             params,
             data,
         )
+    # widths 5 and 3 (not multiples of 4 floats): tiles copied 4 bytes at a time, dy's padding rows
+    # zero-filled
+    odd = slax.nn.mlp_init(jax.random.key(1), (5, 16, 16, 3), jnp.float32)
+    cases["mlp_apply_grad_odd_widths_float32"] = (
+        jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum()),
+        odd,
+        jnp.asarray(rng.uniform(size=(1000, 5)), jnp.float32),
+    )
     cases["mlp_apply_grad_with_input_float32"] = (
         jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum(), (0, 1)),
         *cases["mlp_apply_grad_float32"][1:],
