@@ -214,7 +214,8 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
 
     def fill(data: str, width: int, stride: int, offset: int, k: int, zero_padding: bool) -> str:
         """Tile{k} from ``width`` values a sample at ``data + offset`` (``stride`` apart), read only
-        after ``filled`` and a group barrier: loaded (loadTile), or copied (copyTile), by 4 floats
+        after ``filled`` (the wait for copies, then a group barrier): loaded (loadTile), or copied
+        (copyTile), by 4 floats
         where the source rows stay 16-byte aligned. That takes ``data`` 16-byte aligned: XLA's GPU
         buffers are (its entry parameters at least 16 bytes, kEntryParameterAlignBytes, its own
         allocations 64), and so are the destination rows of the products that copy
