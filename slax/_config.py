@@ -12,6 +12,7 @@ import jax
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 DEVICE_ENV_VAR = "SLAX_DEVICE"
+REFLECTION_ENV_VAR = "SLAX_REFLECTION_DEVICE"
 
 
 class DeviceKind(enum.Enum):
@@ -114,6 +115,14 @@ class Config:
         (``shaders/nn/tensor_cores.slang``); True by default. False runs them on the tiled kernels
         every device runs, whose rounding is the CPU routes' (the per-sample layer's). Also set by
         ``SLAX_TENSOR_CORES=0``.
+      reflection_device: the SlangPy device whose Slang reflection describes modules (their types,
+        functions and entry points' parameters) for slax: ``None``, the default, the device of JAX's
+        default platform; ``"cpu"`` or ``"vulkan"`` another. On a CUDA GPU with the PTX route,
+        reflection is all slax asks of SlangPy, so ``"cpu"`` keeps SlangPy's CUDA device out of
+        the process: profilers that crash in that device's creation (Nsight Compute, ``ncu``) can
+        then run it. The kernels must compile for that device's target (the CPU target has no
+        group barriers outside a ``__target_switch``). Also set by ``SLAX_REFLECTION_DEVICE``;
+        read when a module or kernel is first loaded.
     """
 
     CUDA_LAUNCHES: ClassVar[tuple[str, ...]] = CUDA_LAUNCHES
@@ -131,6 +140,11 @@ class Config:
     tensor_cores: bool = dataclasses.field(
         default_factory=lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES"), "SLAX_TENSOR_CORES", True)
     )
+    reflection_device: DeviceKind | None = dataclasses.field(
+        default_factory=lambda: parse_device_kind(
+            os.environ.get(REFLECTION_ENV_VAR), source=f"the {REFLECTION_ENV_VAR} variable"
+        )
+    )
 
     def __setattr__(self, name: str, value) -> None:
         if name == "cuda_launch" and value not in CUDA_LAUNCHES:
@@ -138,8 +152,8 @@ class Config:
                 f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
                 f"SLAX_CUDA_LAUNCH); got {value!r}."
             )
-        if name == "device_kind":
-            value = parse_device_kind(value, source="slax.config.device_kind")
+        if name in ("device_kind", "reflection_device"):
+            value = parse_device_kind(value, source=f"slax.config.{name}")
         if name == "tensor_cores" and not isinstance(value, bool):
             raise TypeError(
                 f"slax: tensor_cores must be True or False (slax.config.tensor_cores or SLAX_TENSOR_CORES); "

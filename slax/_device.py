@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import jax
 import slangpy as spy
 
-from slax._config import DEVICE_ENV_VAR, DeviceKind, LaunchRoutes, current_routes
+from slax._config import DEVICE_ENV_VAR, DeviceKind, LaunchRoutes, config, current_routes
 from slax._errors import DeviceUnavailableError
 
 
@@ -265,13 +265,20 @@ def default_platform() -> str:
 
 def reflection_device() -> spy.Device:
     """The device whose Slang reflection describes modules (types, signatures, entry points):
-    the device of JAX's default platform, which every process using slax has."""
-    return get_device(device_kind_for_platform(default_platform()))
+    the device of JAX's default platform, which every process using slax has, unless
+    ``slax.config.reflection_device`` names another (``SLAX_REFLECTION_DEVICE=cpu`` keeps SlangPy's
+    CUDA device out of a process on the PTX route, for profilers that crash in its creation)."""
+    return get_device(config.reflection_device or device_kind_for_platform(default_platform()))
 
 
 def describe_device(platform: str | None = None) -> str:
-    """Which SlangPy device runs slax kernels in computations lowered for ``platform`` (``"cpu"`` or
+    """Which device runs slax kernels in computations lowered for ``platform`` (``"cpu"`` or
     ``"cuda"``; default: JAX's default platform) traced now, for logs: ``"vulkan (llvmpipe ...)"``,
-    ``"cpu (CPU)"``, naming the device kind and its adapter. ``slax.describe_device()``."""
-    kind = device_kind_for_platform(platform or default_platform())
+    ``"cpu (CPU)"``, naming the device kind and its adapter. ``slax.describe_device()``. On the PTX
+    route XLA launches the kernels on JAX's GPU, which names it: no SlangPy CUDA device is created
+    to describe it (none may be wanted: ``slax.config.reflection_device``)."""
+    platform = platform or default_platform()
+    kind = device_kind_for_platform(platform)
+    if platform == "cuda" and current_routes().cuda == "ptx":
+        return f"{kind.value} ({jax.devices('gpu')[0].device_kind})"
     return f"{kind.value} ({get_device(kind).info.adapter_name})"

@@ -1,6 +1,6 @@
 """slax.config: debug_nans names the first Slang kernel that turns finite inputs into NaN/Inf, raising
 FloatingPointError (inside jax.jit, carried by the JaxRuntimeError XLA reports); override sets
-switches for a block and restores them."""
+switches for a block and restores them; reflection_device describes modules on another device."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import slangpy as spy
 
 import slax
+from slax._config import DeviceKind
+from slax._device import reflection_device
 
 
 @pytest.fixture
@@ -90,3 +93,28 @@ def test_backward_kernel_is_checked(examples, debug_nans):
     # d/dx sqrt(x^2 + y^2) at the origin: 0/0 in Slang's bwd_diff, from finite inputs.
     with _raises_floating_point_error("bwd_diff of Slang function 'to_polar'"):
         jax.block_until_ready(jax.grad(lambda x: examples.to_polar(x, 0.0)[0])(0.0))
+
+
+def test_reflection_device_is_read_from_its_variable(monkeypatch):
+    monkeypatch.setenv("SLAX_REFLECTION_DEVICE", "cpu")
+    assert type(slax.config)().reflection_device is DeviceKind.CPU
+    monkeypatch.setenv("SLAX_REFLECTION_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="'gpu' from the SLAX_REFLECTION_DEVICE variable"):
+        type(slax.config)()
+
+
+def test_functions_reflected_on_another_device_compute_where_jax_runs(tmp_path):
+    """slax.config.reflection_device: a module is described by the device it names (on the PTX
+    route, SlangPy's CPU device in place of its CUDA device, for profilers), while its kernels run
+    on the device of JAX's computation, with the same results and gradients."""
+    path = tmp_path / "reflected_elsewhere.slang"  # a fresh module: no reflection cached for it
+    path.write_text("[Differentiable]\nfloat cubic(float a, float x) { return a * x * x * x + x; }\n")
+    x = jax.random.uniform(jax.random.key(5), (300,), minval=-2.0, maxval=2.0)
+    with slax.config.override(reflection_device="cpu"):
+        assert reflection_device().info.type == spy.DeviceType.cpu
+        module = slax.load_module(path)
+        y = jax.jit(module.cubic)(1.5, x)
+        dx = jax.grad(lambda x: module.cubic(1.5, x).sum())(x)
+    expected = 1.5 * np.asarray(x, np.float64) ** 3 + np.asarray(x, np.float64)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, 4.5 * np.asarray(x, np.float64) ** 2 + 1.0, rtol=1e-5, atol=1e-6)
