@@ -28,6 +28,12 @@ def parse_device_kind(value: str | DeviceKind | None, *, source: str) -> DeviceK
     which names are valid."""
     if value is None or isinstance(value, DeviceKind):
         return value
+    if not isinstance(value, str):
+        valid = ", ".join(repr(k.value) for k in DeviceKind)
+        raise TypeError(
+            f"slax: the device kind from {source} must be one of {valid} or None; got "
+            f"{type(value).__name__} {value!r}."
+        )
     if not value.strip():
         return None
     try:
@@ -117,12 +123,13 @@ class Config:
         ``SLAX_TENSOR_CORES=0``.
       reflection_device: the SlangPy device whose Slang reflection describes modules (their types,
         functions and entry points' parameters) for slax: ``None``, the default, the device of JAX's
-        default platform; ``"cpu"`` or ``"vulkan"`` another. On a CUDA GPU with the PTX route,
+        default platform; ``"cpu"``, ``"vulkan"`` or ``"cuda"`` another. On a CUDA GPU with the PTX route,
         reflection is all slax asks of SlangPy, so ``"cpu"`` keeps SlangPy's CUDA device out of
         the process: profilers that crash in that device's creation (Nsight Compute, ``ncu``) can
         then run it. The kernels must compile for that device's target (the CPU target has no
-        group barriers outside a ``__target_switch``). Also set by ``SLAX_REFLECTION_DEVICE``;
-        read when a module or kernel is first loaded.
+        group barriers outside a ``__target_switch``). Also set by ``SLAX_REFLECTION_DEVICE``, read
+        when slax is imported (as the other variables); the setting is read when a module or kernel
+        is first loaded.
     """
 
     CUDA_LAUNCHES: ClassVar[tuple[str, ...]] = CUDA_LAUNCHES

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import jax
 import slangpy as spy
 
-from slax._config import DEVICE_ENV_VAR, DeviceKind, LaunchRoutes, config, current_routes
+from slax._config import DEVICE_ENV_VAR, REFLECTION_ENV_VAR, DeviceKind, LaunchRoutes, config, current_routes
 from slax._errors import DeviceUnavailableError
 
 
@@ -172,9 +172,11 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
     if kind is DeviceKind.CUDA:
         adapters = spy.Device.enumerate_adapters(spy.DeviceType.cuda)
         if ordinal >= len(adapters):
+            seen = f"{len(adapters)} CUDA adapter(s)" if adapters else "no CUDA adapter on this machine"
             raise DeviceUnavailableError(
-                f"slax: JAX uses CUDA GPU {ordinal} but SlangPy sees {len(adapters)} CUDA "
-                "adapter(s); check CUDA_VISIBLE_DEVICES is the same for both."
+                f"slax: a SlangPy CUDA device for GPU {ordinal} was asked for (JAX placed on that GPU, "
+                f"or {DEVICE_ENV_VAR} or {REFLECTION_ENV_VAR} set to cuda) but SlangPy sees {seen}; "
+                "with a GPU, check that CUDA_VISIBLE_DEVICES is the same for JAX and SlangPy."
             )
         # GPU 0 uses SlangPy's default adapter, as verified to share JAX's CUDA context.
         adapter_luid = adapters[ordinal].luid if ordinal else None

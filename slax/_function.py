@@ -185,7 +185,8 @@ class SlangFunction:
         return operands
 
     def _operand(self, value: Value, leaf: Leaf, argument: Any, label: str) -> jax.Array:
-        what = f"argument {label!r} of {self.name}() (Slang {value.slang_type!r})"
+        slang_type = leaf.slang_type or value.slang_type  # a struct field's own type
+        what = f"argument {label!r} of {self.name}() (Slang {slang_type!r})"
         if argument is None or isinstance(argument, (bool, int, float, complex, np.generic)):
             array = jnp.asarray(exact_number(argument, leaf.dtype, what))
         elif isinstance(argument, jax.Array) and _is_weakly_typed(argument):
@@ -200,13 +201,13 @@ class SlangFunction:
                 ) from error
             if array.dtype != np.dtype(leaf.dtype):
                 raise TypeError(
-                    f"slax: argument {label!r} of {self.name}() is Slang {value.slang_type!r}, "
+                    f"slax: argument {label!r} of {self.name}() is Slang {slang_type!r}, "
                     f"which needs dtype {leaf.dtype}; got {array.dtype}. Cast it with "
                     f".astype(jnp.{leaf.dtype})."
                 )
         if array.ndim < len(leaf.shape) or array.shape[array.ndim - len(leaf.shape) :] != leaf.shape:
             raise ValueError(
-                f"slax: argument {label!r} of {self.name}() is Slang {value.slang_type!r}, so its "
+                f"slax: argument {label!r} of {self.name}() is Slang {slang_type!r}, so its "
                 f"shape must end in {leaf.shape} (leading dims are the call grid); got shape "
                 f"{array.shape}."
             )
@@ -250,15 +251,26 @@ class SlangFunction:
 
 def _weak_operand(argument: jax.Array, dtype: str, what: str) -> jax.Array:
     """A Python number JAX holds (weakly typed) in the Slang parameter's dtype: checked like a
-    number where its value is known; traced, a float for an integer parameter cannot be checked
-    before it runs, so it is refused rather than truncated."""
+    number where its value is known. Traced, its value cannot be checked before it runs, so a
+    float for an integer parameter (which would be truncated) and an int for an integer type that
+    does not hold all of its dtype's values (-1 for a uint would wrap to 4294967295) are refused."""
     if not isinstance(argument, jax.core.Tracer):
         return jnp.asarray(exact_number(np.asarray(argument), dtype, what))
-    if jnp.issubdtype(argument.dtype, jnp.floating) and jnp.issubdtype(np.dtype(dtype), jnp.integer):
-        raise TypeError(
-            f"slax: {what} is an integer ({dtype}); got a float traced by JAX, which would be "
-            f"truncated. Pass an int, or round it yourself: jnp.round(x).astype(jnp.{dtype})."
-        )
+    target = np.dtype(dtype)
+    if jnp.issubdtype(target, jnp.integer):
+        if jnp.issubdtype(argument.dtype, jnp.floating):
+            raise TypeError(
+                f"slax: {what} is an integer ({dtype}); got a float traced by JAX, which would be "
+                f"truncated. Pass an int, or round it yourself: jnp.round(x).astype(jnp.{dtype})."
+            )
+        given, wanted = np.iinfo(argument.dtype), np.iinfo(target)
+        if given.min < wanted.min or given.max > wanted.max:
+            raise TypeError(
+                f"slax: {what} takes {dtype} values from {wanted.min} to {wanted.max}; got a Python "
+                f"int traced by JAX as {argument.dtype}, whose value cannot be checked before it "
+                f"runs and would wrap where it is out of range. Pass it as jnp.{dtype}(x), or "
+                "leave it out of the traced arguments (a Python int closed over is checked)."
+            )
     return argument.astype(dtype)
 
 

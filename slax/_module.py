@@ -14,7 +14,9 @@ import slangpy as spy
 
 from slax._codegen import KernelNames, name_prefix
 from slax._compile import load_slang_module
+from slax._config import REFLECTION_ENV_VAR, config
 from slax._device import SHADER_DIR, reflection_device, writable_cache_dir
+from slax._errors import SlangCompileError
 from slax._function import SlangFunction
 from slax._kernel import SlangKernel
 from slax._sources import identifiers
@@ -38,7 +40,16 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
             f"slax.load_module: Slang reads '\\' in a path as a directory separator, so it cannot "
             f"open {str(path)!r}; move or link the file to a path without backslashes."
         )
-    reflection, content = load_slang_module(reflection_device(), str(path))
+    try:
+        reflection, content = load_slang_module(reflection_device(), str(path))
+    except SlangCompileError as error:
+        if config.reflection_device is None:
+            raise
+        raise SlangCompileError(
+            f"{error}\n(slax reflects modules on SlangPy's {config.reflection_device.value} device, as "
+            f"slax.config.reflection_device or {REFLECTION_ENV_VAR} asks: the module must compile "
+            "for its target too; unset it to reflect on the device that runs the kernels.)"
+        ) from error
     return SlangModule(str(path), reflection, content)
 
 

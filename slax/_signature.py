@@ -43,6 +43,8 @@ class Leaf:
     dtype: str
     shape: tuple[int, ...]
     differentiable: bool
+    slang_type: str = ""
+    """The leaf's own Slang type (a struct field's, not the struct's), for messages."""
 
     @property
     def size(self) -> int:
@@ -161,7 +163,8 @@ def _struct_leaves(slang_type, path, no_diff, function, name):
 def _leaf(slang_type, path, no_diff, function, name) -> Leaf:
     shape, scalar = _shape_and_scalar(slang_type, function, name)
     dtype = _SCALARS[scalar][0]
-    return Leaf(path, dtype, shape, differentiable=not no_diff and dtype in FLOAT_DTYPES)
+    differentiable = not no_diff and dtype in FLOAT_DTYPES
+    return Leaf(path, dtype, shape, differentiable, slang_type=slang_type.full_name)
 
 
 def _shape_and_scalar(slang_type, function, name) -> tuple[tuple[int, ...], Scalar]:

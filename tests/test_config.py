@@ -118,3 +118,28 @@ def test_functions_reflected_on_another_device_compute_where_jax_runs(tmp_path):
     expected = 1.5 * np.asarray(x, np.float64) ** 3 + np.asarray(x, np.float64)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dx, 4.5 * np.asarray(x, np.float64) ** 2 + 1.0, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [3, True])
+def test_a_device_kind_that_is_no_name_is_refused(value):
+    with pytest.raises(
+        TypeError, match="from slax.config.reflection_device must be one of 'vulkan', 'cpu', 'cuda'"
+    ):
+        slax.config.reflection_device = value
+    with pytest.raises(TypeError, match="from slax.set_device_kind must be one of"):
+        slax.set_device_kind(value)
+    assert slax.config.reflection_device is None
+
+
+def test_a_module_the_reflection_device_cannot_compile_says_why(tmp_path):
+    path = tmp_path / "barrier.slang"  # group barriers: not on the CPU target
+    path.write_text(
+        'import slax.kernel;\ngroupshared float tile[64];\n[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+        "void reverse(uint3 id : SV_DispatchThreadID, uniform float* x, uniform float* y,\n"
+        "             uniform uint count)\n"
+        "{\n    uint i = slax_thread_index(id);\n    tile[i % 64] = x[i];\n"
+        "    GroupMemoryBarrierWithGroupSync();\n    y[i] = tile[63 - i % 64];\n}\n"
+    )
+    with slax.config.override(reflection_device="cpu"):
+        with pytest.raises(slax.SlangCompileError, match=r"(?s)barrier.slang.*SLAX_REFLECTION_DEVICE asks"):
+            slax.load_module(path)

@@ -250,6 +250,13 @@ def test_negative_uint_none_and_overflow_name_the_argument(tmp_path, monkeypatch
     ):
         module.twice(1e5)
     np.testing.assert_array_equal(module.add(jnp.arange(3, dtype=jnp.uint32), 2**32 - 1), [2**32 - 1, 0, 1])
+    # Traced, a Python int's value is unknown until it runs, where -1 would wrap to 2**32 - 1.
+    add_traced = jax.jit(lambda b: module.add(jnp.arange(3, dtype=jnp.uint32), b))
+    with pytest.raises(
+        TypeError, match=r"'b' of add\(\).*uint32 values from 0 to 4294967295; got a Python int traced"
+    ):
+        add_traced(-1)
+    np.testing.assert_array_equal(add_traced(jnp.uint32(5)), [5, 6, 7])
 
 
 def test_struct_field_none_names_the_field(fns):
@@ -274,6 +281,17 @@ def test_unknown_keyword(poly, fns):
         poly(1.0, 2.0, 3.0, y=4.0)
     with pytest.raises(TypeError, match="'angle'.*`out` parameter"):
         fns.to_polar(1.0, 2.0, angle=3.0)
+
+
+def test_struct_field_errors_name_the_fields_own_type(fns):
+    with pytest.raises(
+        ValueError, match=r"\"particle\['position'\]\" of energy\(\) is Slang 'vector<float,3>', so its shape"
+    ):
+        fns.energy({"position": jnp.ones((2, 2)), "mass": jnp.ones(2)}, jnp.ones(3))
+    with pytest.raises(
+        TypeError, match=r"\"particle\['mass'\]\" of energy\(\) is Slang 'float', which needs"
+    ):
+        fns.energy({"position": jnp.ones((2, 3)), "mass": jnp.ones(2, jnp.int32)}, jnp.ones(3))
 
 
 def test_struct_needs_its_fields(fns):
