@@ -9,9 +9,11 @@ plain JAX keeps its per-layer arrays, and ``jax/flat`` times it kept flat too: t
 compares with the faster of ``jax`` and ``jax/flat``. One step = sample a batch, forward, backward,
 Adam update. Each configuration runs a jitted lax.scan of --steps steps (--unroll of them per
 iteration of its loop): one warm-up call, then the median wall time of --repeats timed calls with
-block_until_ready. On CUDA, ``--launch slangpy ptx`` times slax once per launch route
-(slax.config.cuda_launch), and ``--tensor-cores on off`` once with wide networks on tensor cores
-and once on the tiled kernels (slax.config.tensor_cores; rows ``slax/<route>/simt``).
+block_until_ready; ``--rounds N`` times them all N times over, in turn, compiled once (small
+differences, such as float16 against float32, show whether they hold across rounds). On CUDA,
+``--launch slangpy ptx`` times slax once per launch route (slax.config.cuda_launch), and
+``--tensor-cores on off`` once with wide networks on tensor cores and once on the tiled kernels
+(slax.config.tensor_cores; rows ``slax/<route>/simt``).
 ``--devices 1 2`` times every configuration over a mesh of 1 and of 2 devices (the batch split along
 its first axis under plain ``jax.jit``, as ``polynomial.py --devices``); each row's ratio compares
 with the faster plain JAX on as many devices.
@@ -152,12 +154,35 @@ def step_keys(steps: int, devices: int | None = None) -> jax.Array:
     return on_every_device(jax.random.split(jax.random.key(1), steps), batch_sharding(devices))
 
 
+@functools.cache
+def _compiled_run(network, model, dtype, batch, steps, devices, flat, unroll, launch, tensor_cores):
+    """:func:`training_run` and the keys of a call of ``steps`` steps, traced, compiled and run once
+    (the warm-up) with the CUDA launch route and tensor-core setting given; kept, so that the
+    rounds of ``--rounds`` time the same executable again."""
+    with slax.config.override(cuda_launch=launch, tensor_cores=tensor_cores):
+        run, state = training_run(network, model, dtype, batch, devices, flat, unroll)
+        keys = step_keys(steps, devices)
+        jax.block_until_ready(run(state, keys))
+    return run, state, keys
+
+
 def steps_per_second(
     network, model, dtype, batch, steps, repeats, devices=None, flat=None, unroll=1
 ) -> float:
-    run, state = training_run(network, model, dtype, batch, devices, flat, unroll)
-    keys = step_keys(steps, devices)
-    jax.block_until_ready(run(state, keys))
+    """Steps a second: ``steps`` over the median of ``repeats`` timed calls, after one warm-up
+    call the first time a configuration (with slax.config's route and tensor-core setting) runs."""
+    run, state, keys = _compiled_run(
+        network,
+        model,
+        dtype,
+        batch,
+        steps,
+        devices,
+        flat,
+        unroll,
+        slax.config.cuda_launch,
+        slax.config.tensor_cores,
+    )
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -223,8 +248,18 @@ def main(argv: list[str] | None = None) -> int:
         help="split each batch over a mesh of this many devices, one set of rows per count "
         "(default: no mesh)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every configuration this many times, all of them in each round in turn, "
+        "compiled once (a column names the round): the spread of each row over the rounds shows "
+        "the machine's noise, and rows of one round, timed close together, compare fairly",
+    )
     parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1; got {args.rounds}.")
     for problem in filter(None, map(harness.device_count_problem, args.devices)):
         parser.error(problem)
     # slax's rows: one per CUDA launch route and tensor-core setting on a GPU; elsewhere the one
@@ -248,15 +283,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"every model's scan runs {args.unroll} training steps per loop iteration (--unroll)")
     if peaks:
         print(f"floor at {peaks[0] / 1e12:.3g} TFLOP/s FP32 and {peaks[1] / 1e9:.4g} GB/s")
+    round_column = f"{'round':>5} " if args.rounds > 1 else ""
     header = (
-        f"{'network':<11} {'dtype':<8} {'batch':>8} {'devices':>7} {'model':<12} {'steps/s':>10} "
-        f"{'samples/s':>10} {'us/step':>10} {'x floor':>8} {'vs jax':>7}"
+        f"{round_column}{'network':<11} {'dtype':<8} {'batch':>8} {'devices':>7} {'model':<12} "
+        f"{'steps/s':>10} {'samples/s':>10} {'us/step':>10} {'x floor':>8} {'vs jax':>7}"
     )
     print(header)
     print("-" * len(header))
     rows = []
-    for network, dtype, batch, devices in itertools.product(
-        args.network, args.dtype, args.batch, args.devices
+    for round_index, network, dtype, batch, devices in itertools.product(
+        range(1, args.rounds + 1), args.network, args.dtype, args.batch, args.devices
     ):
         flops, nbytes = step_floor(network, dtype, batch)
         floor = max(flops / peaks[0], nbytes / peaks[1]) / (devices or 1) if peaks else None
@@ -278,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         for model, _, flat, _, _ in table:
             rate = rates[model]
             row = {
+                "round": round_index,
                 "network": network,
                 "dtype": dtype,
                 "batch": batch,
@@ -296,9 +333,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             rows.append(row)
             times_floor = f"{row['times_floor']:>7.1f}x" if floor else f"{'-':>8}"
+            round_cell = f"{round_index:>5} " if args.rounds > 1 else ""
             print(
-                f"{network:<11} {dtype:<8} {batch:>8} {devices or '-':>7} {model:<12} {rate:>10.1f} "
-                f"{rate * batch:>10.3g} {row['step_us']:>10.1f} {times_floor} "
+                f"{round_cell}{network:<11} {dtype:<8} {batch:>8} {devices or '-':>7} {model:<12} "
+                f"{rate:>10.1f} {rate * batch:>10.3g} {row['step_us']:>10.1f} {times_floor} "
                 f"{row['speedup_vs_jax']:>6.2f}x",
                 flush=True,
             )
