@@ -251,26 +251,17 @@ class SlangFunction:
 
 def _weak_operand(argument: jax.Array, dtype: str, what: str) -> jax.Array:
     """A Python number JAX holds (weakly typed) in the Slang parameter's dtype: checked like a
-    number where its value is known. Traced, its value cannot be checked before it runs, so a
-    float for an integer parameter (which would be truncated) and an int for an integer type that
-    does not hold all of its dtype's values (-1 for a uint would wrap to 4294967295) are refused."""
+    number where its value is known; traced, a float for an integer parameter cannot be checked
+    before it runs, so it is refused rather than truncated. A traced int converts as JAX's
+    ``astype`` converts it (a loop index for a ``uint`` is the common case; a negative one wraps,
+    as README says), since refusing every traced int for a ``uint`` would refuse those indices."""
     if not isinstance(argument, jax.core.Tracer):
         return jnp.asarray(exact_number(np.asarray(argument), dtype, what))
-    target = np.dtype(dtype)
-    if jnp.issubdtype(target, jnp.integer):
-        if jnp.issubdtype(argument.dtype, jnp.floating):
-            raise TypeError(
-                f"slax: {what} is an integer ({dtype}); got a float traced by JAX, which would be "
-                f"truncated. Pass an int, or round it yourself: jnp.round(x).astype(jnp.{dtype})."
-            )
-        given, wanted = np.iinfo(argument.dtype), np.iinfo(target)
-        if given.min < wanted.min or given.max > wanted.max:
-            raise TypeError(
-                f"slax: {what} takes {dtype} values from {wanted.min} to {wanted.max}; got a Python "
-                f"int traced by JAX as {argument.dtype}, whose value cannot be checked before it "
-                f"runs and would wrap where it is out of range. Pass it as jnp.{dtype}(x), or "
-                "leave it out of the traced arguments (a Python int closed over is checked)."
-            )
+    if jnp.issubdtype(argument.dtype, jnp.floating) and jnp.issubdtype(np.dtype(dtype), jnp.integer):
+        raise TypeError(
+            f"slax: {what} is an integer ({dtype}); got a float traced by JAX, which would be "
+            f"truncated. Pass an int, or round it yourself: jnp.round(x).astype(jnp.{dtype})."
+        )
     return argument.astype(dtype)
 
 

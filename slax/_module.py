@@ -15,7 +15,13 @@ import slangpy as spy
 from slax._codegen import KernelNames, name_prefix
 from slax._compile import load_slang_module
 from slax._config import REFLECTION_ENV_VAR, config
-from slax._device import SHADER_DIR, reflection_device, writable_cache_dir
+from slax._device import (
+    SHADER_DIR,
+    default_platform,
+    device_kind_for_platform,
+    reflection_device,
+    writable_cache_dir,
+)
 from slax._errors import SlangCompileError
 from slax._function import SlangFunction
 from slax._kernel import SlangKernel
@@ -43,12 +49,14 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
     try:
         reflection, content = load_slang_module(reflection_device(), str(path))
     except SlangCompileError as error:
-        if config.reflection_device is None:
+        chosen = config.reflection_device
+        if chosen is None or chosen is device_kind_for_platform(default_platform()):
             raise
         raise SlangCompileError(
-            f"{error}\n(slax reflects modules on SlangPy's {config.reflection_device.value} device, as "
-            f"slax.config.reflection_device or {REFLECTION_ENV_VAR} asks: the module must compile "
-            "for its target too; unset it to reflect on the device that runs the kernels.)"
+            f"{error}\n(slax reflects modules on SlangPy's {chosen.value} device, as "
+            f"slax.config.reflection_device or {REFLECTION_ENV_VAR} asks, not on the device that "
+            "runs the kernels: the module must compile for its target too. Where the error is "
+            "about that target, unset it.)"
         ) from error
     return SlangModule(str(path), reflection, content)
 

@@ -109,6 +109,8 @@ def test_functions_reflected_on_another_device_compute_where_jax_runs(tmp_path):
     on the device of JAX's computation, with the same results and gradients."""
     path = tmp_path / "reflected_elsewhere.slang"  # a fresh module: no reflection cached for it
     path.write_text("[Differentiable]\nfloat cubic(float a, float x) { return a * x * x * x + x; }\n")
+    if reflection_device().info.type == spy.DeviceType.cpu:
+        pytest.skip("the CPU device already reflects modules here (it runs the kernels)")
     x = jax.random.uniform(jax.random.key(5), (300,), minval=-2.0, maxval=2.0)
     with slax.config.override(reflection_device="cpu"):
         assert reflection_device().info.type == spy.DeviceType.cpu
@@ -122,16 +124,19 @@ def test_functions_reflected_on_another_device_compute_where_jax_runs(tmp_path):
 
 @pytest.mark.parametrize("value", [3, True])
 def test_a_device_kind_that_is_no_name_is_refused(value):
+    before = slax.config.reflection_device  # None, or what SLAX_REFLECTION_DEVICE set
     with pytest.raises(
         TypeError, match="from slax.config.reflection_device must be one of 'vulkan', 'cpu', 'cuda'"
     ):
         slax.config.reflection_device = value
     with pytest.raises(TypeError, match="from slax.set_device_kind must be one of"):
         slax.set_device_kind(value)
-    assert slax.config.reflection_device is None
+    assert slax.config.reflection_device is before
 
 
 def test_a_module_the_reflection_device_cannot_compile_says_why(tmp_path):
+    if reflection_device().info.type == spy.DeviceType.cpu:
+        pytest.skip("the CPU device reflects modules here anyway (it runs the kernels)")
     path = tmp_path / "barrier.slang"  # group barriers: not on the CPU target
     path.write_text(
         'import slax.kernel;\ngroupshared float tile[64];\n[shader("compute")]\n[numthreads(64, 1, 1)]\n'
