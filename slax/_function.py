@@ -167,7 +167,7 @@ class SlangFunction:
 
     def _operands(self, value: Value, argument: Any) -> list[jax.Array]:
         if not value.is_struct:
-            return [self._operand(value, value.leaves[0], argument, value.name)]
+            return [self._operand(value.leaves[0], argument, value.name)]
         if not isinstance(argument, Mapping):
             raise TypeError(
                 f"slax: argument {value.name!r} of {self.name}() is the Slang struct "
@@ -181,11 +181,11 @@ class SlangFunction:
             for field in leaf.path:
                 item = item[field]
             label = f"{value.name}[{']['.join(repr(f) for f in leaf.path)}]"
-            operands.append(self._operand(value, leaf, item, label))
+            operands.append(self._operand(leaf, item, label))
         return operands
 
-    def _operand(self, value: Value, leaf: Leaf, argument: Any, label: str) -> jax.Array:
-        slang_type = leaf.slang_type or value.slang_type  # a struct field's own type
+    def _operand(self, leaf: Leaf, argument: Any, label: str) -> jax.Array:
+        slang_type = leaf.slang_type  # a struct field's own type, not the struct's
         what = f"argument {label!r} of {self.name}() (Slang {slang_type!r})"
         if argument is None or isinstance(argument, (bool, int, float, complex, np.generic)):
             array = jnp.asarray(exact_number(argument, leaf.dtype, what))

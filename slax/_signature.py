@@ -43,7 +43,7 @@ class Leaf:
     dtype: str
     shape: tuple[int, ...]
     differentiable: bool
-    slang_type: str = ""
+    slang_type: str
     """The leaf's own Slang type (a struct field's, not the struct's), for messages."""
 
     @property
@@ -164,7 +164,7 @@ def _leaf(slang_type, path, no_diff, function, name) -> Leaf:
     shape, scalar = _shape_and_scalar(slang_type, function, name)
     dtype = _SCALARS[scalar][0]
     differentiable = not no_diff and dtype in FLOAT_DTYPES
-    return Leaf(path, dtype, shape, differentiable, slang_type=slang_type.full_name)
+    return Leaf(path, dtype, shape, differentiable, slang_type.full_name)
 
 
 def _shape_and_scalar(slang_type, function, name) -> tuple[tuple[int, ...], Scalar]:
