@@ -14,9 +14,11 @@ differences, such as float16 against float32, show whether they hold across roun
 ``--launch slangpy ptx`` times slax once per launch route (slax.config.cuda_launch), and
 ``--tensor-cores on off`` once with wide networks on tensor cores and once on the tiled kernels
 (slax.config.tensor_cores; rows ``slax/<route>/simt``).
-``--devices 1 2`` times every configuration over a mesh of 1 and of 2 devices (the batch split along
-its first axis under plain ``jax.jit``, as ``polynomial.py --devices``); each row's ratio compares
-with the faster plain JAX on as many devices.
+``--harness`` adds a row timing the step with no model at all (``harness``: the batch sampled and
+kept, Adam on zero gradients of the flat parameters, the loop): what any model's step costs at least
+in this harness. ``--devices 1 2`` times every configuration over a mesh of 1 and of 2 devices (the
+batch split along its first axis under plain ``jax.jit``, as ``polynomial.py --devices``); each
+row's ratio compares with the faster plain JAX on as many devices.
 
 The floor of a step is the larger of its matmul FLOPs at the device's peak FP32 rate (slax's
 kernels compute in float32 in both precisions) and the bytes it must move at the device's memory
@@ -95,6 +97,8 @@ def loss_and_grad(network: str, model: str, dtype):
     """(params, x, labels-or-targets) -> (loss, grads), params float32, kernels in ``dtype``;
     ``model`` is "slax" or a key of ``JAX_PRECISIONS``."""
 
+    if model == "harness":
+        return functools.partial(harness_loss_and_grad, dtype=dtype)
     precision = JAX_PRECISIONS.get(model)
     if network == "polynomial":
         if model == "slax":
@@ -113,6 +117,18 @@ def loss_and_grad(network: str, model: str, dtype):
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     return jax.value_and_grad(cross_entropy)
+
+
+def harness_loss_and_grad(params, x, labels_or_targets, dtype):
+    """The ``harness`` row's "model": zero gradients, and one element of the batch as its loss.
+    The batch is cast to ``dtype`` as the models cast it, and the optimization barrier keeps XLA
+    from computing only that element (or nothing) of it: the sampler writes all of it, as it does
+    for a model, which reads it."""
+    if jnp.issubdtype(labels_or_targets.dtype, jnp.floating):
+        labels_or_targets = labels_or_targets.astype(dtype)  # targets; labels stay integers
+    x, labels_or_targets = jax.lax.optimization_barrier((x.astype(dtype), labels_or_targets))
+    loss = x.ravel()[0].astype(jnp.float32) + labels_or_targets.ravel()[0].astype(jnp.float32)
+    return loss, jax.tree.map(jnp.zeros_like, params)
 
 
 def make_batch(network, key, batch):
@@ -256,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         "compiled once (a column names the round): the spread of each row over the rounds shows "
         "the machine's noise, and rows of one round, timed close together, compare fairly",
     )
+    parser.add_argument(
+        "--harness",
+        action="store_true",
+        help="also time the step with no model (row harness: sampling, Adam on zero gradients, the "
+        "loop), the least any model's step costs here",
+    )
     parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -277,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     # tensor-core setting, then plain JAX.
     table = [(row, "slax", keeps_parameters_flat("slax"), launch, cores) for row, launch, cores in slax_rows]
     table += [(row, model, flat, slax.config.cuda_launch, tensor_cores) for row, model, flat in JAX_ROWS]
+    if args.harness:  # its parameters one vector, as slax's: Adam's cheapest form (two fusions)
+        table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores))
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform())
     if args.unroll > 1:

@@ -75,9 +75,9 @@ step gradcheck-ptx 600 "$PY" experiments/gradcheck.py --launch ptx --out "$out/g
 # Issue 16: training-step speed against plain JAX (the digits network at the batches its target names:
 # at 2^20 and beyond its kernels take milliseconds a step). Calls of 100 steps, as
 # training runs them in chunks: a call's own launch and wait (~0.15 ms) over 20 steps added 5-10 us
-# to every step of either model.
+# to every step of either model. The harness row: the step with no model (sampling, Adam, the loop).
 step benchmark 360 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 1048576 4194304 \
-  --dtype float32 float16 --steps 100 --repeats 7 --launch ptx slangpy --json "$out/bench.json"
+  --dtype float32 float16 --steps 100 --repeats 7 --launch ptx slangpy --harness --json "$out/bench.json"
 # Each iteration of the scan's loop costs XLA a host round trip, a few us of a small batch's step: the
 # same steps, two per iteration, for every model.
 step benchmark-unrolled 240 "$PY" experiments/benchmark.py --network polynomial --batch 4096 65536 \

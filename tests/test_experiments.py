@@ -8,6 +8,7 @@ import subprocess
 
 import benchmark
 import jax
+import numpy as np
 import pytest
 from _helpers import ROOT, run_python
 
@@ -186,6 +187,19 @@ def test_benchmark_rounds_time_every_configuration_again_without_compiling_it_ag
     ]
     assert len(built) == len(configurations)  # built and compiled in round 1, timed again in round 2
     assert "round network" in capsys.readouterr().out  # the printed table names the round
+
+
+def test_benchmark_harness_row_samples_the_whole_batch_and_trains_nothing():
+    """``--harness``'s row: the step with no model still samples all of each batch (in the
+    dtype the models read), so that it shows what every model's step costs at least; its zero
+    gradients leave the parameters as they were."""
+    for dtype, batch_shape in (("float32", "f32[1024,4]"), ("float16", "f16[1024,4]")):
+        run, state = benchmark.training_run("polynomial", "harness", dtype, 1024, flat=True)
+        keys = benchmark.step_keys(3)
+        assert batch_shape in run.lower(state, keys).compile().as_text()
+        (params, _), losses = run(state, keys)
+        np.testing.assert_array_equal(params, state[0])
+        assert losses.shape == (3,) and np.all(np.isfinite(losses)) and len(set(losses.tolist())) == 3
 
 
 def test_benchmark_runs(tmp_path):
