@@ -31,7 +31,7 @@ from slax._device import SHADER_DIR
 from slax._errors import SlangCompileError
 from slax._ptx_launch import PtxLauncher, PtxLaunchError, launch_plan, ptx_entry_parameter_types
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
-from slax.nn._kernels import kernel_layout
+from slax.nn._kernels import kernel_layout, mlp_source
 
 TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
 NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
@@ -209,6 +209,32 @@ def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
     (tiled,) = _launches(report, "mlp_loss_and_grad_float32_tiled")
     assert tiled["name"] == "mlp_loss_grad"
     assert "mma.sync" not in tiled["ptx"] and "cp.async" not in tiled["ptx"]
+
+
+def _loads_in_sample_loop(ptx: str) -> tuple[int, list[int]]:
+    """(the line of the sample loop's fence, the lines of its loads from global memory) in a
+    narrow network's gradient kernel: the loop is the one whose body holds the kernel's only fence
+    (rereadStagedParameters), from its label to the branch back to it."""
+    lines = ptx.splitlines()
+    (fence,) = [i for i, line in enumerate(lines) if re.search(r"\b(membar\.cta|fence\.sc\.cta)\b", line)]
+    start = next(i for i in range(fence, -1, -1) if re.match(r"^\$L\w+:$", lines[i]))
+    label = re.escape(lines[start].rstrip(":"))
+    end = next(i for i in range(fence, len(lines)) if re.search(rf"\bbra(\.uni)?\s+{label};", lines[i]))
+    return fence, [i for i in range(start, end) if "ld.global" in lines[i]]
+
+
+@needs_tools
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("entry", ["mlp_loss_grad", "mlp_backward", "mlp_backward_params"])
+def test_narrow_kernels_fence_before_loading_the_next_sample(nvrtc, entry, dtype):
+    """In a narrow network's sample loop the fence that makes the staged parameters be re-read
+    comes before the next sample's loads from global memory, not after them: on CUDA it waits
+    for the thread's memory accesses in flight, and after the loads it made every sample wait
+    for the next one's rows (BENCHMARKS.md, tenth session)."""
+    spec = KernelSpec(entry, source=mlp_source((4, 16, 4), dtype, tensor_cores=True))
+    fence, loads = _loads_in_sample_loop(compile_entry_point(spec, CodeTarget.PTX))
+    assert loads, "no loads of the next sample in the loop"
+    assert all(line > fence for line in loads), f"loads at PTX lines {loads} before the fence at {fence}"
 
 
 @needs_tools

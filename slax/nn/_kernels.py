@@ -319,7 +319,11 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
     def sample_loop(data: str, n_data: int, body: str) -> str:
         """The thread's samples in order, as ``input`` and ``{data}Row``: each sample's rows are
         loaded while the one before runs, so that its loads wait on memory behind that sample's
-        arithmetic; and staged parameters are re-read per sample (rereadStagedParameters)."""
+        arithmetic; and staged parameters are re-read per sample (rereadStagedParameters), whose
+        fence comes before the next sample's loads are issued: on CUDA it waits for the thread's
+        outstanding memory accesses, and after them it made every sample wait for the next one's
+        rows (the 4-16-4 loss kernel at 2^20 on an H100: 28.3 us with the fence after the loads,
+        26.9 before them; BENCHMARKS.md, tenth session)."""
         return f"""
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
@@ -337,12 +341,12 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
         bool active = samples.active(i);
         let input = nextInput;
         let {data}Row = nextRow;
+        rereadStagedParameters();
         if (i + 1 < samples.count)
         {{
             nextInput = loadVec<{n_in}>(x, samples.sample(i + 1));
             nextRow = loadVec<{n_data}>({data}, samples.sample(i + 1));
         }}
-        rereadStagedParameters();
 {body}
     }}
     Sums.finish(partials, block, local);"""
