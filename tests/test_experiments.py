@@ -190,13 +190,21 @@ def test_benchmark_rounds_time_every_configuration_again_without_compiling_it_ag
 
 
 def test_benchmark_harness_row_samples_the_whole_batch_and_trains_nothing():
-    """``--harness``'s row: the step with no model still samples all of each batch (in the
-    dtype the models read), so that it shows what every model's step costs at least; its zero
+    """``--harness``'s row: the step with no model passes all of each batch, in the dtype the
+    models read (labels stay integers), through an optimization barrier, so that XLA samples it in
+    full, as for a model that reads it, rather than only the element its loss takes; and its zero
     gradients leave the parameters as they were."""
-    for dtype, batch_shape in (("float32", "f32[1024,4]"), ("float16", "f16[1024,4]")):
-        run, state = benchmark.training_run("polynomial", "harness", dtype, 1024, flat=True)
+    cases = (
+        ("polynomial", "float32", "tensor<1024x4xf32>, tensor<1024x4xf32>"),
+        ("polynomial", "float16", "tensor<1024x4xf16>, tensor<1024x4xf16>"),
+        ("digits", "float16", "tensor<1024x64xf16>, tensor<1024xi32>"),
+    )
+    for network, dtype, batch_types in cases:
+        run, state = benchmark.training_run(network, "harness", dtype, 1024, flat=True)
         keys = benchmark.step_keys(3)
-        assert batch_shape in run.lower(state, keys).compile().as_text()
+        lowered = run.lower(state, keys).as_text()
+        barriers = re.findall(r"stablehlo\.optimization_barrier .* : (.*)$", lowered, re.M)
+        assert barriers == [batch_types], (network, dtype, barriers)
         (params, _), losses = run(state, keys)
         np.testing.assert_array_equal(params, state[0])
         assert losses.shape == (3,) and np.all(np.isfinite(losses)) and len(set(losses.tolist())) == 3

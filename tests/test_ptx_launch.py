@@ -213,14 +213,20 @@ def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
 
 def _loads_in_sample_loop(ptx: str) -> tuple[int, list[int]]:
     """(the line of the sample loop's fence, the lines of its loads from global memory) in a
-    narrow network's gradient kernel: the loop is the one whose body holds the kernel's only fence
-    (rereadStagedParameters), from its label to the branch back to it."""
+    narrow network's gradient kernel: the loop is the one around the kernel's only fence
+    (rereadStagedParameters), from the first branch after the fence back to a label above it, to
+    that label."""
     lines = ptx.splitlines()
-    (fence,) = [i for i, line in enumerate(lines) if re.search(r"\b(membar\.cta|fence\.sc\.cta)\b", line)]
-    start = next(i for i in range(fence, -1, -1) if re.match(r"^\$L\w+:$", lines[i]))
-    label = re.escape(lines[start].rstrip(":"))
-    end = next(i for i in range(fence, len(lines)) if re.search(rf"\bbra(\.uni)?\s+{label};", lines[i]))
-    return fence, [i for i in range(start, end) if "ld.global" in lines[i]]
+    fences = [i for i, line in enumerate(lines) if re.search(r"\b(membar\.cta|fence\.sc\.cta)\b", line)]
+    assert len(fences) == 1, f"expected the one fence of rereadStagedParameters; found {len(fences)}"
+    (fence,) = fences
+    labels = {line[:-1]: i for i, line in enumerate(lines) if re.match(r"^\$L\w+:$", line)}
+    for end in range(fence, len(lines)):
+        branch = re.search(r"\bbra(?:\.uni)?\s+(\$L\w+);", lines[end])
+        if branch and labels.get(branch.group(1), end) < fence:
+            start = labels[branch.group(1)]
+            return fence, [i for i in range(start, end) if "ld.global" in lines[i]]
+    raise AssertionError("no branch back to a label above the fence: the fence is in no loop")
 
 
 @needs_tools
