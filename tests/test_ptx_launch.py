@@ -234,9 +234,8 @@ def _loads_in_sample_loop(ptx: str) -> tuple[int, list[int]]:
 @pytest.mark.parametrize("entry", ["mlp_loss_grad", "mlp_backward", "mlp_backward_params"])
 def test_narrow_kernels_fence_before_loading_the_next_sample(nvrtc, entry, dtype):
     """In a narrow network's sample loop the fence that makes the staged parameters be re-read
-    comes before the next sample's loads from global memory, not after them: on CUDA it waits
-    for the thread's memory accesses in flight, and after the loads it made every sample wait
-    for the next one's rows (BENCHMARKS.md, tenth session)."""
+    comes before the next sample's loads from global memory, not after them: after them, on CUDA,
+    the parameter reads behind the fence waited for those loads (BENCHMARKS.md, tenth session)."""
     spec = KernelSpec(entry, source=mlp_source((4, 16, 4), dtype, tensor_cores=True))
     fence, loads = _loads_in_sample_loop(compile_entry_point(spec, CodeTarget.PTX))
     assert loads, "no loads of the next sample in the loop"

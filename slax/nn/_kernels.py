@@ -320,10 +320,10 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
         """The thread's samples in order, as ``input`` and ``{data}Row``: each sample's rows are
         loaded while the one before runs, so that its loads wait on memory behind that sample's
         arithmetic; and staged parameters are re-read per sample (rereadStagedParameters), whose
-        fence comes before the next sample's loads are issued: on CUDA it waits for the thread's
-        outstanding memory accesses, and after them it made every sample wait for the next one's
-        rows (the 4-16-4 loss kernel at 2^20 on an H100: 28.3 us with the fence after the loads,
-        26.9 before them; BENCHMARKS.md, tenth session)."""
+        fence comes before the next sample's loads are issued: after them, on CUDA, the parameter
+        reads behind the fence waited for those loads (the 4-16-4 loss kernel at 2^20 on an H100:
+        28.3 us with the fence after the loads, 26.9 before them, and ncu's stalls on shared-memory
+        reads 0.27 and 0.16 per issued instruction; BENCHMARKS.md, tenth session)."""
         return f"""
     uint thread = slax_thread_index(thread_id);
     if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
