@@ -270,7 +270,16 @@ def reflection_device() -> spy.Device:
     the device of JAX's default platform, which every process using slax has, unless
     ``slax.config.reflection_device`` names another (``SLAX_REFLECTION_DEVICE=cpu`` keeps SlangPy's
     CUDA device out of a process on the PTX route, for profilers that crash in its creation)."""
-    return get_device(config.reflection_device or device_kind_for_platform(default_platform()))
+    return get_device(reflection_override() or device_kind_for_platform(default_platform()))
+
+
+def reflection_override() -> DeviceKind | None:
+    """``slax.config.reflection_device`` where it names a device other than the one of JAX's
+    default platform (which runs the kernels), else None: then a module reflected there must
+    compile for another target than its kernels' (``slax.load_module`` says so on a compile
+    error)."""
+    chosen = config.reflection_device
+    return None if chosen is device_kind_for_platform(default_platform()) else chosen
 
 
 def describe_device(platform: str | None = None) -> str:

@@ -14,14 +14,8 @@ import slangpy as spy
 
 from slax._codegen import KernelNames, name_prefix
 from slax._compile import load_slang_module
-from slax._config import REFLECTION_ENV_VAR, config
-from slax._device import (
-    SHADER_DIR,
-    default_platform,
-    device_kind_for_platform,
-    reflection_device,
-    writable_cache_dir,
-)
+from slax._config import REFLECTION_ENV_VAR
+from slax._device import SHADER_DIR, reflection_device, reflection_override, writable_cache_dir
 from slax._errors import SlangCompileError
 from slax._function import SlangFunction
 from slax._kernel import SlangKernel
@@ -49,8 +43,8 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
     try:
         reflection, content = load_slang_module(reflection_device(), str(path))
     except SlangCompileError as error:
-        chosen = config.reflection_device
-        if chosen is None or chosen is device_kind_for_platform(default_platform()):
+        chosen = reflection_override()
+        if chosen is None:
             raise
         raise SlangCompileError(
             f"{error}\n(slax reflects modules on SlangPy's {chosen.value} device, as "
