@@ -59,8 +59,8 @@ class LaunchRoutes:
       cuda: the launch route on CUDA GPUs, one of ``CUDA_LAUNCHES`` (``slax.config.cuda_launch``).
       cpu: the SlangPy device kind that runs kernels of CPU-placed JAX (``slax.config.device_kind``);
         ``None``: Vulkan where a driver exists, else SlangPy's CPU device.
-      tensor_cores: on CUDA GPUs, whether wide MLPs' kernels may run on tensor cores
-        (``slax.config.tensor_cores``).
+      tensor_cores: on CUDA GPUs, whether MLP kernels may run on tensor cores: wide networks', and
+        narrow float16 networks' fused loss and gradient (``slax.config.tensor_cores``).
     """
 
     cuda: str = "slangpy"
@@ -119,8 +119,10 @@ class Config:
       tensor_cores: on CUDA GPUs (sm_80 and newer), run wide MLPs (``slax.nn``) on tensor cores,
         each product split into TF32 pieces so that float32 networks keep float32's accuracy
         (``shaders/nn/tensor_cores.slang``); True by default. False runs them on the tiled kernels
-        every device runs, whose rounding is the CPU routes' (the per-sample layer's). Also set by
-        ``SLAX_TENSOR_CORES=0``.
+        every device runs, whose rounding is the CPU routes' (the per-sample layer's). Also runs
+        the fused loss and gradient of narrow float16 networks (layers at most 16 wide) on tensor
+        cores, a warp per tile of 16 samples (``shaders/nn/warp_mma.slang``); False runs it a
+        sample per thread. Also set by ``SLAX_TENSOR_CORES=0``.
       reflection_device: the SlangPy device whose Slang reflection describes modules (their types,
         functions and entry points' parameters) for slax: ``None``, the default, the device of JAX's
         default platform; ``"cpu"``, ``"vulkan"`` or ``"cuda"`` another. On a CUDA GPU with the PTX route,

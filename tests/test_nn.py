@@ -196,8 +196,10 @@ def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads
     """Narrow networks sum each thread's samples in registers, several per thread when the launch
     would otherwise exceed THREADS_WANTED threads (1000 samples: 1, 16 and 64 per thread here, with
     padding past the batch's end); vmapped groups sum apart. Every split gives the reference's loss
-    and gradients within the dtype's tolerance."""
+    and gradients within the dtype's tolerance. Tensor cores off: with them, a float16 network's
+    fused kernel on a CUDA GPU runs warp tiles (tests/test_warp_mma.py)."""
     monkeypatch.setattr(nn_kernels, "THREADS_WANTED", threads_wanted)
+    monkeypatch.setattr(slax.config, "tensor_cores", False)
     keys = jax.random.split(jax.random.key(12), 4)
     params = nn.mlp_init(keys[0], (4, 16, 4), dtype)
     x = mlp_inputs(params, keys[1], 1000, dtype).reshape(2, 500, 4)

@@ -161,6 +161,31 @@ def test_mlp_kernels_lower_in_both_precisions(report):
     assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward")
 
 
+@needs_tools
+@pytest.mark.parametrize(
+    ("sizes", "dtype", "tensor_cores"),
+    [((4, 16, 4), "float16", True), ((9, 12, 3), "float16", True), ((4, 16, 4), "float32", False)],
+)
+def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, dtype, tensor_cores):
+    """Lowered for CUDA, a narrow float16 network's fused loss and gradient is the warp-per-tile
+    kernel (shaders/nn/warp_mma.slang): mma.sync on halves, movmatrix, no per-sample fence; the
+    float32 network's runs a sample per thread. Each launches as its layout says."""
+    (launch,) = _launches(report, f"narrow_loss_and_grad_{'-'.join(map(str, sizes))}_{dtype}")
+    layout = kernel_layout(sizes, tensor_cores=True, dtype=dtype)
+    assert layout.warp_mma == tensor_cores
+    threads, groups, _ = layout.gradient_launch(1000, 1000, "mlp_loss_grad")
+    assert (launch["name"], launch["grid"], launch["num_warps"]) == (
+        "mlp_loss_grad",
+        [groups, 1, 1],
+        threads // 32,
+    )
+    ptx = launch["ptx"]
+    assert ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx) == tensor_cores
+    assert ("movmatrix.sync.aligned.m8n8.trans.b16" in ptx) == tensor_cores
+    fenced = re.search(r"\b(membar\.cta|fence\.sc\.cta)\b", ptx) is not None
+    assert fenced != tensor_cores  # rereadStagedParameters, per sample
+
+
 def _tile_copies(ptx: str) -> dict[str, int]:
     """The asynchronous tile copies in ``ptx`` by size (cp.async.cg of 16 bytes, cp.async.ca of 4),
     and its waits for them (cp.async.wait_all). Asserts that no group barrier follows a copy before
@@ -235,8 +260,9 @@ def _loads_in_sample_loop(ptx: str) -> tuple[int, list[int]]:
 def test_narrow_kernels_fence_before_loading_the_next_sample(nvrtc, entry, dtype):
     """In a narrow network's sample loop the fence that makes the staged parameters be re-read
     comes before the next sample's loads from global memory, not after them: after them, on CUDA,
-    the parameter reads behind the fence waited for those loads (BENCHMARKS.md, tenth session)."""
-    spec = KernelSpec(entry, source=mlp_source((4, 16, 4), dtype, tensor_cores=True))
+    the parameter reads behind the fence waited for those loads (BENCHMARKS.md, tenth session).
+    Tensor cores off: with them, float16's fused kernel runs tiles a warp (no per-sample fence)."""
+    spec = KernelSpec(entry, source=mlp_source((4, 16, 4), dtype, tensor_cores=False))
     fence, loads = _loads_in_sample_loop(compile_entry_point(spec, CodeTarget.PTX))
     assert loads, "no loads of the next sample in the loop"
     assert all(line > fence for line in loads), f"loads at PTX lines {loads} before the fence at {fence}"

@@ -36,7 +36,10 @@ of a group. How a row is summed depends on the network's size:
   sample at a time per thread, through Slang's ``bwd_diff``: each group is covered by
   ``blocks_per_group`` thread groups of SLAX_GROUP_SIZE threads, each thread running
   ``samples_per_thread`` samples and summing their gradients in registers, then the thread group
-  adds its threads' sums; parameters are staged in group-shared memory;
+  adds its threads' sums; parameters are staged in group-shared memory. For JAX on CUDA with
+  tensor cores, float16 networks at most 16 wide compute ``mlp_loss_grad`` a tile of 16 samples
+  per warp instead (``shaders/nn/warp_mma.slang``, :func:`warp_mma_fits`), the same thread
+  groups covering the same samples;
 - wide ones run a tile of samples at a time per thread group, each layer a matrix product split
   over its threads (slax/nn/_tiled_kernels.py, ``shaders/nn/tiled.slang``), or, for JAX on CUDA,
   over its warps' tensor cores (slax/nn/_tensor_core_kernels.py, ``shaders/nn/tensor_cores.slang``)
@@ -60,6 +63,12 @@ from slax.nn._tiled_kernels import (
     tile_error,
     tile_kernels_source,
     tile_layout,
+)
+from slax.nn._warp_mma_kernels import (
+    LOSS_GRAD_ENTRY,
+    WARP_MMA_THREADS_WANTED,
+    WARP_MMA_WIDTH,
+    warp_mma_loss_grad,
 )
 
 HIDDEN_SLOPE = 0.01
@@ -107,10 +116,14 @@ class KernelLayout:
       sums: floats in a row of ``partials``: the parameters' gradients, then the loss.
       thread_sums: each thread runs its samples one at a time and sums them in registers (narrow
         networks), else thread groups run tiles of samples (wide ones, ``tile``).
-      scratch: group-shared floats for the thread sums' group sum (narrow networks).
+      scratch: group-shared floats for the thread sums' group sum (narrow networks), or the warp
+        tiles' rows of sums, one a warp (``warp_mma``).
       tile: the tiles' layout (wide networks; None for narrow ones, or where even one sample's
         tile does not fit: see :func:`too_wide_error`): a :class:`TensorCoreLayout` where the
         kernels run on tensor cores, else a :class:`TileLayout`.
+      warp_mma: a narrow float16 network's loss-and-gradient kernel runs on tensor cores, a warp
+        per tile of 16 samples (``shaders/nn/warp_mma.slang``; :func:`warp_mma_fits`); its other
+        kernels, and every other narrow network's, run a sample per thread.
     """
 
     parameters: int
@@ -118,6 +131,7 @@ class KernelLayout:
     thread_sums: bool
     scratch: int
     tile: TileLayout | TensorCoreLayout | None
+    warp_mma: bool = False
 
     @property
     def tensor_cores(self) -> bool:
@@ -131,30 +145,35 @@ class KernelLayout:
             raise ValueError(f"slax: no tile layout: {'narrow network' if self.thread_sums else 'too wide'}.")
         return self.tile
 
-    def samples_per_thread(self, samples: int, per_group: int) -> int:
+    def samples_per_thread(self, samples: int, per_group: int, warp_tiles: bool = False) -> int:
         """Samples each thread runs in a gradient launch of a narrow network over ``samples`` in
-        all, in vmapped groups of ``per_group``: enough to keep near THREADS_WANTED threads, but no
-        more than a thread group needs to cover its group (a thread group serves one group:
-        per-example gradients of single samples run one each)."""
-        wanted = min(MAX_SAMPLES_PER_THREAD, math.ceil(samples / THREADS_WANTED))
+        all, in vmapped groups of ``per_group``: enough to keep near THREADS_WANTED threads (or
+        WARP_MMA_THREADS_WANTED for the tensor-core kernel, ``warp_tiles``), but no more than a
+        thread group needs to cover its group (a thread group serves one group: per-example
+        gradients of single samples run one each)."""
+        threads = WARP_MMA_THREADS_WANTED if warp_tiles else THREADS_WANTED
+        wanted = min(MAX_SAMPLES_PER_THREAD, math.ceil(samples / threads))
         return max(1, min(wanted, math.ceil(per_group / GROUP_SIZE)))
 
-    def gradient_launch(self, samples: int, per_group: int) -> tuple[int, int, tuple[str, int]]:
-        """A gradient launch over ``samples`` in vmapped groups of ``per_group``: threads per thread
-        group, thread groups per vmapped group, and the kernels' scalar saying how much each runs
-        (``samples_per_thread`` or ``tiles_per_block``)."""
+    def gradient_launch(
+        self, samples: int, per_group: int, entry: str = "mlp_loss_grad"
+    ) -> tuple[int, int, tuple[str, int]]:
+        """A launch of gradient kernel ``entry`` over ``samples`` in vmapped groups of
+        ``per_group``: threads per thread group, thread groups per vmapped group, and the kernels'
+        scalar saying how much each runs (``samples_per_thread`` or ``tiles_per_block``)."""
         if self.thread_sums:
-            per_thread = self.samples_per_thread(samples, per_group)
+            warp_tiles = self.warp_mma and entry == "mlp_loss_grad"
+            per_thread = self.samples_per_thread(samples, per_group, warp_tiles)
             return GROUP_SIZE, -(-per_group // (GROUP_SIZE * per_thread)), ("samples_per_thread", per_thread)
         per_block = self.wide_tile.tiles_per_block(samples, per_group)
         blocks = -(-per_group // (self.wide_tile.samples * per_block))
         return TILE_THREADS, blocks, ("tiles_per_block", per_block)
 
-    def gradient_reach(self, samples: int, per_group: int) -> int:
-        """The sample positions a gradient launch over ``samples`` in vmapped groups of
-        ``per_group`` steps through in each group, the padding of its last thread group included:
-        the kernels number them with 32-bit uints."""
-        _, blocks, (_, each) = self.gradient_launch(samples, per_group)
+    def gradient_reach(self, samples: int, per_group: int, entry: str = "mlp_loss_grad") -> int:
+        """The sample positions a launch of gradient kernel ``entry`` over ``samples`` in vmapped
+        groups of ``per_group`` steps through in each group, the padding of its last thread group
+        included: the kernels number them with 32-bit uints."""
+        _, blocks, (_, each) = self.gradient_launch(samples, per_group, entry)
         return blocks * each * (GROUP_SIZE if self.thread_sums else self.wide_tile.samples)
 
     def forward_threads(self, samples: int) -> int:
@@ -168,9 +187,11 @@ class KernelLayout:
 @functools.cache
 def kernel_layout(sizes: tuple[int, ...], tensor_cores: bool = False, dtype: str = "float32") -> KernelLayout:
     """How the kernels of ``sizes`` sum and read parameters; with ``tensor_cores`` (JAX on CUDA), a
-    wide network whose tensor-core layout in ``dtype`` exists takes it."""
+    wide network whose tensor-core layout in ``dtype`` exists takes it, and a narrow one that
+    :func:`warp_mma_fits` runs its fused loss and gradient in warp tiles."""
     _, total = parameter_offsets(sizes)
     thread_sums = total + 1 <= THREAD_SUMS_LIMIT
+    warp_mma = tensor_cores and warp_mma_fits(sizes, dtype)
     tile = None
     if not thread_sums:
         tile = (tensor_core_layout(sizes, dtype) if tensor_cores else None) or tile_layout(sizes)
@@ -180,7 +201,18 @@ def kernel_layout(sizes: tuple[int, ...], tensor_cores: bool = False, dtype: str
         thread_sums=thread_sums,
         scratch=SCRATCH_BUDGET_FLOATS - total if thread_sums else 0,
         tile=tile,
+        warp_mma=warp_mma,
     )
+
+
+def warp_mma_fits(sizes: tuple[int, ...], dtype: str) -> bool:
+    """Whether ``shaders/nn/warp_mma.slang`` runs the loss and gradient of ``sizes`` in ``dtype``
+    where JAX runs on CUDA with tensor cores on: narrow networks (whose other kernels run a sample
+    per thread) in float16 with every layer at most WARP_MMA_WIDTH wide. float32 stays on CUDA
+    cores, exact to ``jax.grad``: on tensor cores each product would take three (3xTF32)."""
+    _, total = parameter_offsets(sizes)
+    narrow = total + 1 <= THREAD_SUMS_LIMIT
+    return narrow and dtype == "float16" and max(sizes) <= WARP_MMA_WIDTH
 
 
 def hidden_width(sizes: tuple[int, ...]) -> int:
@@ -383,7 +415,16 @@ void {name}(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, 
         var pair = diffPair(input);
         bwd_diff(sampleLoss)(net, pair, targetRow, active ? loss_scale : 0.0);""",
     )
-    return f"""{_preamble(dtype, layout.scratch, ["nn.mlp"])}
+    modules = ["nn.mlp", "nn.warp_mma"] if layout.warp_mma else ["nn.mlp"]
+    loss_grad = (
+        warp_mma_loss_grad(layer_pairs(sizes), offsets, slopes, layout.sums, layout.scratch)
+        if layout.warp_mma
+        else f"""{LOSS_GRAD_ENTRY}
+{{{loss_grad_loop}
+}}
+"""
+    )
+    return f"""{_preamble(dtype, layout.scratch, modules)}
 {_parameters_source(layout)}
 {_sums_source(layout)}
 
@@ -439,13 +480,4 @@ void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform fl
     for (int i = 0; i < {n_out}; i++) y[thread * {n_out} + i] = out.vals[i];
 }}
 
-{backward_entry(True)}{backward_entry(False)}
-[shader("compute")]
-[numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
-                   uniform float* params, uniform float* partials, uniform uint count,
-                   uniform uint samples_per_group, uniform uint blocks_per_group,
-                   uniform uint samples_per_thread, uniform float loss_scale)
-{{{loss_grad_loop}
-}}
-"""
+{backward_entry(True)}{backward_entry(False)}{loss_grad}"""

@@ -27,8 +27,8 @@ from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, mlp_sourc
 from slax.nn._tensor_core_kernels import weight_fragments
 
 PLATFORMS = ("cpu", "cuda")
-"""Where the MLP's primitives lower: on CUDA, wide networks' kernels run on tensor cores
-(slax/nn/_kernels.py, ``kernel_layout``)."""
+"""Where the MLP's primitives lower: on CUDA, wide networks' kernels, and narrow float16 networks'
+fused loss and gradient, run on tensor cores (slax/nn/_kernels.py, ``kernel_layout``)."""
 
 
 @functools.cache
@@ -38,9 +38,10 @@ def _kernel(sizes: tuple[int, ...], dtype: str, entry: str, tensor_cores: bool) 
 
 def _tensor_cores(platform: str, routes: LaunchRoutes) -> bool:
     """Whether the kernels of a computation lowered for ``platform`` and traced with ``routes`` may
-    use tensor cores: JAX on a CUDA GPU of compute capability 8.0 or newer (TF32 mma.sync; the
-    kernels' PTX is for sm_80, which an older GPU refuses to load), unless
-    ``slax.config.tensor_cores`` was off. Older GPUs run the tiled kernels."""
+    use tensor cores: JAX on a CUDA GPU of compute capability 8.0 or newer (TF32 and float16
+    mma.sync; the kernels' PTX is for sm_80, which an older GPU refuses to load), unless
+    ``slax.config.tensor_cores`` was off. Older GPUs run the tiled kernels, and a sample per
+    thread."""
     return platform == "cuda" and routes.tensor_cores and compute_capability() >= 80
 
 
@@ -142,9 +143,9 @@ def _run_gradient_kernel(
     layout = kernel_layout(sizes, tensor_cores, dtype)
     groups = math.prod(x.shape[:group_ndim])
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
-    threads, blocks, share = layout.gradient_launch(groups * per_group, per_group)
+    threads, blocks, share = layout.gradient_launch(groups * per_group, per_group, entry)
     count = groups * blocks * threads  # 0 for an empty batch: no launch
-    reach = layout.gradient_reach(groups * per_group, per_group)
+    reach = layout.gradient_reach(groups * per_group, per_group, entry)
     if reach > UINT_MAX:
         raise ValueError(
             f"slax: kernel {entry!r}: its thread groups step through {reach:,} sample positions "

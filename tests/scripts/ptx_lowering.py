@@ -218,6 +218,17 @@ def main() -> None:
         odd,
         jnp.asarray(rng.uniform(size=(1000, 5)), jnp.float32),
     )
+    # narrow networks: float16's fused loss and gradient on tensor cores, a warp per tile, where
+    # its widths fit (4-16-4, and 9-12-3 with a layer wider than 8); float32's a sample per thread
+    for sizes, dtype in [((4, 16, 4), jnp.float16), ((9, 12, 3), jnp.float16), ((4, 16, 4), jnp.float32)]:
+        narrow = slax.nn.mlp_init(jax.random.key(2), sizes, dtype)
+        rows = jnp.asarray(rng.uniform(size=(1000, sizes[0])), dtype)
+        cases[f"narrow_loss_and_grad_{'-'.join(map(str, sizes))}_{jnp.dtype(dtype).name}"] = (
+            slax.nn.mlp_loss_and_grad,
+            narrow,
+            rows,
+            jnp.asarray(rng.uniform(size=(1000, sizes[-1])), dtype),
+        )
     cases["mlp_apply_grad_with_input_float32"] = (
         jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum(), (0, 1)),
         *cases["mlp_apply_grad_float32"][1:],
