@@ -210,8 +210,7 @@ def warp_mma_fits(sizes: tuple[int, ...], dtype: str) -> bool:
     where JAX runs on CUDA with tensor cores on: narrow networks (whose other kernels run a sample
     per thread) in float16 with every layer at most WARP_MMA_WIDTH wide. float32 stays on CUDA
     cores, exact to ``jax.grad``: on tensor cores each product would take three (3xTF32)."""
-    _, total = parameter_offsets(sizes)
-    narrow = total + 1 <= THREAD_SUMS_LIMIT
+    narrow = kernel_layout(sizes).thread_sums  # without tensor cores: asks nothing of this function
     return narrow and dtype == "float16" and max(sizes) <= WARP_MMA_WIDTH
 
 
