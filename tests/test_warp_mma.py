@@ -14,7 +14,10 @@ from _training import cast
 
 import slax
 from slax import nn
+from slax._compile import kernel_parameters
+from slax._device import get_device
 from slax.nn import _kernels as nn_kernels
+from slax.nn import _primitives as nn_primitives
 from slax.nn._kernels import kernel_layout, warp_mma_fits
 
 NARROW = [(4, 16, 4), (3, 7, 5), (9, 12, 3), (16, 3, 16), (2, 8, 8, 1), (5, 9, 6, 2)]
@@ -65,6 +68,25 @@ def test_only_the_fused_loss_and_gradient_launches_more_threads():
     assert per_sample == samples // nn_kernels.THREADS_WANTED
     # vmapped groups of 200: one thread group each, 4 samples a thread, whatever the launch wants
     assert layout.gradient_launch(samples, 200, "mlp_loss_grad")[1:] == (1, ("samples_per_thread", 4))
+
+
+def test_every_device_kind_reflects_the_kernel(device_kind):
+    """On the PTX route slax reads a kernel's parameters from SlangPy's reflection of it, on the
+    device ``slax.config.reflection_device`` names: SlangPy's CPU device where no Vulkan driver is
+    (tests/scripts/ptx_lowering.py on such a machine) or where ``SLAX_REFLECTION_DEVICE=cpu`` keeps
+    SlangPy's CUDA device out of a profiled process. The C++ target has no wave operations and no
+    group barriers, so the kernel must compile there too, if only to be reflected."""
+    spec = nn_primitives._kernel((4, 16, 4), "float16", "mlp_loss_grad", tensor_cores=True)
+    assert "HalfLayer<" in (spec.source or "")  # the warp tiles' kernel, not the per-sample one
+    parameters = kernel_parameters(get_device(slax.DeviceKind(device_kind)), spec)
+    assert [name for name, _ in parameters.pointers] == ["x", "target", "params", "partials"]
+    assert [name for name, _ in parameters.scalars] == [
+        "count",
+        "samples_per_group",
+        "blocks_per_group",
+        "samples_per_thread",
+        "loss_scale",
+    ]
 
 
 def _runs(params, x, target):

@@ -102,7 +102,7 @@ def warp_mma_loss_grad(
 {reduce}
     loss = reduceOverLanes(loss);
     if (lane == 0) GroupScratch.store(warp * {row} + {row - 1}, loss);
-    GroupMemoryBarrierWithGroupSync();
+    groupBarrier();
     for (uint index = local; index < {row}; index += SLAX_GROUP_SIZE)
     {{
         float sum = 0.0;
