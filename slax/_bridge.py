@@ -26,11 +26,10 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 import numpy as np
 import slangpy as spy
-from jax.experimental.buffer_callback import buffer_callback
-from jax.interpreters import mlir
 
 from slax._compile import ROW_THREADS, Aliases, KernelSpec, Scalars, compile_kernel
 from slax._device import DeviceKind, get_device
+from slax._jax_api import buffer_callback, lower_fun
 
 BufferCallback = Callable[..., None]
 
@@ -49,7 +48,7 @@ class _CallbackLauncher(abc.ABC):
         callback = self.callback(spec, scalars, count, aliases)
         shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in ctx.avals_out]
         run = buffer_callback(callback, shapes, input_output_aliases=dict(aliases))
-        return mlir.lower_fun(lambda *args: run(*args), multiple_results=True)(ctx, *operands)
+        return lower_fun(lambda *args: run(*args), multiple_results=True)(ctx, *operands)
 
     @abc.abstractmethod
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:

@@ -17,11 +17,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import ad, mlir
 
 from slax._codegen import Broadcast, KernelNames, Mode, kernel_source, operand_leaves, result_leaves
 from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
+from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._kernel_primitive import run_kernel
 from slax._primitive import check_finite, declare_primitive, result_aval
 from slax._signature import Leaf, Signature
@@ -127,9 +127,9 @@ def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes
     mask = _differentiable_mask(function.signature.inputs)
     live = [t for t, diff in zip(tangents, mask) if diff]
     out_mask = _differentiable_mask(function.signature.outputs)
-    if all(type(t) is ad.Zero for t in live) or not any(out_mask):
+    if all(type(t) is Zero for t in live) or not any(out_mask):
         return outputs, [_zero_tangent(o) for o in outputs]
-    live = [ad.instantiate_zeros(t) for t in live]
+    live = [instantiate_zeros(t) for t in live]
     computed = slang_tangent_p.bind(*primals, *live, function=function, routes=routes)
     check_finite(
         f"fwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *live], computed
@@ -139,24 +139,24 @@ def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes
     return outputs, out_tangents
 
 
-def _zero_tangent(primal) -> ad.Zero:
-    return ad.Zero(jax.typeof(primal).to_tangent_aval())
+def _zero_tangent(primal) -> Zero:
+    return Zero(jax.typeof(primal).to_tangent_aval())
 
 
 def _tangent_transpose(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
     primals, tangents = operands[: _num_primals(function)], operands[_num_primals(function) :]
-    if any(ad.is_undefined_primal(p) for p in primals):
+    if any(is_undefined_primal(p) for p in primals):
         raise NotImplementedError(
             f"slax: cannot transpose the derivative of {function.name!r} with respect to its "
             "primal inputs (a higher-order derivative that slax does not support)."
         )
-    cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
+    cotangents = [instantiate_zeros(ct) for ct in cotangents]
     grads = slang_cotangent_p.bind(*primals, *cotangents, function=function, routes=routes)
     check_finite(
         f"bwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *cotangents], grads
     )
     return [None] * len(primals) + [
-        _sum_to_shape(g, t.aval.shape) if ad.is_undefined_primal(t) else None for g, t in zip(grads, tangents)
+        _sum_to_shape(g, t.aval.shape) if is_undefined_primal(t) else None for g, t in zip(grads, tangents)
     ]
 
 
@@ -182,13 +182,13 @@ def _linear_part_jvp(primitive, what, primals, tangents, function, routes):
     """A derivative primitive is linear in its tangent or cotangent operands, whose tangents it
     passes on; a tangent of its primal operands is a second derivative, which slax refuses."""
     num_primals = _num_primals(function)
-    if any(type(t) is not ad.Zero for t in tangents[:num_primals]):
+    if any(type(t) is not Zero for t in tangents[:num_primals]):
         raise NotImplementedError(
             f"slax: second derivatives of Slang function {function.name!r} are not supported "
             f"({what}); slax differentiates Slang functions once, in either mode."
         )
     outputs = primitive.bind(*primals, function=function, routes=routes)
-    linear = [ad.instantiate_zeros(t) for t in tangents[num_primals:]]
+    linear = [instantiate_zeros(t) for t in tangents[num_primals:]]
     return outputs, primitive.bind(*primals[:num_primals], *linear, function=function, routes=routes)
 
 
@@ -204,7 +204,7 @@ def _declare(name: str, mode: Mode, **rules):
     return declare_primitive(
         name,
         abstract_eval=functools.partial(_abstract_eval, mode=mode),
-        lowering=mlir.lower_fun(functools.partial(_run_function, mode=mode), multiple_results=True),
+        lowering=lower_fun(functools.partial(_run_function, mode=mode), multiple_results=True),
         batching_rule=_batch_as_grid_axis,
         **rules,
     )

@@ -16,10 +16,10 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.interpreters import mlir
 
 from slax._compile import Aliases, KernelSpec, Scalars
 from slax._config import LaunchRoutes
+from slax._jax_api import lower_fun, partitioned_devices
 from slax._launch import launcher_for
 from slax._primitive import declare_primitive, result_aval
 
@@ -89,7 +89,7 @@ def _require_uint_reach(spec: KernelSpec, operand_shapes, result_shapes, count: 
 
 def _lowering(ctx, *operands, spec, results, scalars, count, aliases, routes, platform):
     del results  # ctx.avals_out
-    _require_one_device_per_kernel(ctx.module_context.axis_context, spec)
+    _require_one_device_per_kernel(partitioned_devices(ctx), spec)
     if count == 0:
         return _lower_empty_launch(ctx, *operands, aliases=aliases)
     launcher = launcher_for(platform, routes)
@@ -107,19 +107,14 @@ def _lower_empty_launch(ctx, *operands, aliases):
             arrays[in_place[k]] if k in in_place else jnp.zeros(a.shape, a.dtype) for k, a in enumerate(avals)
         ]
 
-    return mlir.lower_fun(unchanged_or_zero, multiple_results=True)(ctx, *operands)
+    return lower_fun(unchanged_or_zero, multiple_results=True)(ctx, *operands)
 
 
-def _require_one_device_per_kernel(axis_context, spec: KernelSpec) -> None:
+def _require_one_device_per_kernel(devices: int, spec: KernelSpec) -> None:
     """XLA cannot split a kernel over devices; slax's entry points partition their calls over the
     mesh the arguments' types carry (slax/_sharding.py), so a kernel reaching XLA's partitioner
     unpartitioned had arguments that carried none. Refuse (XLA would run it whole on gathered data
     on every device, or not at all), and say what works."""
-    devices = getattr(axis_context, "num_devices", 1)
-    mesh = getattr(axis_context, "mesh", None)
-    if mesh is not None:
-        manual = set(getattr(axis_context, "manual_axes", ()))
-        devices = math.prod(size for name, size in mesh.shape.items() if name not in manual)
     if devices > 1:
         raise ValueError(
             f"slax: the Slang kernel {spec.entry!r} is being partitioned over {devices} devices, but "

@@ -22,12 +22,18 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
-from jax._src import dispatch
-from jax._src.interpreters import partial_eval as pe
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
 from slax._config import config
+from slax._jax_api import (
+    Primitive,
+    apply_primitive,
+    primitive_batchers,
+    primitive_jvps,
+    primitive_transposes,
+    register_dce_rule,
+    register_lowering,
+    varying_axes,
+)
 
 BatchingRule = Callable[..., tuple]
 """``(primitive, args, dims, **params) -> (outputs, out_dims)``: JAX's batching rule, given the
@@ -51,30 +57,31 @@ def declare_primitive(
     Args:
       name: the primitive's name in jaxprs.
       abstract_eval: ``(*avals, **params) -> aval(s)``; see :func:`result_aval`.
-      lowering: an MLIR lowering rule ``(ctx, *operands, **params)``, e.g. ``mlir.lower_fun(f)``
-        for a primitive that expands into others. With ``platforms``, it is registered for each
-        of them and called with ``platform=`` as well; without, for every platform.
+      lowering: an MLIR lowering rule ``(ctx, *operands, **params)``, e.g. ``lower_fun(f)``
+        (``slax._jax_api``) for a primitive that expands into others. With ``platforms``, it is
+        registered for each of them and called with ``platform=`` as well; without, for every
+        platform.
       batching_rule: called with the primitive first (see :data:`BatchingRule`).
       multiple_results: whether it returns a list of arrays.
-      jvp, transpose: ``ad.primitive_jvps`` and ``ad.primitive_transposes`` rules, if any.
-      dead_code: a dead-code elimination rule (``pe.dce_rules``), for a primitive that can drop
+      jvp, transpose: JAX's ``primitive_jvps`` and ``primitive_transposes`` rules, if any.
+      dead_code: a dead-code elimination rule (JAX's ``dce_rules``), for a primitive that can drop
         an unread output: ``(used_outputs, eqn) -> (used_inputs, new eqn or None)``.
     """
     primitive = Primitive(name)
     primitive.multiple_results = multiple_results
-    primitive.def_impl(functools.partial(dispatch.apply_primitive, primitive))
+    primitive.def_impl(functools.partial(apply_primitive, primitive))
     primitive.def_abstract_eval(abstract_eval)
     if platforms is None:
-        mlir.register_lowering(primitive, lowering)
+        register_lowering(primitive, lowering)
     for platform in platforms or ():
-        mlir.register_lowering(primitive, functools.partial(lowering, platform=platform), platform=platform)
-    batching.primitive_batchers[primitive] = functools.partial(batching_rule, primitive)
+        register_lowering(primitive, functools.partial(lowering, platform=platform), platform=platform)
+    primitive_batchers[primitive] = functools.partial(batching_rule, primitive)
     if jvp is not None:
-        ad.primitive_jvps[primitive] = jvp
+        primitive_jvps[primitive] = jvp
     if transpose is not None:
-        ad.primitive_transposes[primitive] = transpose
+        primitive_transposes[primitive] = transpose
     if dead_code is not None:
-        pe.dce_rules[primitive] = dead_code
+        register_dce_rule(primitive, dead_code)
     return primitive
 
 
@@ -84,15 +91,9 @@ def result_aval(shape, dtype, operands) -> jax.core.ShapedArray:
     avals = [o for o in operands if isinstance(o, jax.core.ShapedArray)]
     if not avals:
         return jax.core.ShapedArray(tuple(shape), np.dtype(dtype))
-    template = max(avals, key=lambda a: len(_varying_axes(a)))
+    template = max(avals, key=lambda a: len(varying_axes(a)))
     sharding = jax.sharding.NamedSharding(template.sharding.mesh, jax.sharding.PartitionSpec())
     return template.update(shape=tuple(shape), dtype=np.dtype(dtype), weak_type=False, sharding=sharding)
-
-
-def _varying_axes(aval) -> frozenset:
-    """The manual mesh axes an aval varies over (JAX 0.10 keeps them in ``mat``, later in ``vma``)."""
-    mat = getattr(aval, "manual_axis_type", None)
-    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
 def vary_alike(operands):
@@ -105,7 +106,7 @@ def vary_alike(operands):
     function, and custom VJPs return cotangents of their arguments' types.
     """
     leaves, tree = jax.tree.flatten(operands)
-    varying = [_varying_axes(jax.typeof(leaf)) for leaf in leaves]
+    varying = [varying_axes(jax.typeof(leaf)) for leaf in leaves]
     axes = frozenset().union(*varying)
     if not axes:
         return operands

@@ -33,8 +33,6 @@ import warnings
 import zlib
 from collections.abc import Sequence
 
-import jax
-
 from slax._compile import (
     ROW_THREADS,
     Aliases,
@@ -45,6 +43,7 @@ from slax._compile import (
     spec_content,
 )
 from slax._device import reflection_device
+from slax._jax_api import ffi_lowering, gpu_triton
 from slax._slang_c import CodeTarget, compile_entry_point
 from slax._sources import require_unchanged, snapshot
 
@@ -162,14 +161,13 @@ def compute_capability() -> int:
 
 
 def _gpu_triton():
-    from jax._src.lib import gpu_triton
-
-    if not hasattr(gpu_triton, "TritonKernelCall"):
+    triton = gpu_triton()
+    if triton is None:
         raise PtxLaunchError(
             "slax: the PTX launch path needs jaxlib's CUDA plugin (pip install 'jax[cuda12]'), "
             "which provides the Triton kernel launcher; it is not installed."
         )
-    return gpu_triton
+    return triton
 
 
 def kernel_call_opaque(spec: KernelSpec, plan: LaunchPlan) -> bytes:
@@ -210,7 +208,7 @@ class PtxLauncher:
             )
         order = [k for k in range(len(ctx.avals_out)) if k not in in_place] + sorted(in_place)
         call_ctx = ctx.replace(avals_out=[ctx.avals_out[k] for k in order])
-        lowering = jax.ffi.ffi_lowering(
+        lowering = ffi_lowering(
             "triton_kernel_call_ffi",
             api_version=4,
             operand_output_aliases={

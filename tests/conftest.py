@@ -1,5 +1,10 @@
-"""One device fixture for the whole suite: each test runs on every device kind this machine has
-(``SLAX_TEST_DEVICES`` picks some)."""
+"""One device fixture for the whole suite: each test whose result depends on the route its kernels
+take runs on every device kind this machine has (``SLAX_TEST_DEVICES`` picks some); a test marked
+``one_device_kind`` runs once. ``--quick`` runs the tests not marked ``slow``, on one device kind.
+
+The markers decide what CI's legs run (``.ci/run``): the first runs everything (the README's test
+command); the other JAX releases run the tests marked ``jax_version``, those that exercise how slax
+plugs into JAX (its rules, lowerings, sharding, and the API in ``slax/_jax_api.py``)."""
 
 from __future__ import annotations
 
@@ -28,22 +33,43 @@ def pytest_report_header(config) -> str:
 DEVICES_ENV_VAR = "SLAX_TEST_DEVICES"
 """Restricts the device kinds the suite runs on (comma-separated, e.g. ``cpu``); default: all."""
 
+_quick = False
+"""``--quick``: the first device kind only, and no test marked ``slow``."""
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="a run of a few minutes: the tests not marked slow, on the first device kind only",
+    )
+
+
+def pytest_configure(config):
+    global _quick
+    _quick = config.getoption("--quick")
+    if _quick:
+        chosen = config.option.markexpr
+        config.option.markexpr = f"({chosen}) and not slow" if chosen else "not slow"
+
 
 @functools.cache
 def _device_kinds() -> list[str]:
-    """The device kinds under test: CUDA on a GPU machine; elsewhere both CPU routes, Vulkan
-    (lavapipe) where a Vulkan device can be created and SlangPy's CPU device where a C++ compiler
-    exists; ``SLAX_TEST_DEVICES`` picks some of them (CI runs one in its second run)."""
+    """The device kinds under test: CUDA on a GPU machine; elsewhere both CPU routes, SlangPy's CPU
+    device where a C++ compiler exists and Vulkan (lavapipe) where a Vulkan device can be created,
+    the CPU device first (it runs the suite faster: tests marked ``one_device_kind`` take it);
+    ``SLAX_TEST_DEVICES`` picks some of them (CI's other JAX releases run one); ``--quick`` the
+    first."""
     if any(d.platform == "gpu" for d in jax.devices()):
         return ["cuda"]
     kinds = []
+    if cpp_compiler():
+        kinds.append("cpu")
     try:
         get_device(slax.DeviceKind.VULKAN)
         kinds.append("vulkan")
     except slax.DeviceUnavailableError:
         pass
-    if cpp_compiler():
-        kinds.append("cpu")
     chosen = os.environ.get(DEVICES_ENV_VAR)
     if chosen:
         wanted = [kind.strip() for kind in chosen.split(",") if kind.strip()]
@@ -55,13 +81,14 @@ def _device_kinds() -> list[str]:
         kinds = wanted
     if not kinds:
         raise pytest.UsageError("no device runs slax kernels here: no Vulkan driver and no C++ compiler.")
-    return kinds
+    return kinds[:1] if _quick else kinds
 
 
 def pytest_generate_tests(metafunc):
     """Every test runs on each device kind under test (:func:`device_kind`), but tests marked
-    ``one_device_kind`` (which choose their devices themselves, in the processes they start) run
-    once, on the first kind."""
+    ``one_device_kind`` run once, on the first kind: those whose result does not depend on the
+    route (layouts, lowering for CUDA, the experiments' flags and files, JAX's API) and those that
+    choose their devices themselves, in the processes they start."""
     if "device_kind" in metafunc.fixturenames:
         kinds = _device_kinds()
         if metafunc.definition.get_closest_marker("one_device_kind"):

@@ -11,6 +11,8 @@ import pytest
 import slax
 from slax.testing import RELATIVE_TOLERANCE, multiply_add_results
 
+pytestmark = pytest.mark.jax_version
+
 KERNELS = {
     "float32": "scale_shift_float",
     "float16": "scale_shift_half",

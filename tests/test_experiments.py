@@ -14,7 +14,12 @@ from _helpers import ROOT, run_python
 
 import slax
 
+# The scripts' flags, outputs and plots do not depend on the route; the kernels they run are
+# tested on every route by test_function.py and test_nn.py.
+pytestmark = [pytest.mark.one_device_kind]
 
+
+@pytest.mark.slow
 def test_polynomial_trains_and_writes_outputs(tmp_path):
     """400 steps in chunks of 300 (a shorter last chunk), a target it meets: exit 0, the outputs
     listed at the end, compile time apart from the timed steps."""
@@ -65,6 +70,7 @@ def test_every_flag_says_what_it_does_and_its_default(script):
     assert "exit status:\n  0  the run finished" in result.stdout
 
 
+@pytest.mark.slow
 def test_digits_trains_and_writes_outputs(tmp_path):
     result = run_python(
         "experiments/digits.py",
@@ -98,6 +104,7 @@ def _run_without_extras(script: str, *flags: str) -> subprocess.CompletedProcess
     return run_python("-c", program, timeout=600)
 
 
+@pytest.mark.slow
 def test_polynomial_trains_without_the_experiments_extra(tmp_path):
     """Also: a target the run misses exits 1, saying so, after writing its metrics."""
     flags = ["--steps", "200", "--chunk", "100", "--target-mse", "1e-9", "--out", str(tmp_path)]
@@ -116,6 +123,7 @@ def test_digits_without_scikit_learn_says_what_to_install(tmp_path):
     assert "digits: the data set comes with scikit-learn, which is not installed" in result.stderr
 
 
+@pytest.mark.slow
 def test_gradcheck_passes_everything(tmp_path):
     result = run_python("experiments/gradcheck.py", "--out", str(tmp_path), timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -210,6 +218,7 @@ def test_benchmark_harness_row_samples_the_whole_batch_and_trains_nothing():
         assert losses.shape == (3,) and np.all(np.isfinite(losses)) and len(set(losses.tolist())) == 3
 
 
+@pytest.mark.slow
 def test_benchmark_runs(tmp_path):
     result = run_python(
         "experiments/benchmark.py",
@@ -255,6 +264,7 @@ def _soak(tmp_path, *flags):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.whole_device
 def test_soak_reads_memory_after_every_chunk(device_kind, tmp_path):
     result = _soak(tmp_path, "--steps", "2000", "--chunk", "500")

@@ -12,6 +12,8 @@ import slax
 from slax import _compile, examples
 from slax.testing import check_grads
 
+pytestmark = pytest.mark.jax_version
+
 
 @pytest.fixture(scope="module")
 def poly():

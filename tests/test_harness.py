@@ -26,6 +26,9 @@ from _checkpoints import (
 from _helpers import ROOT, run_python
 from _training import train_in_chunks
 
+# The experiments' harness (chunks, checkpoints, flags) does not depend on the route.
+pytestmark = [pytest.mark.one_device_kind]
+
 
 def _state(seed):
     rng = np.random.default_rng(seed)
@@ -116,6 +119,7 @@ _KILLED_AFTER_A_CHECKPOINT = textwrap.dedent(
 SIGKILL right after the first checkpoint it saves at step 200 or later."""
 
 
+@pytest.mark.slow
 def test_resume_after_kill_is_bit_identical(tmp_path):
     args = [
         "experiments/polynomial.py",
@@ -150,6 +154,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
             assert np.array_equal(a[name], b[name]), f"{model} {name} differs after resuming"
 
 
+@pytest.mark.slow
 def test_fresh_run_refuses_existing_checkpoints(tmp_path):
     save_checkpoint(tmp_path / "checkpoint-slax.npz", _state(1), 1, jax.random.key(0), np.zeros(1))
     flags = ["--steps", "10", "--chunk", "5", "--checkpoint-every", "5", "--out", str(tmp_path)]
@@ -231,6 +236,7 @@ def _resume(out, *flags):
     return run_python("experiments/polynomial.py", *RUN, *flags, "--out", str(out), "--resume", timeout=300)
 
 
+@pytest.mark.slow
 def test_resume_with_flags_that_change_the_run_is_refused(checkpointed_run):
     result = _resume(checkpointed_run, "--batch", "32", "--lr", "0.5", "--dtype", "float16")
     assert result.returncode != 0

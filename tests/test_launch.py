@@ -19,6 +19,8 @@ from slax._config import DeviceKind, LaunchRoutes
 from slax._launch import launcher_for
 from slax._ptx_launch import PtxLauncher
 
+pytestmark = pytest.mark.jax_version
+
 SLAX_PRIMITIVES = {
     "slang_call",
     "slang_cotangent",

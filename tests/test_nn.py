@@ -21,6 +21,8 @@ from slax.nn import _primitives as nn_primitives
 from slax.nn import _tiled_kernels as nn_tiled
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
+pytestmark = pytest.mark.jax_version
+
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
 
 
@@ -103,6 +105,7 @@ def test_loss_and_grad_matches_reference(dtype):
         assert relative_error(got, want) < tolerance
 
 
+@pytest.mark.slow
 def test_depth_is_not_capped_by_push_constants():
     """Eight layers: four pointers per layer would overflow Vulkan's 256 bytes of push constants at
     seven; the kernels take all parameters through one pointer and all gradients through another."""

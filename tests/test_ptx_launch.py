@@ -33,6 +33,10 @@ from slax._ptx_launch import PtxLauncher, PtxLaunchError, launch_plan, ptx_entry
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
 from slax.nn._kernels import kernel_layout, mlp_source
 
+# It lowers for CUDA (the CPU routes are not involved), through jaxlib's Triton launcher; it
+# compiles every kind of kernel to PTX and assembles it, which takes minutes.
+pytestmark = [pytest.mark.one_device_kind, pytest.mark.jax_version, pytest.mark.slow]
+
 TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
 NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
 PTXAS = TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"

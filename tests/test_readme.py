@@ -51,6 +51,7 @@ def _this_environment_as_a_venv(tmp_path: pathlib.Path) -> pathlib.Path:
     return venv
 
 
+@pytest.mark.slow
 @pytest.mark.one_device_kind
 def test_the_two_commands_work_without_a_vulkan_driver_and_say_which_route(tmp_path, device_kind):
     """scripts/train.sh and scripts/test.sh on a machine whose Vulkan loader finds no driver:

@@ -28,6 +28,7 @@ def module():
     return slax.load_module(examples.MODULE)
 
 
+@pytest.mark.slow
 def test_concurrent_calls_from_threads(module):
     """Eight threads call eager and jitted Slang functions at once; each gets its own answer."""
     poly = slax.load_module("poly").polynomial
@@ -79,6 +80,7 @@ def test_ten_thousand_jitted_steps_do_not_grow_memory():
     dtype=st.sampled_from(["float32", "float16"]),
     seed=st.integers(0, 2**31 - 1),
 )
+@pytest.mark.slow
 def test_wave_broadcasts_like_numpy(module, shapes, dtype, seed):
     rng = np.random.default_rng(seed)
     x, y = (jnp.asarray(rng.uniform(-1, 1, size=s), dtype) for s in shapes.input_shapes)
@@ -103,6 +105,7 @@ def test_wave_broadcasts_like_numpy(module, shapes, dtype, seed):
     shapes=hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=2, max_side=4),
     seed=st.integers(0, 2**31 - 1),
 )
+@pytest.mark.slow
 def test_vector_function_over_grids(module, shapes, seed):
     """float3 arguments: the trailing 3 is the vector, the broadcast grid leads."""
     rng = np.random.default_rng(seed)

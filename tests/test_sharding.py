@@ -10,6 +10,8 @@ import subprocess
 import pytest
 from _helpers import run_python
 
+pytestmark = pytest.mark.jax_version
+
 TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 
 
@@ -34,6 +36,7 @@ def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):
     assert f"jit over sharded batches on {devices} devices: ok" in result.stdout
 
 
+@pytest.mark.slow
 def test_polynomial_data_parallel_matches_one_device(cpu_path, tmp_path):
     """The same global batch and seed on no mesh, a one-device mesh and two devices (plain jit over
     the sharded batch): the same training, to the rounding of summing the gradient in two halves
@@ -112,6 +115,7 @@ def test_data_parallel_step_all_reduces_the_kernels_row_and_keeps_its_state_on_e
     assert result.stdout.split() == ["False", "{True}", "{2}", "True"], result.stdout
 
 
+@pytest.mark.slow
 def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     """``benchmark.py --devices 1 2``: a row per model and device count, the floor split over the
     devices; a count beyond the devices there is refused by name."""

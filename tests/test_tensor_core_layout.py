@@ -21,6 +21,9 @@ from slax.nn import _tensor_core_kernels as tc
 from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, parameter_offsets
 from slax.nn._tiled_kernels import TILE_THREADS, Network, TileLayout
 
+# Layouts, read back by an emulation of mma.sync in NumPy: no kernel runs.
+pytestmark = [pytest.mark.one_device_kind]
+
 DTYPES = ["float32", "float16"]
 DIGITS = (64, 128, 64, 10)
 WIDE = [(40, 10), (13, 21, 10), DIGITS]

@@ -16,10 +16,10 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.interpreters import mlir
 
 from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
+from slax._jax_api import lower_fun
 from slax._kernel_primitive import UINT_MAX, run_kernel
 from slax._primitive import declare_primitive, result_aval
 from slax._ptx_launch import compute_capability
@@ -273,14 +273,14 @@ def _batch_by_loop(primitive, args, dims, **params):
 mlp_forward_p = declare_primitive(
     "slang_mlp_forward",
     abstract_eval=_forward_abstract_eval,
-    lowering=mlir.lower_fun(_forward, multiple_results=True),
+    lowering=lower_fun(_forward, multiple_results=True),
     platforms=PLATFORMS,
     batching_rule=functools.partial(_batch_per_sample, num_data=1),
 )
 mlp_backward_p = declare_primitive(
     "slang_mlp_backward",
     abstract_eval=_backward_abstract_eval,
-    lowering=mlir.lower_fun(_backward, multiple_results=True),
+    lowering=lower_fun(_backward, multiple_results=True),
     platforms=PLATFORMS,
     batching_rule=_batch_backward,
     dead_code=_backward_dead_code,
@@ -288,7 +288,7 @@ mlp_backward_p = declare_primitive(
 mlp_loss_grad_p = declare_primitive(
     "slang_mlp_loss_grad",
     abstract_eval=_loss_grad_abstract_eval,
-    lowering=mlir.lower_fun(_loss_grad, multiple_results=True),
+    lowering=lower_fun(_loss_grad, multiple_results=True),
     platforms=PLATFORMS,
     batching_rule=functools.partial(_batch_per_sample, num_data=2),
     jvp=_loss_and_grad_is_not_differentiable,
