@@ -96,6 +96,44 @@ def on_cuda() -> bool:
     return jax.default_backend() == "gpu"
 
 
+def provenance() -> dict[str, Any]:
+    """What a benchmark's JSON records beside its rows, so that a table can be traced to the run that
+    made it: the command line, JAX's devices, the device and route that ran the Slang kernels, the
+    versions, the commit (``git rev-parse HEAD`` where the checkout has its history, else
+    ``SLAX_COMMIT``) and the time (UTC)."""
+    import importlib.metadata
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            cwd=pathlib.Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = os.environ.get("SLAX_COMMIT")
+    devices = jax.devices()
+    return {
+        "command": " ".join(["python", *sys.argv]),
+        "jax_devices": f"{len(devices)} x {devices[0].device_kind}",
+        "slang_device": f"{slax.describe_device()}, {slax.launch_route()} route",
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": importlib.metadata.version("jaxlib"),
+            "slangpy": importlib.metadata.version("slangpy"),
+        },
+        "commit": commit,
+        "time_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
 def describe_platform() -> str:
     """One line naming JAX's device and the device that runs slax kernels."""
     device = jax.devices()[0].device_kind

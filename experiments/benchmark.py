@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     if args.json:
-        summary = {"platform": harness.describe_platform(), "peaks": peaks, "args": vars(args)}
+        summary = {**harness.provenance(), "peaks": peaks, "args": vars(args)}
         harness.write_json(args.json, {**summary, "rows": rows})
     return 0
 

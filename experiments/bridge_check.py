@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['case']:>36}  {row['max_abs_diff']:>11.3g}  {row['identical']}")
         failures += [row["case"] for row in parity if not row["identical"]]
     if args.json:
-        summary = {"device": str(jax.devices()[0]), "jax": jax.__version__, "in_place": in_place}
+        summary = {**harness.provenance(), "in_place": in_place}
         harness.write_json(args.json, {**summary, "rows": rows, "parity": parity})
     if failures or not all(in_place.values()):
         print(f"\nFAILED: {failures or 'in place'}")
