@@ -99,25 +99,27 @@ def on_cuda() -> bool:
 def provenance() -> dict[str, Any]:
     """What a benchmark's JSON records beside its rows, so that a table can be traced to the run that
     made it: the command line, JAX's devices, the device and route that ran the Slang kernels, the
-    versions, the commit (``git rev-parse HEAD`` where the checkout has its history, else
-    ``SLAX_COMMIT``) and the time (UTC)."""
+    versions, the commit (``SLAX_COMMIT`` where set: a copy of a working tree may carry another
+    commit's history; else ``git rev-parse HEAD``) and the time (UTC)."""
     import importlib.metadata
     import os
     import platform
     import subprocess
     import sys
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-            cwd=pathlib.Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = os.environ.get("SLAX_COMMIT")
+    commit = os.environ.get("SLAX_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+                cwd=pathlib.Path(__file__).parent,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = None
     devices = jax.devices()
     return {
         "command": " ".join(["python", *sys.argv]),
