@@ -14,6 +14,7 @@ import threading
 import slangpy as spy
 
 from slax import _sources
+from slax._device import include_paths
 from slax._errors import SlangCompileError
 
 GROUP_SIZE = 64
@@ -275,10 +276,14 @@ def _module_for(device: spy.Device, spec: KernelSpec, content: str) -> spy.Slang
 
 
 def _new_session(device: spy.Device) -> spy.SlangSession:
-    """A fresh Slang session with the device's compiler options and module cache."""
+    """A fresh Slang session with the device's compiler options and module cache, and the include
+    path as it is now (it names the cache directory, which may have moved since the device was
+    made): the one slax lists a module's imports with."""
     desc = device.slang_session.desc
+    options = desc.compiler_options
+    options.include_paths = include_paths()
     return device.create_slang_session(
-        compiler_options=desc.compiler_options,
+        compiler_options=options,
         add_default_include_paths=desc.add_default_include_paths,
         cache_path=desc.cache_path,
     )

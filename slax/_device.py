@@ -60,8 +60,9 @@ def include_paths() -> list[str]:
     """The directories Slang searches for ``import``, on every device and every compile route (and
     when slax lists a module's imports for its content key): slax's own sources, then SlangPy's, so
     that modules written as SlangPy's documentation writes them (``import slangpy;``) load
-    unchanged."""
-    return [str(SHADER_DIR), *(str(path) for path in SLANGPY_INCLUDE_PATHS)]
+    unchanged, then the sources of ``slax.load_module_from_source`` by name (read from
+    ``SLAX_CACHE_DIR`` as it is now)."""
+    return [str(SHADER_DIR), *(str(path) for path in SLANGPY_INCLUDE_PATHS), str(cache_dir() / "sources")]
 
 
 _lock = threading.Lock()

@@ -46,9 +46,13 @@ class SlangFunction:
 
     def __init__(self, module: SlangModule, name: str, reflection: spy.FunctionReflection):
         if reflection.is_overloaded:
+            overloads = "; ".join(sorted(_declaration(overload) for overload in reflection.overloads))
             raise TypeError(
-                f"slax: Slang function {name!r} in {module.path!r} is overloaded; give each "
-                "overload its own name so a call maps to one signature."
+                f"slax: Slang function {name!r} in {module.path!r} is overloaded ({overloads}), and "
+                "slax does not choose between overloads: an array fits a Slang type by its trailing "
+                "dims and broadcasts over the rest, so one array fits several (a float over a (n, 2) "
+                "grid, a float2 over (n,)). Give the overload to call a name of its own, e.g. a "
+                "[Differentiable] wrapper that calls it, and call that."
             )
         self.module = module
         self.name = name
@@ -247,6 +251,19 @@ class SlangFunction:
             else:
                 outputs.append(next(flat_iter))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _declaration(function: spy.FunctionReflection) -> str:
+    """``function``'s declaration as Slang writes it: ``float f(inout float3 x)``."""
+    parameters = ", ".join(f"{_direction(p)}{p.type.full_name} {p.name}" for p in function.parameters)
+    return f"{function.return_type.full_name} {function.name}({parameters})"
+
+
+def _direction(parameter: spy.VariableReflection) -> str:
+    for modifier in (spy.ModifierID.inout, spy.ModifierID.out):
+        if parameter.has_modifier(modifier):
+            return f"{modifier.name} "
+    return ""
 
 
 def _weak_operand(argument: jax.Array, dtype: str, what: str) -> jax.Array:

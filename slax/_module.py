@@ -6,6 +6,7 @@ A :class:`SlangModule` hands out a :class:`slax._function.SlangFunction` per Sla
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import re
@@ -19,7 +20,7 @@ from slax._device import SHADER_DIR, reflection_device, reflection_override, wri
 from slax._errors import SlangCompileError
 from slax._function import SlangFunction
 from slax._kernel import SlangKernel
-from slax._sources import identifiers
+from slax._sources import file_digest, identifiers, write_atomically
 
 
 def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
@@ -58,13 +59,17 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
 def load_module_from_source(name: str, source: str) -> SlangModule:
     """Loads Slang ``source`` as module ``name``.
 
-    The source is written to ``<cache dir>/sources/<name>.slang``, so that other modules can import
-    it by name; ``name`` is a module name (letters, digits, ``_`` and ``-``), never a path. Loading
-    another source under a name used before gives a module with the new code.
+    The module is built from ``<cache dir>/sources/<digest of source>/<name>.slang``: a file per
+    content, never rewritten with other text, so two threads or processes loading other sources
+    under the same name each get their own. The source is also published as
+    ``<cache dir>/sources/<name>.slang``, on the include path after slax's and SlangPy's shader
+    directories, so that other modules can ``import name;``: they import the source last loaded
+    under that name. ``name`` is a module name (letters, digits, ``_`` and ``-``), never a path.
 
     Raises:
       ValueError: ``name`` is not a module name.
       OSError: the cache directory (``SLAX_CACHE_DIR``) cannot be written.
+      RuntimeError: the module's file held other text when Slang read it (another program wrote it).
       slax.SlangCompileError: Slang rejected the source.
     """
     if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
@@ -78,11 +83,22 @@ def load_module_from_source(name: str, source: str) -> SlangModule:
             f"slax.load_module_from_source: source must be Slang source text (a str); got "
             f"{type(source).__name__}."
         )
+    data = source.encode()
+    digest = hashlib.sha256(data).hexdigest()
     directory = writable_cache_dir("sources")
-    path = directory / f"{name}.slang"
-    if not path.exists() or path.read_text() != source:
-        path.write_text(source)
-    return load_module(path)
+    path = directory / digest[:32] / f"{name}.slang"
+    path.parent.mkdir(exist_ok=True)
+    for target in (path, directory / f"{name}.slang"):
+        if not target.is_file() or target.read_bytes() != data:
+            write_atomically(target, data)
+    module = load_module(path)
+    if file_digest(module.content, module.path) != digest:
+        raise RuntimeError(
+            f"slax.load_module_from_source: {path} held other text than the source of module "
+            f"{name!r} when Slang read it; something else writes slax's cache. Stop it, delete "
+            f"{path.parent} and load the module again."
+        )
+    return module
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -102,7 +118,14 @@ def _resolve(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
 
 
 class SlangModule:
-    """A loaded Slang module; each attribute is a :class:`SlangFunction`.
+    """A loaded Slang module: ``module["name"]`` is its Slang function ``name``, a
+    :class:`SlangFunction`, and so is ``module.name`` where slax's own attributes leave it free.
+
+    Item access reaches every function. Attribute access reaches those whose name neither begins
+    with ``_`` (kept for Python's and slax's private names) nor is one of the module object's own
+    attributes (``kernel``, ``path``, ``content``, ``function_names``): ``module.kernel`` is
+    always :meth:`kernel`. ``dir(module)`` lists what attribute access gives: the module object's
+    attributes and the functions reachable as attributes; :meth:`function_names` lists them all.
 
     It runs the code its file (and its imports) held when it was loaded, identified by ``content``
     (:mod:`slax._sources`); after an edit, ``slax.load_module`` again gives the new code.
@@ -115,45 +138,71 @@ class SlangModule:
         self._names = KernelNames(name_prefix(identifiers(content)))
         self._functions: dict[str, SlangFunction] = {}
 
+    def __getitem__(self, name: str) -> SlangFunction:
+        function = self._function(name)
+        if function is None:
+            raise KeyError(self._missing(name))
+        return function
+
     def __getattr__(self, name: str) -> SlangFunction:
-        if name.startswith("_"):
+        # Reached only for names that are not the object's own attributes.
+        if name.startswith("__") or "_reflection" not in self.__dict__:
             raise AttributeError(name)
+        if name.startswith("_") and self._declares(name):
+            raise AttributeError(
+                f"slax: the Slang function {name!r} of {self.path!r} begins with '_', which attribute "
+                f"access keeps for Python's own names; call it as module[{name!r}]."
+            )
+        function = None if name.startswith("_") else self._function(name)
+        if function is None:
+            raise AttributeError(self._missing(name))
+        return function
+
+    def __dir__(self) -> list[str]:
+        """The module object's attributes and the Slang functions reachable as attributes (for tab
+        completion); those beginning with ``_`` are reached as ``module["_name"]``."""
+        return sorted(set(super().__dir__()) | {n for n in self.function_names() if not n.startswith("_")})
+
+    def _declares(self, name: str) -> bool:
+        return self._reflection.layout.find_function_by_name(name) is not None
+
+    def _function(self, name: str) -> SlangFunction | None:
         function = self._functions.get(name)
         if function is None:
             found = self._reflection.layout.find_function_by_name(name)
             if found is None:
-                raise AttributeError(
-                    f"slax: Slang module {self.path!r} has no function {name!r}; check the "
-                    "spelling, and that it is declared at module scope."
-                )
-            function = SlangFunction(self, name, found)
-            self._functions[name] = function
+                return None
+            function = self._functions.setdefault(name, SlangFunction(self, name, found))
         return function
 
-    def __getitem__(self, name: str) -> SlangFunction:
-        return getattr(self, name)
-
-    def __dir__(self) -> list[str]:
-        """Attributes and the Slang functions the module declares (for tab completion)."""
-        return sorted(set(super().__dir__()) | set(self.function_names()))
+    def _missing(self, name: str) -> str:
+        return (
+            f"slax: Slang module {self.path!r} has no function {name!r}; check the spelling, and "
+            "that it is declared at module scope."
+        )
 
     def function_names(self) -> list[str]:
-        """The functions this module declares at module scope (entry points included), sorted.
+        """The functions this module declares at module scope (entry points included), sorted:
+        every name ``module[name]`` reaches, those attribute access leaves to slax included.
 
         Slang's reflection finds a function by name but does not list generic ones, so the
         candidates come from the module's source and reflection confirms each.
         """
         source = pathlib.Path(self.path).read_text()
-        layout = self._reflection.layout
-        return sorted(
-            name for name in _module_scope_calls(source) if layout.find_function_by_name(name) is not None
-        )
+        return sorted(name for name in _module_scope_calls(source) if self._declares(name))
 
     def kernel(self, entry: str) -> SlangKernel:
         """The compute entry point ``entry`` of this module, callable on JAX arrays.
 
         The entry point follows the slax calling convention (``shaders/slax/kernel.slang``).
         """
+        if not isinstance(entry, str):
+            shadowed = self._declares("kernel")
+            hint = " The module's Slang function 'kernel' is module['kernel']." if shadowed else ""
+            raise TypeError(
+                f"slax: SlangModule.kernel() takes the name of a compute entry point (a str); got "
+                f"{type(entry).__name__}.{hint}"
+            )
         return SlangKernel(self, entry)
 
     def __repr__(self) -> str:

@@ -123,11 +123,24 @@ def snapshot(content: str) -> str | None:
             continue
         target = relocated(path, root)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        partial = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(partial, "wb") as file:
-            file.write(data)
-        os.replace(partial, target)
+        write_atomically(target, data)
     return root
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
+    """Writes ``data`` to ``path`` so that a reader, in this process or another, sees the old file
+    or all of the new one, never a part: it is written beside ``path`` under a name of this thread's
+    own and renamed over it."""
+    partial = f"{os.fspath(path)}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(partial, "wb") as file:
+        file.write(data)
+    os.replace(partial, path)
+
+
+def file_digest(content: str, path: str) -> str | None:
+    """The sha256 of the bytes ``path`` held when the module with key ``content`` was built from
+    it; None where that module was not built from ``path``."""
+    return dict(_closures[content].files).get(os.path.abspath(path))
 
 
 def _unchanged(closure: Closure) -> bool:

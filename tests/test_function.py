@@ -339,6 +339,28 @@ def test_module_from_source_and_item_access(tmp_path, monkeypatch):
         slax.load_module_from_source("broken_for_test", "float ok(float x) { return x; }\nfloat bad( {\n")
 
 
+def test_overloaded_function_is_refused_naming_its_overloads(tmp_path, monkeypatch):
+    """slax does not choose between overloads (an array of shape (n, 2) fits both of these); the
+    refusal lists them, and a wrapper with a name of its own, as it advises, calls one."""
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path))
+    module = slax.load_module_from_source(
+        "overloaded_for_test",
+        "[Differentiable] float twice(float x) { return x * 2; }\n"
+        "[Differentiable] float twice(float2 x) { return x.x * 2 + x.y; }\n"
+        "void twice(int x, out int y, inout float3 z) { y = x * 2; }\n"
+        "[Differentiable] float twice_pair(float2 x) { return twice(x); }\n",
+    )
+    overloads = (
+        r"float twice\(float x\); float twice\(vector<float,2> x\); "
+        r"void twice\(int x, out int y, inout vector<float,3> z\)"
+    )
+    for access in (lambda: module.twice, lambda: module["twice"]):
+        with pytest.raises(TypeError, match=rf"'twice' .* is overloaded \({overloads}\).*a name of its own"):
+            access()
+    x = jax.random.normal(jax.random.key(5), (4, 2))
+    check_grads(module.twice_pair, lambda x: x[..., 0] * 2 + x[..., 1], x, raises=True)
+
+
 @pytest.mark.parametrize("name", ["../escape", "a/b", "..", "", "1st", "with space", "-x", "c:\\x"])
 def test_module_from_source_name_is_never_a_path(tmp_path, monkeypatch, name):
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "cache"))
