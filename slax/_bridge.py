@@ -27,9 +27,10 @@ import jax
 import numpy as np
 import slangpy as spy
 
+from slax import _cpu_division
 from slax._compile import ROW_THREADS, Aliases, KernelSpec, Scalars, compile_kernel
 from slax._device import DeviceKind, get_device
-from slax._jax_api import buffer_callback, lower_fun
+from slax._jax_api import buffer_callback, lower_fun, lowering_for_export
 
 BufferCallback = Callable[..., None]
 
@@ -45,6 +46,14 @@ class _CallbackLauncher(abc.ABC):
     """Lowers a launch to a ``buffer_callback`` running :meth:`callback` on XLA's buffers."""
 
     def lower(self, ctx, operands, *, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases):
+        if lowering_for_export(ctx):
+            raise NotImplementedError(
+                f"slax: jax.export cannot serialise Slang kernel {spec.entry!r} on the {self.name!r} "
+                "route: there slax runs kernels as host callbacks (jax.experimental.buffer_callback), "
+                "and JAX serialises no host callback. Compile in the process that runs the kernels "
+                "instead (jax.jit(f).lower(...).compile()); only the PTX route (JAX on a CUDA GPU, "
+                "slax.config.cuda_launch='ptx', the default there) lowers kernels to XLA custom calls."
+            )
         callback = self.callback(spec, scalars, count, aliases)
         shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in ctx.avals_out]
         run = buffer_callback(callback, shapes, input_output_aliases=dict(aliases))
@@ -108,7 +117,8 @@ class HostPointerLauncher(_CallbackLauncher):
 
     SlangPy's CPU device runs a dispatch's thread groups one after another on the calling thread,
     holding the GIL (measured in BENCHMARKS.md: a launch split over Python threads takes as long
-    as one), so a launch uses one core.
+    as one), so a launch uses one core. An integer division by zero in a kernel gives Vulkan's
+    values rather than SIGFPE (:mod:`slax._cpu_division`).
     """
 
     name = "host-pointer"
@@ -116,6 +126,7 @@ class HostPointerLauncher(_CallbackLauncher):
     def __init__(self, device: spy.Device):
         self.device = device
         self._lock = threading.Lock()  # one dispatch at a time on the device's command queue
+        _cpu_division.install()
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
         compiled = compile_kernel(self.device, spec)
@@ -128,7 +139,7 @@ class HostPointerLauncher(_CallbackLauncher):
             fresh = [b for k, b in enumerate(outs) if k not in aliased]
             arrays = [_host_array(b, "operand") for b in ins] + [_host_array(b, "result") for b in fresh]
             pointers = [array.ctypes.data for array in arrays]
-            with self._lock, _explained_device_errors(self.device, spec):
+            with self._lock, _explained_device_errors(self.device, spec), _cpu_division.guarded():
                 compiled.kernel.dispatch(thread_grid(count), **dict(zip(names, pointers)), **scalar_args)
 
         return run

@@ -37,9 +37,11 @@ class SlangKernel:
     A ``uint`` scalar named ``<pointer>_count`` is that buffer's element count, passed by slax so
     that the kernel can keep its indices in bounds (``shaders/slax/kernel.slang``).
 
-    Under ``jax.vmap`` a call runs one launch per example (a ``lax.map``). A kernel has no
-    derivative of its own: ``jax.grad``/``jax.jvp`` through a call raise, saying how to attach one
-    with ``jax.custom_vjp``.
+    Its threads and scalars are Python or NumPy numbers, fixed when a call is traced: a traced
+    value (an argument under ``jax.jit``) is refused, naming it. Under ``jax.vmap`` a call runs
+    one launch per example (a ``lax.map``). A kernel has no derivative of its own:
+    ``jax.grad``/``jax.jvp`` through a call raise, saying how to attach one with
+    ``jax.custom_vjp``.
     """
 
     def __init__(self, module: Any, entry: str):
@@ -124,6 +126,19 @@ class SlangKernel:
             raise ValueError(
                 f"slax: kernel {self.entry!r}: buffers of {too_large} elements do not fit the uint "
                 f"counts it declares (at most {UINT_MAX})."
+            )
+        traced = [
+            name
+            for name, value in [("threads", threads), *scalars.items()]
+            if isinstance(value, jax.core.Tracer)
+        ]
+        if traced:
+            raise TypeError(
+                f"slax: kernel {self.entry!r}: {', '.join(traced)} got a traced value (an argument of "
+                "a function under jax.jit, or a loop variable of lax.scan/fori_loop); a kernel's "
+                "threads and scalars are fixed when the call is traced, as Python numbers or NumPy "
+                "scalars. Make them static (jax.jit(f, static_argnames=...)), or pass a value that "
+                "varies at run time as an operand array, read through a pointer parameter."
             )
         threads = int(exact_number(threads, "int64", f"threads of kernel {self.entry!r}"))
         if threads < 0:

@@ -389,3 +389,21 @@ def test_the_cpu_device_reads_xlas_buffers_in_place(device_kind):
     low, high = (int(word) for word in np.asarray(words))
     received = low | high << 32
     assert (received == x.unsafe_buffer_pointer()) == (slax.launch_route() == "host-pointer")
+
+
+@pytest.mark.parametrize("traced", ["a", "threads"])
+def test_traced_scalars_of_a_kernel_are_refused_naming_them(module, traced):
+    """A kernel's scalars and thread count are fixed when the call is traced; a jitted argument
+    passed as one is refused naming it and saying what to do, not with JAX's
+    TracerArrayConversionError."""
+    kernel = module.kernel("scale_shift_float")
+    result = [jax.ShapeDtypeStruct((4,), jnp.float32)]
+
+    def call(x, value):
+        arguments = {"threads": 4, "a": 2.0, "b": 1.0} | {traced: value}
+        return kernel(x, results=result, **arguments)
+
+    with pytest.raises(
+        TypeError, match=rf"kernel 'scale_shift_float': {traced} got a traced value.*static_argnames"
+    ):
+        jax.jit(call)(jnp.arange(4.0), 4)

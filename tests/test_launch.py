@@ -145,3 +145,11 @@ def test_launch_route_names_the_route_taken(device_kind, route):
         with slax.config.override(device_kind=None):
             assert slax.launch_route("cuda") == route
         assert slax.launch_route() == (on_cpu or route)
+
+
+def test_export_on_a_host_callback_route_says_which_route_exports(poly):
+    """jax.export of a kernel that runs as a host callback (the CPU routes) fails with slax's
+    reason and what to do, not JAX's 'serialization of host_callbacks is not yet implemented'."""
+    f = jax.jit(lambda x: poly(2.0, 8.0, -1.0, x))
+    with pytest.raises(NotImplementedError, match=r"jax\.export cannot serialise Slang kernel .*PTX route"):
+        jax.export.export(f)(jax.ShapeDtypeStruct((4,), jnp.float32))

@@ -22,8 +22,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from slax._config import current_routes
+from slax._jax_api import in_forward_mode
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices, mean_over_devices
 from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, hidden_width, layer_pairs, too_wide_error
@@ -31,6 +33,14 @@ from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
 
 Params = list[dict[str, jax.Array]]
 SUPPORTED_DTYPES = ("float32", "float16")
+
+FORWARD_MODE_UNAVAILABLE = (
+    "slax.nn.mlp_apply has no forward-mode derivative (jax.jvp, jax.jacfwd, jax.hessian's inner "
+    "jacfwd): its Slang kernels differentiate in reverse mode only, as a custom VJP. Use reverse "
+    "mode (jax.grad, jax.vjp, jax.jacrev); for a Jacobian-vector product, jax.jvp of "
+    "slax.nn.mlp_apply_reference, the same network in plain jax.numpy."
+)
+"""The error forward-mode differentiation of :func:`mlp_apply` raises (a TypeError)."""
 
 
 # --- public API ----------------------------------------------------------------------------------
@@ -63,12 +73,15 @@ def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -
 def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     """The network on a batch, in Slang kernels: ``x (..., in) -> (..., out)``.
 
-    Differentiable in reverse mode (``jax.grad``/``jax.vjp``) through the layers' Slang backward
-    derivative, for params and x; composes with jit, vmap, lax.scan and shard_map (gradients of
-    replicated params are summed over the mesh, as JAX does).
+    Differentiable in reverse mode (``jax.grad``/``jax.vjp``/``jax.jacrev``) through the layers'
+    Slang backward derivative, for params and x; composes with jit, vmap, lax.scan and shard_map
+    (gradients of replicated params are summed over the mesh, as JAX does). Not in forward mode:
+    ``jax.jvp``/``jax.jacfwd`` raise a TypeError saying so (:data:`FORWARD_MODE_UNAVAILABLE`).
     """
     _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
     leaves = [*_flat(params), x]
+    if in_forward_mode(leaves):  # else JAX's "can't apply forward-mode autodiff", under jit only when lowered
+        raise TypeError(FORWARD_MODE_UNAVAILABLE)
 
     def call(axes, *leaves):
         del axes  # per sample: nothing sums over the batch (jax.grad sums params' gradients)
@@ -142,6 +155,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     """
     sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
     _require_kernels_fit("mlp_loss_and_grad", sizes)
+    _require_array("mlp_loss_and_grad", "target", target)
     if target.shape != x.shape[:-1] + (sizes[-1],) or target.dtype != x.dtype:
         raise ValueError(
             f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (sizes[-1],)} and "
@@ -246,6 +260,17 @@ def _require_kernels_fit(function: str, sizes: tuple[int, ...]) -> None:
         raise ValueError(f"slax.nn.{function}: {problem}.")
 
 
+def _require_array(function: str, name: str, value: Any) -> None:
+    """Refuses what is not an array, as jax.numpy's functions do (``jnp.sum([1.0])`` raises a
+    TypeError): a list of numbers would have to be converted on every call, and a list of arrays
+    might be a batch or a pytree; the caller says which with ``jnp.asarray``."""
+    if not isinstance(value, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"slax.nn.{function}: {name} must be a jax.Array or numpy.ndarray; got a "
+            f"{type(value).__name__}. Convert it with jnp.asarray({name.split()[-1]})."
+        )
+
+
 def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[int, ...], str]:
     if not isinstance(params, (list, tuple)) or not params:
         raise TypeError(f"slax.nn.{function}: params must be a non-empty list of layers from mlp_init.")
@@ -255,6 +280,8 @@ def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[in
         if not isinstance(layer, dict) or set(layer) != {"weight", "bias"}:
             raise TypeError(f"slax.nn.{function}: layer {k} must be a dict with keys 'weight' and 'bias'.")
         weight, bias = layer["weight"], layer["bias"]
+        _require_array(function, f"layer {k} weight", weight)
+        _require_array(function, f"layer {k} bias", bias)
         if weight.ndim != 2 or bias.shape != (weight.shape[0],):
             raise ValueError(
                 f"slax.nn.{function}: layer {k} needs weight (out, in) and bias (out,); got "
@@ -276,6 +303,7 @@ def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[in
                     f"{array.dtype}, earlier ones {dtype}."
                 )
             dtype = array.dtype
+    _require_array(function, "x", x)
     if x.ndim < 1 or x.shape[-1] != sizes[0]:
         raise ValueError(f"slax.nn.{function}: x must have shape (..., {sizes[0]}); got {x.shape}.")
     if x.dtype != dtype:

@@ -1,0 +1,84 @@
+"""Integer division by zero on SlangPy's CPU device: Vulkan's values instead of a dead process.
+
+On x86-64, C++'s integer ``/`` and ``%`` (which Slang's CPU target writes for Slang's) raise a
+hardware fault for a zero divisor and for ``INT_MIN / -1``, and Linux kills the process with
+SIGFPE; GPUs and lavapipe return a value. ``_cpu_division.c`` (beside this file) is a SIGFPE
+handler that completes such a division with the values lavapipe gives (signed ``x / 0 = 0``,
+``x % 0 = -1``; unsigned ``x / 0 = x % 0 = `` all ones; ``INT_MIN / -1 = INT_MIN``, remainder 0),
+and only while the faulting thread runs a slax kernel (:func:`guarded`); any other SIGFPE reaches
+the handler installed before it. Built once per content with the C++ compiler that builds the
+kernels, into the cache directory.
+
+Where the CPU is not x86-64 (AArch64 divides by zero without a fault: ``x / 0 = 0``,
+``x % 0 = x``) or the system is not Linux, nothing is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator
+
+from slax._device import cpp_compiler, writable_cache_dir
+
+_SOURCE = pathlib.Path(__file__).with_name("_cpu_division.c")
+
+
+def applies() -> bool:
+    """Whether kernels here need the handler: Linux on x86-64, where integer division faults."""
+    return sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The handler's library, built (once per content) and installed; None where it does not apply."""
+    if not applies():
+        return None
+    source = _SOURCE.read_bytes()
+    compiler = cpp_compiler()
+    if compiler is None:
+        raise RuntimeError(
+            "slax: SlangPy's CPU device needs a C++ compiler (clang++ or g++); none is on PATH."
+        )
+    key = hashlib.sha256(source + compiler.encode()).hexdigest()[:16]
+    target = writable_cache_dir("cpu") / f"slax_division_{key}.so"
+    if not target.is_file():
+        partial = target.with_suffix(f".{os.getpid()}.partial")
+        command = [compiler, "-x", "c", "-O2", "-shared", "-fPIC", str(_SOURCE), "-o", str(partial)]
+        built = subprocess.run(command, capture_output=True, text=True)
+        if built.returncode != 0:
+            raise RuntimeError(
+                f"slax: building the CPU device's integer-division handler failed ({' '.join(command)}):\n"
+                f"{built.stderr}"
+            )
+        os.replace(partial, target)  # atomic: another process sees the whole library or none
+    library = ctypes.CDLL(str(target))
+    if library.slax_install_division_handler() != 0:
+        raise OSError(ctypes.get_errno(), "slax: sigaction(SIGFPE) failed installing the division handler")
+    return library
+
+
+def install() -> None:
+    """Installs the handler in this process (once); call before the first CPU-device launch."""
+    _library()
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[None]:
+    """While inside, an integer division fault on this thread completes with Vulkan's values."""
+    library = _library()
+    if library is None:
+        yield
+        return
+    library.slax_kernel_enter()
+    try:
+        yield
+    finally:
+        library.slax_kernel_leave()
