@@ -43,7 +43,7 @@ def training_table(data: dict) -> list[str]:
             dtype,
             f"2^{batch.bit_length() - 1}",
             str(devices),
-            f"{group['jax']['step_us']:.1f}",
+            f"{min(group[m]['step_us'] for m in ('jax', 'jax/flat') if m in group):.1f}",
         ]
         for model in slax_models:
             row = group.get(model)
