@@ -25,7 +25,7 @@ import enum
 import itertools
 from collections.abc import Iterable
 
-from slax._signature import SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
+from slax._signature import FLOAT_DTYPES, SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
 
 
 class Mode(enum.Enum):
@@ -134,7 +134,18 @@ def slang_string(text: str) -> str:
 class _KernelWriter:
     """Writes one entry point. Each value of the signature has a slot named by its position
     (``arg0``, ``arg1``, ..., ``result``), from which its locals are named: ``arg0`` holds the
-    primal, ``arg0_t`` its tangent, ``arg0_ct`` its cotangent, ``arg0_pair`` its differential pair."""
+    primal, ``arg0_t`` its tangent, ``arg0_ct`` its cotangent, ``arg0_pair`` its differential pair.
+
+    Locals are declared without an initializer (``T x;``, then written field by field): ``T x = {}``
+    calls a default constructor, which a struct with an ``__init`` of its own does not have.
+
+    A struct's differential is Slang's ``T.Differential``, whose members need not be the struct's
+    fields (``typedef B Differential`` with ``[DerivativeMember(B.z)]``), while JAX's tangent of a
+    struct is a dict of its fields. The two are converted by differentiating two helpers the kernel
+    declares per struct value: ``build`` (the fields' leaves to the struct) and ``split`` (the
+    struct to its leaves). ``fwd_diff(build)`` makes an input's tangent, ``fwd_diff(split)`` reads
+    an output's; ``bwd_diff(split)`` makes an output's cotangent, ``bwd_diff(build)`` reads an
+    input's. Slang maps each field to its ``Differential`` member as it does anywhere else."""
 
     def __init__(self, signature: Signature, mode: Mode, broadcast: Broadcast, names: KernelNames):
         self.sig = signature
@@ -152,6 +163,7 @@ class _KernelWriter:
         if signature.result is not None:
             self.slots[id(signature.result)] = "result"
         self.lines: list[str] = []
+        self.helpers: dict[str, str] = {}
         self.next_operand = 0
         self.next_result = 0
 
@@ -168,8 +180,9 @@ class _KernelWriter:
         self._body()
         body = "\n".join("    " + line for line in self.lines)
         joined = ",\n    ".join(params)
+        helpers = "".join(helper + "\n" for helper in self.helpers.values())
         return (
-            f"import {slang_string(module_path)};\nimport slax.kernel;\n\n"
+            f"import {slang_string(module_path)};\nimport slax.kernel;\n\n{helpers}"
             '[shader("compute")]\n[numthreads(SLAX_GROUP_SIZE, 1, 1)]\n'
             f"void {names.entry(self.sig, self.mode)}(\n    {joined})\n{{\n{body}\n}}\n"
         )
@@ -184,7 +197,7 @@ class _KernelWriter:
             grid = self.names.grid(d)
             emit(f"uint {local(f'c{d}')} = {rest} % {grid}; {rest} = {rest} / {grid};")
         for value in self.sig.inputs:
-            self._load_value(value, "")
+            self._load_value(value)
         if self.mode is Mode.PRIMAL:
             self._primal_call()
         elif self.mode is Mode.TANGENT:
@@ -204,40 +217,131 @@ class _KernelWriter:
             sizes.append(self.names.grid(d))
         return " + ".join(terms) if terms else "0"
 
-    def _load_value(self, value: Value, role: str, only_differentiable: bool = False) -> str:
-        """Declares a local holding ``value`` (or its differential) read from the next operands."""
+    # --- moving leaves between the kernel's arrays and Slang values -------------------------------
+
+    def _read_leaf(self, target: str, leaf: Leaf) -> None:
+        """Reads the next operand at the thread's grid point into ``target``, of ``leaf``'s type."""
+        k = self.next_operand
+        self.next_operand += 1
+        offset = self.names.local(f"offset{k}")
+        self.lines.append(f"uint {offset} = ({self._operand_offset(k)}) * {leaf.size};")
+        for j, suffix in enumerate(leaf.index_suffixes()):
+            self.lines.append(f"{target}{suffix} = {self.names.operand(k)}[{offset} + {j}];")
+
+    def _write_leaf(self, source: str, leaf: Leaf) -> None:
+        """Writes ``source``, of ``leaf``'s type, to the next result at the thread's grid point."""
+        k = self.next_result
+        self.next_result += 1
+        index = self.names.local("index")
+        for j, suffix in enumerate(leaf.index_suffixes()):
+            self.lines.append(f"{self.names.result(k)}[{index} * {leaf.size} + {j}] = {source}{suffix};")
+
+    def _declare(self, value: Value, role: str = "") -> str:
+        """Declares a local of ``value``'s type, without an initializer (see the class)."""
         var = self.local(value, role)
-        slang_type = value.slang_type + (".Differential" if role and value.is_struct else "")
-        self.lines.append(f"{slang_type} {var} = {{}};")
-        for leaf in value.leaves:
-            if only_differentiable and not leaf.differentiable:
-                continue
-            k = self.next_operand
-            self.next_operand += 1
-            offset = self.names.local(f"offset{k}")
-            self.lines.append(f"uint {offset} = ({self._operand_offset(k)}) * {leaf.size};")
-            for j, suffix in enumerate(leaf.index_suffixes()):
-                element = f"{self.names.operand(k)}[{offset} + {j}]"
-                self.lines.append(f"{var}{leaf.field_access()}{suffix} = {element};")
+        self.lines.append(f"{value.slang_type} {var};")
         return var
 
-    def _store_value(self, expression: str, value: Value, only_differentiable: bool) -> None:
-        index = self.names.local("index")
+    def _load_value(self, value: Value) -> None:
+        var = self._declare(value)
         for leaf in value.leaves:
-            if only_differentiable and not leaf.differentiable:
-                continue
-            k = self.next_result
-            self.next_result += 1
-            for j, suffix in enumerate(leaf.index_suffixes()):
-                self.lines.append(
-                    f"{self.names.result(k)}[{index} * {leaf.size} + {j}] = "
-                    f"{expression}{leaf.field_access()}{suffix};"
-                )
+            self._read_leaf(var + leaf.field_access(), leaf)
 
-    def _declare(self, value: Value) -> str:
-        """Declares the local that an ``out`` parameter is written to."""
-        self.lines.append(f"{value.slang_type} {self.local(value)} = {{}};")
-        return self.local(value)
+    def _store_value(self, value: Value) -> None:
+        for leaf in value.leaves:
+            self._write_leaf(self.local(value) + leaf.field_access(), leaf)
+
+    def _zero(self, value: Value) -> str:
+        """A local of ``value``'s type with every field zero: the primal at which a cotangent is
+        mapped (``split`` is linear, so any primal gives the same map; this one is defined)."""
+        var = self._declare(value, "_zero")
+        for leaf in value.leaves:
+            self.lines += [f"{var}{leaf.field_access()}{suffix} = 0;" for suffix in leaf.index_suffixes()]
+        return var
+
+    def _load_differential(self, value: Value, role: str) -> str:
+        """Declares a local holding an input's tangent (``role`` ``"_t"``) or an output's cotangent
+        (``"_ct"``), read from the next operands (one per differentiable leaf)."""
+        if not value.is_struct:
+            var = self._declare(value, role)
+            self._read_leaf(var, value.leaves[0])
+            return var
+        given: dict[int, str] = {}
+        for k, leaf in enumerate(value.leaves):
+            if leaf.differentiable:
+                given[k] = self.local(value, f"{role}{k}")
+                self.lines.append(f"{leaf.slang_type} {given[k]};")
+                self._read_leaf(given[k], leaf)
+        var = self.local(value, role)
+        if role == "_t":
+            fields = [self.local(value) + leaf.field_access() for leaf in value.leaves]
+            args = [
+                f"diffPair({field}, {given[k]})" if k in given else field for k, field in enumerate(fields)
+            ]
+            self.lines.append(f"let {var} = fwd_diff({self._build(value)})({', '.join(args)}).d;")
+            return var
+        pair = self.local(value, "_ctpair")
+        primal = self.local(value) if value.direction is Direction.INOUT else self._zero(value)
+        self.lines.append(f"var {pair} = diffPair({primal});")
+        self.lines.append(f"bwd_diff({self._split(value)})({', '.join([pair, *given.values()])});")
+        self.lines.append(f"let {var} = {pair}.d;")
+        return var
+
+    def _store_differential(self, value: Value) -> None:
+        """Writes the differential in ``value``'s pair (an output's tangent, an input's cotangent)
+        to the next results, one per differentiable leaf."""
+        pair = self.local(value, "_pair")
+        if not value.is_struct:
+            self._write_leaf(f"{pair}.d", value.leaves[0])
+            return
+        args, written = [], []
+        for k, leaf in enumerate(value.leaves):
+            var = self.local(value, f"_d{k}")
+            if self.mode is Mode.TANGENT:
+                kind = f"DifferentialPair<{leaf.slang_type}>" if leaf.differentiable else leaf.slang_type
+                self.lines.append(f"{kind} {var};")
+            elif leaf.differentiable:
+                self.lines.append(f"var {var} = diffPair({self.local(value)}{leaf.field_access()});")
+            else:
+                var = self.local(value) + leaf.field_access()
+            args.append(var)
+            if leaf.differentiable:
+                written.append((var, leaf))
+        if self.mode is Mode.TANGENT:
+            self.lines.append(f"fwd_diff({self._split(value)})({', '.join([pair, *args])});")
+        else:
+            self.lines.append(f"bwd_diff({self._build(value)})({', '.join([*args, f'{pair}.d'])});")
+        for var, leaf in written:
+            self._write_leaf(f"{var}.d", leaf)
+
+    def _build(self, value: Value) -> str:
+        """``T build(leaf0, leaf1, ...)``: ``value``'s struct from its leaves."""
+        name = self.local(value, "_build")
+        leaves = [self.names.local(f"leaf{k}") for k in range(len(value.leaves))]
+        struct = self.names.local("value")
+        params = ", ".join(f"{_no_diff(leaf)}{leaf.slang_type} {v}" for leaf, v in zip(value.leaves, leaves))
+        body = "".join(f"    {struct}{leaf.field_access()} = {v};\n" for leaf, v in zip(value.leaves, leaves))
+        self.helpers[name] = (
+            f"[Differentiable]\n{value.slang_type} {name}({params})\n{{\n"
+            f"    {value.slang_type} {struct};\n{body}    return {struct};\n}}\n"
+        )
+        return name
+
+    def _split(self, value: Value) -> str:
+        """``void split(T value, out leaf0, out leaf1, ...)``: ``value``'s struct to its leaves."""
+        name = self.local(value, "_split")
+        leaves = [self.names.local(f"leaf{k}") for k in range(len(value.leaves))]
+        struct = self.names.local("value")
+        params = [f"{value.slang_type} {struct}"]
+        params += [f"{_no_diff(leaf)}out {leaf.slang_type} {v}" for leaf, v in zip(value.leaves, leaves)]
+        body = "".join(
+            f"    {v} = {_detach(leaf, struct + leaf.field_access())};\n"
+            for leaf, v in zip(value.leaves, leaves)
+        )
+        self.helpers[name] = f"[Differentiable]\nvoid {name}({', '.join(params)})\n{{\n{body}}}\n"
+        return name
+
+    # --- the calls --------------------------------------------------------------------------------
 
     def _call(self, function: str, args: list[str], result: str) -> None:
         call = f"{function}({', '.join(args)})"
@@ -245,9 +349,9 @@ class _KernelWriter:
 
     def _primal_call(self) -> None:
         args = [self._declare(v) if v.direction is Direction.OUT else self.local(v) for v in self.sig.params]
-        self._call(self.sig.name, args, self.names.local("result"))
+        self._call(self.sig.name, args, self.local(self.sig.result) if self.sig.result else "")
         for value in self.sig.outputs:
-            self._store_value(self.local(value), value, only_differentiable=False)
+            self._store_value(value)
 
     def _tangent_call(self) -> None:
         """``fwd_diff(f)``: a differential pair for each differentiable parameter (an ``out`` one's
@@ -261,13 +365,13 @@ class _KernelWriter:
             if value.direction is Direction.OUT:
                 self.lines.append(f"var {pair} = diffPair({self._declare(value)});")
             else:
-                tangent = self._load_value(value, "_t", only_differentiable=True)
+                tangent = self._load_differential(value, "_t")
                 self.lines.append(f"var {pair} = diffPair({self.local(value)}, {tangent});")
             args.append(pair)
         self._call(f"fwd_diff({self.sig.name})", args, self.names.local("result_pair"))
         for value in self.sig.outputs:
             if _is_diff(value):
-                self._store_value(f"{self.local(value, '_pair')}.d", value, only_differentiable=True)
+                self._store_differential(value)
 
     def _cotangent_call(self) -> None:
         """``bwd_diff(f)``: ``in`` and ``inout`` differentiable parameters become pairs (an ``inout``
@@ -275,9 +379,7 @@ class _KernelWriter:
         its place, non-differentiable ``out`` parameters are dropped, and the result's cotangent
         comes last. The pairs then hold the input cotangents."""
         cotangents = {
-            id(value): self._load_value(value, "_ct", only_differentiable=True)
-            for value in self.sig.outputs
-            if _is_diff(value)
+            id(value): self._load_differential(value, "_ct") for value in self.sig.outputs if _is_diff(value)
         }
         args = []
         pairs = []
@@ -297,7 +399,17 @@ class _KernelWriter:
             args.append(cotangents[id(self.sig.result)])
         self.lines.append(f"bwd_diff({self.sig.name})({', '.join(args)});")
         for value in pairs:
-            self._store_value(f"{self.local(value, '_pair')}.d", value, only_differentiable=True)
+            self._store_differential(value)
+
+
+def _detach(leaf: Leaf, expression: str) -> str:
+    """``expression`` as a ``no_diff`` floating leaf is written: detached, as Slang asks."""
+    return f"detach({expression})" if _no_diff(leaf) else expression
+
+
+def _no_diff(leaf: Leaf) -> str:
+    """``no_diff`` before a helper's parameter for a floating leaf Slang must not differentiate."""
+    return "no_diff " if leaf.dtype in FLOAT_DTYPES and not leaf.differentiable else ""
 
 
 def _ctype(leaf: Leaf) -> str:

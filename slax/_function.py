@@ -17,6 +17,7 @@ import slangpy as spy
 
 from slax._codegen import Mode, result_leaves
 from slax._config import current_routes
+from slax._declarations import derivative_modes, generic_constraints
 from slax._function_primitives import FunctionSpec, slang_call_p
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices
@@ -30,6 +31,7 @@ from slax._signature import (
     read_signature,
     substitute_generics,
 )
+from slax._sources import texts
 
 if TYPE_CHECKING:
     from slax._module import SlangModule
@@ -63,8 +65,35 @@ class SlangFunction:
         ]
         self._generic = any(names for names, _ in self._generic_uses)
         self._param_names = [p.name for p in reflection.parameters]
+        self._modes = derivative_modes(texts(module.content), name)
+        self._chosen: dict[str, str] = {}
         self._signatures: dict[tuple[tuple[str, str], ...], Signature] = {}
         self.__doc__ = f"Slang function {name!r} from {module.path}."
+
+    def specialize(self, **types: str) -> SlangFunction:
+        """This function with its generic type parameters bound to the named Slang types, e.g.
+        ``mod.f.specialize(T="Foo")`` for ``f<T : IFoo>(T t)``, whose argument ``t`` is then a dict
+        of ``Foo``'s fields. Parameters left out specialise by dtype, as in a direct call.
+
+        Raises:
+          TypeError: a name is not a generic parameter of the function, or no such type exists.
+        """
+        parameters = sorted({name for names, _ in self._generic_uses for name in names})
+        layout = self.module._reflection.layout
+        for parameter, type_name in types.items():
+            if parameter not in parameters:
+                raise TypeError(
+                    f"slax: {self.name}.specialize() got {parameter}={type_name!r}, but {self.name}'s "
+                    f"generic type parameters are {parameters or 'none'}."
+                )
+            if not isinstance(type_name, str) or layout.find_type_by_name(type_name) is None:
+                raise TypeError(
+                    f"slax: {self.name}.specialize({parameter}={type_name!r}): module {self.module.path!r} "
+                    "has no such type; pass a Slang type's name as a string, e.g. a struct it declares."
+                )
+        specialized = SlangFunction(self.module, self.name, self._reflection)
+        specialized._chosen = {**self._chosen, **types}
+        return specialized
 
     def __repr__(self) -> str:
         return f"<slax function {self.name} from {self.module.path}>"
@@ -133,7 +162,7 @@ class SlangFunction:
         signature = self._signatures.get(cache_key)
         if signature is None:
             reflection = self._specialize(key) if self._generic else self._reflection
-            signature = read_signature(reflection)
+            signature = read_signature(reflection, self.module._reflection.layout, self._modes)
             self._signatures[cache_key] = signature
         operands = [
             operand for value in signature.inputs for operand in self._operands(value, bound[value.name])
@@ -144,8 +173,9 @@ class SlangFunction:
         """Each generic type parameter's Slang scalar, from the first array argument that uses it.
 
         Arguments given as Python numbers do not decide a type; undecided ones default to float.
+        Those chosen by :meth:`specialize` stay as chosen.
         """
-        chosen: dict[str, str] = {}
+        chosen: dict[str, str] = dict(self._chosen)
         for names, param in self._generic_uses:
             dtype = _array_dtype(bound.get(param))
             for name in names:
@@ -164,10 +194,31 @@ class SlangFunction:
         if all(t is not None for t in types):
             specialized = self._reflection.specialize_with_arg_types(types)
         if specialized is None or not specialized.is_valid:
-            raise TypeError(
-                f"slax: cannot specialise generic Slang function {self.name!r} for parameter types {names}."
-            )
+            raise TypeError(self._unspecialized_message(generic, names))
         return specialized
+
+    def _unspecialized_message(self, generic: dict[str, str], names: list[str]) -> str:
+        """Why the call could not be specialised: which type each parameter got and from where,
+        and, for a parameter constrained to an interface, how to name the struct to use."""
+        constraints = generic_constraints(texts(self.module.content), self.name)
+        chosen = ", ".join(
+            f"{p}={t} ({'as .specialize() named it' if p in self._chosen else 'by the argument dtypes'})"
+            for p, t in generic.items()
+        )
+        message = (
+            f"slax: cannot specialise generic Slang function {self.name!r} with {chosen}: Slang "
+            f"rejects parameter types {names}."
+        )
+        interfaces = {p: c for p, c in constraints.items() if p in generic and p not in self._chosen}
+        if interfaces:
+            example = ", ".join(f'{p}="MyStruct"' for p in interfaces)
+            message += (
+                " slax picks a generic type from array dtypes only, and "
+                + ", ".join(f"{p} is constrained to {c!r}" for p, c in interfaces.items())
+                + f": name the struct that conforms and that the argument's dict holds the fields "
+                f"of, mod.{self.name}.specialize({example})(...)."
+            )
+        return message
 
     def _operands(self, value: Value, argument: Any) -> list[jax.Array]:
         if not value.is_struct:

@@ -70,6 +70,7 @@ def _function_kernel(function: FunctionSpec, mode: Mode, broadcast: Broadcast) -
 
 
 def _run_function(*operands, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):
+    _require_mode(function, mode)
     leaves = operand_leaves(function.signature, mode)
     grid = _grid_of([o.shape for o in operands], leaves)
     broadcast = []
@@ -117,12 +118,52 @@ def _num_primals(function: FunctionSpec) -> int:
     return sum(len(v.leaves) for v in function.signature.inputs)
 
 
-def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
-    if not function.signature.differentiable:
+def _require_differentiable(function: FunctionSpec) -> None:
+    """Raises unless Slang differentiates the function and each struct's derivatives map to JAX's."""
+    signature = function.signature
+    if not signature.differentiable:
         raise TypeError(
             f"slax: Slang function {function.name!r} is not differentiable; mark it "
-            "[Differentiable] in Slang to take its derivatives with jax.grad/jax.jvp."
+            "[Differentiable] in Slang (or declare a derivative for it) to take its derivatives "
+            "with jax.grad/jax.jvp."
         )
+    head = (signature.result,) if signature.result is not None else ()
+    unmapped = [value for value in head + signature.params if value.unmapped_differential]
+    if unmapped:
+        raise TypeError(
+            f"slax: cannot differentiate Slang function {function.name!r}: "
+            + "; ".join(
+                f"{v.name!r} is the struct {v.slang_type!r}, and {v.unmapped_differential}" for v in unmapped
+            )
+            + ". JAX's tangent of a struct is a dict of its fields, so each member of the Differential "
+            "needs the field it belongs to: give it one with [DerivativeMember(...)] on that field, or "
+            "remove the member."
+        )
+
+
+def _require_mode(function: FunctionSpec, mode: Mode) -> None:
+    """Raises, before any kernel is written, where Slang has no derivative of the function in
+    ``mode``: it would fail to compile ``fwd_diff``/``bwd_diff`` with a message about neither."""
+    name = function.name
+    if mode is Mode.COTANGENT and not function.signature.backward:
+        raise TypeError(
+            f"slax: Slang function {name!r} has forward-mode derivatives only (it is "
+            "[ForwardDifferentiable], or has only a custom forward derivative): jax.jvp and "
+            "jax.jacfwd work, while jax.grad, jax.vjp and jax.jacrev need its bwd_diff. Mark it "
+            f"[Differentiable], or declare a backward derivative for it ([BackwardDerivative(g)] "
+            f"on it, or [BackwardDerivativeOf({name})] on g)."
+        )
+    if mode is Mode.TANGENT and not function.signature.forward:
+        raise TypeError(
+            f"slax: Slang function {name!r} has reverse-mode derivatives only (a custom backward "
+            "derivative and no forward one): jax.grad, jax.vjp and jax.jacrev work, while jax.jvp "
+            "and jax.jacfwd need its fwd_diff. Mark it [Differentiable], or declare a forward "
+            f"derivative for it ([ForwardDerivative(g)] on it, or [ForwardDerivativeOf({name})] on g)."
+        )
+
+
+def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
+    _require_differentiable(function)
     outputs = slang_call_p.bind(*primals, function=function, routes=routes)
     mask = _differentiable_mask(function.signature.inputs)
     live = [t for t, diff in zip(tangents, mask) if diff]

@@ -16,6 +16,8 @@ from typing import TypeAlias
 import numpy as np
 import slangpy as spy
 
+from slax._declarations import Modes
+
 Kind = spy.TypeReflection.Kind
 Scalar: TypeAlias = spy.TypeReflection.ScalarType
 
@@ -68,6 +70,10 @@ class Value:
     leaves: tuple[Leaf, ...]
     is_struct: bool
     no_diff: bool
+    unmapped_differential: str = ""
+    """Where the struct's ``Differential`` holds members that no differentiable field maps to (JAX's
+    tangent of a struct is a dict of its fields, so they would be lost): which, for the error that
+    refuses its derivatives; else empty."""
 
     @property
     def differentiable(self) -> bool:
@@ -89,7 +95,14 @@ class Signature:
     name: str
     params: tuple[Value, ...]
     result: Value | None
-    differentiable: bool
+    forward: bool
+    """Slang has ``fwd_diff`` of the function (``jax.jvp``)."""
+    backward: bool
+    """Slang has ``bwd_diff`` of the function (``jax.grad``, ``jax.vjp``)."""
+
+    @property
+    def differentiable(self) -> bool:
+        return self.forward or self.backward
 
     @property
     def inputs(self) -> tuple[Value, ...]:
@@ -102,9 +115,19 @@ class Signature:
         return head + tuple(p for p in self.params if p.is_output)
 
 
-def read_signature(function: spy.FunctionReflection) -> Signature:
-    """Builds a :class:`Signature` from (non-generic or specialized) function reflection."""
-    differentiable = function.has_modifier(spy.ModifierID.differentiable)
+def read_signature(
+    function: spy.FunctionReflection, layout: spy.ProgramLayout, modes: Modes | None = None
+) -> Signature:
+    """Builds a :class:`Signature` from (non-generic or specialized) function reflection.
+
+    ``modes`` are the derivatives Slang has for it, as its source declares them
+    (:func:`slax._declarations.derivative_modes`); without them, reflection's one
+    ``differentiable`` flag stands for both. ``layout`` finds each struct's ``Differential``.
+    """
+    if modes is None:
+        flag = function.has_modifier(spy.ModifierID.differentiable)
+        modes = Modes(forward=flag, backward=flag)
+    differentiable = modes.forward or modes.backward
     params = []
     for param in function.parameters:
         if param.has_modifier(spy.ModifierID.inout):
@@ -114,11 +137,13 @@ def read_signature(function: spy.FunctionReflection) -> Signature:
         else:
             direction = Direction.IN
         no_diff = param.has_modifier(spy.ModifierID.nodiff) or not differentiable
-        params.append(_read_value(param.name, param.type, direction, no_diff, function.name))
+        params.append(_read_value(param.name, param.type, direction, no_diff, function.name, layout))
     result = None
     if function.return_type is not None and function.return_type.full_name != "void":
-        result = _read_value("result", function.return_type, Direction.OUT, not differentiable, function.name)
-    return Signature(function.name, tuple(params), result, differentiable)
+        result = _read_value(
+            "result", function.return_type, Direction.OUT, not differentiable, function.name, layout
+        )
+    return Signature(function.name, tuple(params), result, modes.forward, modes.backward)
 
 
 _IDENTIFIER_NOT_GENERIC_HEAD = re.compile(r"\b[A-Za-z_]\w*\b(?!\s*<)")
@@ -142,13 +167,40 @@ def substitute_generics(type_name: str, chosen: dict[str, str]) -> str:
 
 
 def _read_value(
-    name: str, slang_type: spy.TypeReflection, direction: Direction, no_diff: bool, function: str
+    name: str,
+    slang_type: spy.TypeReflection,
+    direction: Direction,
+    no_diff: bool,
+    function: str,
+    layout: spy.ProgramLayout,
 ) -> Value:
-    if slang_type.kind == Kind.struct:
-        leaves = tuple(_struct_leaves(slang_type, (), no_diff, function, name))
-        return Value(name, slang_type.full_name, direction, leaves, True, no_diff)
-    leaf = _leaf(slang_type, (), no_diff, function, name)
-    return Value(name, slang_type.full_name, direction, (leaf,), False, no_diff)
+    if slang_type.kind != Kind.struct:
+        leaf = _leaf(slang_type, (), no_diff, function, name)
+        return Value(name, slang_type.full_name, direction, (leaf,), False, no_diff)
+    # A struct that does not conform to IDifferentiable has no Differential: Slang holds it constant.
+    differential = layout.find_type_by_name(f"{slang_type.full_name}.Differential")
+    no_diff = no_diff or differential is None
+    leaves = tuple(_struct_leaves(slang_type, (), no_diff, function, name))
+    unmapped = "" if no_diff else _unmapped_differential(differential, leaves, function, name)
+    return Value(name, slang_type.full_name, direction, leaves, True, no_diff, unmapped)
+
+
+def _unmapped_differential(differential, leaves, function, name) -> str:
+    """Empty where the struct's ``Differential`` holds no more numbers than its differentiable
+    fields (Slang maps each field to its member, by name or ``[DerivativeMember(...)]``); else
+    what it holds beside them."""
+    members = [
+        (".".join(leaf.path), leaf.size) for leaf in _struct_leaves(differential, (), False, function, name)
+    ]
+    held = sum(size for _, size in members)
+    mapped = [leaf for leaf in leaves if leaf.differentiable]
+    if held <= sum(leaf.size for leaf in mapped):
+        return ""
+    return (
+        f"its Differential type {differential.full_name!r} holds {held} numbers "
+        f"({', '.join(path for path, _ in members)}), more than its differentiable fields "
+        f"({', '.join('.'.join(leaf.path) for leaf in mapped) or 'none'}) hold"
+    )
 
 
 def _struct_leaves(slang_type, path, no_diff, function, name):

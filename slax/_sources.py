@@ -97,6 +97,11 @@ def identifiers(content: str) -> frozenset[str]:
     return _closures[content].identifiers
 
 
+def texts(content: str) -> tuple[str, ...]:
+    """The text of each file of the module with key ``content``, as it was when loaded."""
+    return tuple(data.decode(errors="replace") for data in _closures[content].texts)
+
+
 def require_unchanged(content: str, what: str) -> None:
     """Raises if a file of the module with key ``content`` changed since it was loaded: code
     built from disk now would not be the code that was loaded (and traced against)."""

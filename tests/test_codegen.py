@@ -8,6 +8,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import slax
@@ -131,3 +132,75 @@ def test_module_path_with_quotes(tmp_path, device_kind):
             module.f(3.0)
         return
     assert float(module.f(3.0)) == 9.0 and float(jax.grad(module.f)(3.0)) == 6.0
+
+
+# --- structs whose differential is not their fields ------------------------------------------------
+
+STRUCTS = pathlib.Path(__file__).with_name("slang") / "struct_differentials.slang"
+
+
+@pytest.fixture(scope="module")
+def structs():
+    return slax.load_module(STRUCTS)
+
+
+def _custom(rng, n=4):
+    """A ``Custom`` (tests/slang/struct_differentials.slang): a dict of its fields, as JAX sees it."""
+    x, y = _draw(rng, (n, 3), (n,))
+    return {"x": x, "y": y, "n": jnp.asarray(rng.integers(-3, 4, size=n), jnp.int32)}
+
+
+def _custom_energy(c, s):
+    return jnp.sum(c["x"] ** 2, -1) * s + jax.lax.stop_gradient(c["y"]) * c["n"]
+
+
+def _custom_scaled(c, s):
+    y = jax.lax.stop_gradient(c["y"])
+    old = {"x": jnp.sin(c["x"]), "y": jax.lax.stop_gradient(y + s), "n": c["n"]}
+    return old, {"x": c["x"] * s[..., None], "y": y, "n": c["n"]}
+
+
+def test_user_defined_differential_maps_through_its_derivative_members(structs, rng):
+    """``typedef Tangent Differential`` with ``[DerivativeMember(Tangent.dx)] float3 x``: JAX's
+    tangent of the struct is a dict of its fields (``x``, the ``no_diff`` ``y``, the integer
+    ``n``), which the kernels map to and from ``Tangent`` as Slang's own derivatives do; as an
+    argument, an ``inout`` parameter and a return value, in both modes."""
+    (s,) = _draw(rng, (4,))
+    check_grads(structs.custom_energy, _custom_energy, _custom(rng), s, raises=True)
+    check_grads(structs.custom_scaled, _custom_scaled, _custom(rng), s, raises=True)
+
+
+def test_a_differential_member_without_a_field_is_refused_naming_it(structs, rng):
+    """``Wider.w`` belongs to no field of ``Narrow``: values run, derivatives are refused."""
+    (x,) = _draw(rng, (3,))
+    np.testing.assert_allclose(
+        structs.narrow_twice({"x": x}), 2 * x, rtol=slax.testing.RELATIVE_TOLERANCE["float32"]
+    )
+    message = (
+        r"'narrow_twice': 'n' is the struct 'Narrow', and its Differential type 'Wider' holds 2 "
+        r"numbers \(z, w\), more than its differentiable fields \(x\) hold.*\[DerivativeMember"
+    )
+    with pytest.raises(TypeError, match=message):
+        jax.grad(lambda x: structs.narrow_twice({"x": x}).sum())(x)
+    with pytest.raises(TypeError, match=message):
+        jax.jvp(lambda x: structs.narrow_twice({"x": x}), (x,), (x,))
+
+
+def _particle_moved(p, v):
+    moved = {"position": p["position"] + v * p["mass"][..., None], "mass": p["mass"]}
+    return moved, {"position": p["position"], "mass": p["mass"] * 2}
+
+
+def test_struct_without_a_default_constructor(structs, rng):
+    """``Particle`` has only ``__init(float2, float)``: taken, returned and written to an ``out``
+    parameter, in value and both modes of differentiation."""
+    position, mass, v = _draw(rng, (5, 2), (5,), (5, 2))
+    particle = {"position": position, "mass": mass}
+    check_grads(
+        structs.particle_energy,
+        lambda p, v: 0.5 * p["mass"] * jnp.sum((v - p["position"]) ** 2, -1),
+        particle,
+        v,
+        raises=True,
+    )
+    check_grads(structs.particle_moved, _particle_moved, particle, v, raises=True)

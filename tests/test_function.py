@@ -3,6 +3,8 @@ vmap."""
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -473,3 +475,60 @@ def test_too_many_arguments_for_push_constants_say_so(device_kind, rng):
         slax.SlangCompileError, match=r"49 pointers and 2 scalars: \d+ bytes .* push constants"
     ):
         jax.jvp(products, tuple(args), tuple(args))
+
+
+# --- derivatives declared elsewhere, one mode only, and generics over an interface ---------------
+
+
+@pytest.fixture(scope="module")
+def declared():
+    return slax.load_module(pathlib.Path(__file__).with_name("slang") / "declared_derivatives.slang")
+
+
+def _uniform(rng, *shape):
+    return jnp.asarray(rng.uniform(-1, 1, size=shape), jnp.float32)
+
+
+def test_derivatives_declared_by_other_functions_are_used(declared, rng):
+    """``cube`` has a ``[BackwardDerivativeOf(cube)]`` and ``square`` a ``[ForwardDerivativeOf(square)]``
+    elsewhere, and no attribute of their own: Slang differentiates each in that mode, and so does
+    slax; the other mode is refused, naming the function and what to declare."""
+    x = _uniform(rng, 6)
+    check_grads(declared.cube, lambda x: x**3, x, modes=("rev",), raises=True)
+    check_grads(declared.square, lambda x: x**2, x, modes=("fwd",), raises=True)
+    with pytest.raises(
+        TypeError, match=r"'cube' has reverse-mode derivatives only.*\[ForwardDerivativeOf\(cube\)\]"
+    ):
+        jax.jvp(declared.cube, (x,), (x,))
+    with pytest.raises(
+        TypeError, match=r"'square' has forward-mode derivatives only.*\[BackwardDerivativeOf\(square\)\]"
+    ):
+        jax.grad(lambda x: declared.square(x).sum())(x)
+
+
+def test_forward_differentiable_function_says_it_has_no_reverse_mode(declared, rng):
+    x = _uniform(rng, 6)
+    check_grads(declared.forward_sine, jnp.sin, x, modes=("fwd",), raises=True)
+    with pytest.raises(
+        TypeError, match=r"'forward_sine' has forward-mode derivatives only \(it is \[ForwardDifferentiable\]"
+    ):
+        jax.grad(lambda x: declared.forward_sine(x).sum())(x)
+
+
+def test_generic_over_an_interface_specialises_to_the_struct_named(declared, rng):
+    """``scaled_area<T : IShape>``: a dict cannot say which struct it is, so the call names it
+    (``specialize(T="Rectangle")``); without it the error names the interface and the remedy."""
+    shape = {"width": _uniform(rng, 5), "height": _uniform(rng, 5)}
+    scale = _uniform(rng, 5)
+    with pytest.raises(
+        TypeError, match=r"T is constrained to 'IShape'.*scaled_area\.specialize\(T=\"MyStruct\"\)"
+    ):
+        declared.scaled_area(shape, scale)
+    rectangle = declared.scaled_area.specialize(T="Rectangle")
+    check_grads(rectangle, lambda r, s: r["width"] * r["height"] * s, shape, scale, raises=True)
+    with pytest.raises(
+        TypeError, match=r"got U='Rectangle', but scaled_area's generic type parameters are \['T'\]"
+    ):
+        declared.scaled_area.specialize(U="Rectangle")
+    with pytest.raises(TypeError, match=r"specialize\(T='Circle'\).*has no such type"):
+        declared.scaled_area.specialize(T="Circle")

@@ -1,0 +1,100 @@
+"""What Slang's reflection does not say about a module-scope function, read from its source.
+
+SlangPy's reflection gives a function one ``differentiable`` flag, set by any differentiability
+attribute: it cannot tell a ``[ForwardDifferentiable]`` function (no ``bwd_diff``) from a
+``[Differentiable]`` one, and it leaves the flag unset on a function that another declares a
+derivative for (``[BackwardDerivativeOf(f)]``), which Slang differentiates. Nor does it give a
+generic parameter's constraint (``T : IFoo``). Both are read here from the module's files as they
+were loaded (:func:`slax._sources.texts`): the attributes on the function's declarations, and the
+``[ForwardDerivativeOf(f)]``/``[BackwardDerivativeOf(f)]`` attributes naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+
+_FORWARD = frozenset(
+    {"Differentiable", "BackwardDifferentiable", "ForwardDifferentiable", "ForwardDerivative"}
+)
+"""Attributes under which Slang has ``fwd_diff(f)`` (Slang 2026.12)."""
+
+_BACKWARD = frozenset({"Differentiable", "BackwardDifferentiable", "BackwardDerivative"})
+"""Attributes under which Slang has ``bwd_diff(f)``; ``[ForwardDifferentiable]`` or a custom forward
+derivative alone give none."""
+
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_INNERMOST_BODY = re.compile(r"\{[^{}]*\}")
+_ATTRIBUTE_BLOCK = r"((?:\[[^\[\];]*\]\s*)*)"
+_DERIVATIVE_OF = re.compile(
+    r"\b(Forward|Backward)DerivativeOf\s*\(\s*(?:[\w.:]*[.:])?(\w+)\s*(?:<[^()]*>)?\s*\)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Modes:
+    """The derivatives Slang has for a function: ``fwd_diff`` (forward) and ``bwd_diff`` (backward)."""
+
+    forward: bool
+    backward: bool
+
+
+def derivative_modes(texts: Iterable[str], name: str) -> Modes | None:
+    """The modes in which Slang differentiates the module-scope function ``name``, from the
+    attributes of its declarations and the derivatives declared for it in ``texts``; None where
+    they declare none of Slang's differentiability attributes (reflection then decides)."""
+    attributes: set[str] = set()
+    for text in texts:
+        scope = _module_scope(text)
+        for block in _declaration_attributes(scope, name):
+            attributes |= set(re.findall(r"\w+", re.sub(r"\([^()]*\)", "", block)))
+        for mode, target in _DERIVATIVE_OF.findall(scope):
+            if target == name:
+                attributes.add(f"{mode}Derivative")
+    if not attributes & (_FORWARD | _BACKWARD):
+        return None
+    return Modes(forward=bool(attributes & _FORWARD), backward=bool(attributes & _BACKWARD))
+
+
+def generic_constraints(texts: Iterable[str], name: str) -> dict[str, str]:
+    """The interface each generic type parameter of function ``name`` is constrained to, as
+    written in its declaration (``f<T : IFoo>`` -> ``{"T": "IFoo"}``)."""
+    constraints: dict[str, str] = {}
+    for text in texts:
+        for params in re.findall(rf"\b{re.escape(name)}\s*<([^;()]*)>\s*\(", _module_scope(text)):
+            for param in _split_top_level(params):
+                found = re.fullmatch(r"\s*(?:typename\s+)?(\w+)\s*:\s*(.+?)\s*", param)
+                if found:
+                    constraints.setdefault(found.group(1), found.group(2))
+    return constraints
+
+
+def _module_scope(text: str) -> str:
+    """``text`` without comments and with every ``{...}`` body replaced by ``;``: what is left
+    are module-scope declarations, each ending in ``;``, with their attributes."""
+    text = _COMMENTS.sub(" ", text)
+    while True:
+        stripped = _INNERMOST_BODY.sub(";", text)
+        if stripped == text:
+            return text
+        text = stripped
+
+
+def _declaration_attributes(scope: str, name: str) -> list[str]:
+    """The attribute blocks (``[A][B(x)]``) before each declaration of function ``name``."""
+    declaration = re.compile(
+        _ATTRIBUTE_BLOCK + rf"[^;\[\]]*?\b{re.escape(name)}\s*(?:<[^;()]*>)?\s*\(", re.DOTALL
+    )
+    return [match.group(1) for match in declaration.finditer(scope)]
+
+
+def _split_top_level(params: str) -> list[str]:
+    """``"T : IFoo<float, 2>, U"`` -> ``["T : IFoo<float, 2>", " U"]``."""
+    parts, depth, start = [], 0, 0
+    for k, char in enumerate(params):
+        depth += {"<": 1, ">": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(params[start:k])
+            start = k + 1
+    return [*parts, params[start:]]
