@@ -18,6 +18,7 @@ import abc
 import collections
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import math
 import threading
@@ -28,8 +29,8 @@ import numpy as np
 import slangpy as spy
 
 from slax import _cpu_division
-from slax._compile import ROW_THREADS, Aliases, KernelSpec, Scalars, compile_kernel
-from slax._device import DeviceKind, get_device
+from slax._compile import ROW_THREADS, Aliases, CompiledKernel, KernelSpec, Scalars, compile_kernel
+from slax._device import DeviceKind, get_device, keep_inherited, process_generation
 from slax._jax_api import buffer_callback, lower_fun, lowering_for_export
 
 BufferCallback = Callable[..., None]
@@ -64,37 +65,72 @@ class _CallbackLauncher(abc.ABC):
         """The function ``buffer_callback`` runs as ``run(ctx, outs, *ins)`` for one launch."""
 
 
+class _ProcessDevice:
+    """A launcher's SlangPy device and dispatch lock in this process.
+
+    A child forked after slax ran kernels inherits its parent's devices without their driver's
+    threads (lavapipe's among them): reading a buffer of one waits for those threads forever. So
+    where :func:`slax._device.process_generation` moved on, a launch takes the child's own device
+    and lock, and its call site compiles its kernel and makes its buffers again on it.
+    """
+
+    def __init__(self, kind: DeviceKind):
+        self.kind = kind
+        self._current = (process_generation(), get_device(kind), threading.Lock())
+
+    def current(self) -> tuple[int, spy.Device, threading.Lock]:
+        """(generation, device, the lock that serialises dispatches on the device's queue)."""
+        if self._current[0] != process_generation():  # the old lock may have been held at fork()
+            self._current = (process_generation(), get_device(self.kind), threading.Lock())
+        return self._current
+
+
+@dataclasses.dataclass
+class _CallSite:
+    """A call site's kernel, compiled on the device of process generation ``generation``."""
+
+    generation: int
+    compiled: CompiledKernel
+
+
 class HostCopyLauncher(_CallbackLauncher):
     """Runs kernels on host buffers by copying through device buffers that persist per call site."""
 
     name = "host-copy"
 
-    def __init__(self, device: spy.Device):
-        self.device = device
-        self._lock = threading.Lock()
+    def __init__(self, kind: DeviceKind):
+        self.process = _ProcessDevice(kind)
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
-        compiled = compile_kernel(self.device, spec)
-        names_list = [name for name, _ in compiled.parameters.pointers]
+        generation, device, _ = self.process.current()
+        site = _CallSite(generation, compile_kernel(device, spec))
         aliased = dict((result, operand) for operand, result in aliases)
         buffers: dict[int, spy.Buffer] = {}
 
-        def buffer_for(slot: int, nbytes: int) -> spy.Buffer:
+        def buffer_for(device: spy.Device, slot: int, nbytes: int) -> spy.Buffer:
             nbytes = max(nbytes, 4)
             buffer = buffers.get(slot)
             if buffer is None or buffer.size != nbytes:
-                buffer = self.device.create_buffer(size=nbytes, usage=_BUFFER_USAGE)
+                buffer = device.create_buffer(size=nbytes, usage=_BUFFER_USAGE)
                 buffers[slot] = buffer
             return buffer
 
         def run(ctx, outs: Sequence, *ins) -> None:
+            nonlocal site
             del ctx
             host_ins = [_host_array(b, "operand") for b in ins]
             host_outs = [_host_array(b, "result") for b in outs]
-            with self._lock:
-                in_buffers = [buffer_for(slot, a.nbytes) for slot, a in enumerate(host_ins)]
+            generation, device, lock = self.process.current()
+            with lock:
+                if site.generation != generation:  # forked: this process's own kernel and buffers
+                    keep_inherited(site.compiled, *buffers.values())
+                    buffers.clear()
+                    site = _CallSite(generation, compile_kernel(device, spec))
+                compiled = site.compiled
+                names_list = [name for name, _ in compiled.parameters.pointers]
+                in_buffers = [buffer_for(device, slot, a.nbytes) for slot, a in enumerate(host_ins)]
                 out_buffers = [
-                    in_buffers[aliased[k]] if k in aliased else buffer_for(len(host_ins) + k, a.nbytes)
+                    in_buffers[aliased[k]] if k in aliased else buffer_for(device, len(ins) + k, a.nbytes)
                     for k, a in enumerate(host_outs)
                 ]
                 for array, buffer in zip(host_ins, in_buffers):
@@ -102,7 +138,7 @@ class HostCopyLauncher(_CallbackLauncher):
                         buffer.copy_from_numpy(np.ascontiguousarray(array).reshape(-1))
                 pointer_buffers = in_buffers + [b for k, b in enumerate(out_buffers) if k not in aliased]
                 addresses = {name: b.device_address for name, b in zip(names_list, pointer_buffers)}
-                with _explained_device_errors(self.device, spec):
+                with _explained_device_errors(device, spec):
                     compiled.kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
                     for array, buffer in zip(host_outs, out_buffers):
                         data = buffer.to_numpy().view(np.uint8)[: array.nbytes]
@@ -123,23 +159,29 @@ class HostPointerLauncher(_CallbackLauncher):
 
     name = "host-pointer"
 
-    def __init__(self, device: spy.Device):
-        self.device = device
-        self._lock = threading.Lock()  # one dispatch at a time on the device's command queue
+    def __init__(self, kind: DeviceKind):
+        self.process = _ProcessDevice(kind)
         _cpu_division.install()
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
-        compiled = compile_kernel(self.device, spec)
-        names = [name for name, _ in compiled.parameters.pointers]
+        generation, device, _ = self.process.current()
+        site = _CallSite(generation, compile_kernel(device, spec))
         scalar_args = dict(scalars)
         aliased = {result for _, result in aliases}
 
         def run(ctx, outs: Sequence, *ins) -> None:
+            nonlocal site
             del ctx
             fresh = [b for k, b in enumerate(outs) if k not in aliased]
             arrays = [_host_array(b, "operand") for b in ins] + [_host_array(b, "result") for b in fresh]
             pointers = [array.ctypes.data for array in arrays]
-            with self._lock, _explained_device_errors(self.device, spec), _cpu_division.guarded():
+            generation, device, lock = self.process.current()
+            with lock, _explained_device_errors(device, spec), _cpu_division.guarded():
+                if site.generation != generation:  # forked: this process's own kernel
+                    keep_inherited(site.compiled)
+                    site = _CallSite(generation, compile_kernel(device, spec))
+                compiled = site.compiled
+                names = [name for name, _ in compiled.parameters.pointers]
                 compiled.kernel.dispatch(thread_grid(count), **dict(zip(names, pointers)), **scalar_args)
 
         return run

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import pathlib
 import threading
 
@@ -118,6 +119,16 @@ def entry_point_parameters(module: spy.SlangModule, entry: str) -> EntryPointPar
 _lock = threading.RLock()
 _sessions: dict[tuple[int, str], _Session] = {}
 _kernels: dict[tuple[int, KernelSpec, str], CompiledKernel] = {}
+"""Keyed by ``id(device)``: a forked child's devices are new objects, and its parent's are never
+freed there (:func:`slax._device.keep_inherited`), so an id never names two devices."""
+
+
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it (compiling) at fork()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 @dataclasses.dataclass

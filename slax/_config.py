@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import enum
 import os
-from typing import ClassVar
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
-import jax
+from slax._jax_api import TraceState, trace_state_unset
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 DEVICE_ENV_VAR = "SLAX_DEVICE"
@@ -68,11 +71,15 @@ class LaunchRoutes:
     tensor_cores: bool = True
 
 
-_traced_routes = jax.make_user_context(LaunchRoutes())
+_traced_routes = TraceState(
+    "slax_launch_routes", LaunchRoutes(), include_in_jit_key=True, include_in_trace_context=True
+)
+"""What JAX keys its caches by: the routes of ``slax.config``'s global values, and per thread those
+of the overrides active in it (JAX's own contexts are per thread)."""
 
 
 def current_routes() -> LaunchRoutes:
-    """The routes a slax primitive bound now is traced with: those of ``slax.config``."""
+    """The routes a slax primitive bound now is traced with: those of ``slax.config`` in this thread."""
     return _traced_routes.value
 
 
@@ -91,7 +98,54 @@ def _parse_switch(value: str | None, source: str, default: bool) -> bool:
     )
 
 
-@dataclasses.dataclass
+def _parse_cuda_launch(value, name: str = "cuda_launch"):
+    if value not in CUDA_LAUNCHES:
+        raise ValueError(
+            f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
+            f"SLAX_CUDA_LAUNCH); got {value!r}."
+        )
+    return value
+
+
+def _parse_tensor_cores(value, name: str = "tensor_cores"):
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"slax: tensor_cores must be True or False (slax.config.tensor_cores or SLAX_TENSOR_CORES); "
+            f"got {value!r}."
+        )
+    return value
+
+
+def _parse_device(value, name: str):
+    return parse_device_kind(value, source=f"slax.config.{name}")
+
+
+_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[..., Any]]] = {
+    "debug_nans": (lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0"), lambda value, name: value),
+    "cuda_launch": (lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "ptx", _parse_cuda_launch),
+    "device_kind": (
+        lambda: parse_device_kind(os.environ.get(DEVICE_ENV_VAR), source=f"the {DEVICE_ENV_VAR} variable"),
+        _parse_device,
+    ),
+    "tensor_cores": (
+        lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES"), "SLAX_TENSOR_CORES", True),
+        _parse_tensor_cores,
+    ),
+    "reflection_device": (
+        lambda: parse_device_kind(
+            os.environ.get(REFLECTION_ENV_VAR), source=f"the {REFLECTION_ENV_VAR} variable"
+        ),
+        _parse_device,
+    ),
+}
+"""Each setting of :class:`Config`: (its value from the environment, its check of a value given)."""
+
+_TRACED = ("cuda_launch", "device_kind", "tensor_cores")
+"""The settings :class:`LaunchRoutes` carries into what JAX traces."""
+
+_NO_OVERRIDES: Mapping[str, Any] = types.MappingProxyType({})
+
+
 class Config:
     """Switches of slax.
 
@@ -99,6 +153,13 @@ class Config:
     function retraces when one changes);
     ``debug_nans`` is read when a call is traced (a jitted function already compiled keeps the
     setting it was compiled with).
+
+    An assignment (``slax.config.debug_nans = True``) sets the global value, which every thread
+    and asyncio task sees where no override is active. :meth:`override` sets values for a ``with``
+    block in the thread or task that enters it only (a ``contextvars`` variable): two threads'
+    overlapping blocks each see their own, and each block's exit restores exactly what it changed.
+    What JAX traces follows the overrides of the thread that traces (JAX keys its caches per
+    thread): a function jitted inside a block of thread A runs A's routes, thread B's B's.
 
     Attributes:
       debug_nans: check every Slang kernel's floating results and raise ``FloatingPointError``
@@ -137,61 +198,79 @@ class Config:
     CUDA_LAUNCHES: ClassVar[tuple[str, ...]] = CUDA_LAUNCHES
     """The values ``cuda_launch`` takes."""
 
-    debug_nans: bool = dataclasses.field(
-        default_factory=lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0")
-    )
-    cuda_launch: str = dataclasses.field(default_factory=lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "ptx")
-    device_kind: DeviceKind | None = dataclasses.field(
-        default_factory=lambda: parse_device_kind(
-            os.environ.get(DEVICE_ENV_VAR), source=f"the {DEVICE_ENV_VAR} variable"
-        )
-    )
-    tensor_cores: bool = dataclasses.field(
-        default_factory=lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES"), "SLAX_TENSOR_CORES", True)
-    )
-    reflection_device: DeviceKind | None = dataclasses.field(
-        default_factory=lambda: parse_device_kind(
-            os.environ.get(REFLECTION_ENV_VAR), source=f"the {REFLECTION_ENV_VAR} variable"
-        )
-    )
+    debug_nans: bool
+    cuda_launch: str
+    device_kind: DeviceKind | None
+    tensor_cores: bool
+    reflection_device: DeviceKind | None
+
+    def __init__(self, trace_state=None) -> None:
+        """The settings' global values come from the environment; ``trace_state`` (``slax.config``'s
+        is ``_traced_routes``) is the JAX state that follows their :class:`LaunchRoutes`."""
+        globals_ = {name: default() for name, (default, _) in _SETTINGS.items()}
+        object.__setattr__(self, "_globals", globals_)
+        overrides = contextvars.ContextVar("slax_config_overrides", default=_NO_OVERRIDES)
+        object.__setattr__(self, "_overrides", overrides)
+        object.__setattr__(self, "_trace_state", trace_state)
+        if trace_state is not None:
+            trace_state.set_global(self._routes(globals_))
+
+    def __getattr__(self, name: str):
+        if name not in _SETTINGS:
+            raise AttributeError(f"slax.config has no setting {name!r}; settings: {', '.join(_SETTINGS)}.")
+        overrides = self._overrides.get()
+        return overrides[name] if name in overrides else self._globals[name]
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "cuda_launch" and value not in CUDA_LAUNCHES:
-            raise ValueError(
-                f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
-                f"SLAX_CUDA_LAUNCH); got {value!r}."
-            )
-        if name in ("device_kind", "reflection_device"):
-            value = parse_device_kind(value, source=f"slax.config.{name}")
-        if name == "tensor_cores" and not isinstance(value, bool):
-            raise TypeError(
-                f"slax: tensor_cores must be True or False (slax.config.tensor_cores or SLAX_TENSOR_CORES); "
-                f"got {value!r}."
-            )
-        super().__setattr__(name, value)
-        if name in ("cuda_launch", "device_kind", "tensor_cores"):
-            routes = LaunchRoutes(
-                cuda=getattr(self, "cuda_launch", "slangpy"),
-                cpu=getattr(self, "device_kind", None),
-                tensor_cores=getattr(self, "tensor_cores", True),
-            )
-            _traced_routes.set_global(routes)
+        self._globals[name] = self._parse(name, value)
+        if name in _TRACED and self._trace_state is not None:
+            self._trace_state.set_global(self._routes(self._globals))
+
+    def __dir__(self):
+        return [*super().__dir__(), *_SETTINGS]
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in _SETTINGS) + ")"
+
+    @staticmethod
+    def _parse(name: str, value):
+        if name not in _SETTINGS:
+            raise AttributeError(f"slax.config has no setting {name!r}; settings: {', '.join(_SETTINGS)}.")
+        return _SETTINGS[name][1](value, name)
+
+    @staticmethod
+    def _routes(values) -> LaunchRoutes:
+        return LaunchRoutes(
+            cuda=values["cuda_launch"], cpu=values["device_kind"], tensor_cores=values["tensor_cores"]
+        )
+
+    def _follow_overrides(self) -> None:
+        """Sets this thread's value of the JAX state to the routes of this context's overrides, or
+        clears it (the global value applies) where none of them is a traced setting."""
+        if self._trace_state is None:
+            return
+        overrides = self._overrides.get()
+        if any(name in overrides for name in _TRACED):
+            self._trace_state.set_local(self._routes({**self._globals, **overrides}))
+        else:
+            self._trace_state.set_local(trace_state_unset)
 
     @contextlib.contextmanager
     def override(self, **changes):
-        """Sets ``changes`` (validated as above) for the ``with`` block, then restores the previous
-        values, also on error: ``with slax.config.override(cuda_launch="ptx"): ...``."""
-        previous = {name: getattr(self, name) for name in changes}
+        """Sets ``changes`` (validated as an assignment is) for the ``with`` block, in this thread or
+        asyncio task only, then restores exactly the values before it, also on error:
+        ``with slax.config.override(cuda_launch="ptx"): ...``."""
+        parsed = {name: self._parse(name, value) for name, value in changes.items()}
+        token = self._overrides.set(types.MappingProxyType({**self._overrides.get(), **parsed}))
         try:
-            for name, value in changes.items():
-                setattr(self, name, value)
+            self._follow_overrides()
             yield self
         finally:
-            for name, value in previous.items():
-                setattr(self, name, value)
+            self._overrides.reset(token)
+            self._follow_overrides()
 
 
-config = Config()
+config = Config(_traced_routes)
 
 
 def set_device_kind(kind: str | DeviceKind | None) -> None:

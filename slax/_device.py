@@ -17,6 +17,7 @@ import pathlib
 import platform
 import re
 import shutil
+import struct
 import sys
 import tempfile
 import threading
@@ -67,6 +68,36 @@ def include_paths() -> list[str]:
 
 _lock = threading.Lock()
 _devices: dict[tuple[DeviceKind, int], spy.Device] = {}
+_generation = 0
+_inherited: list[object] = []
+"""What a process forked after using slax inherited from its parent: devices (and their buffers)
+whose driver threads fork() did not copy (lavapipe's, a GPU driver's). The child never uses,
+closes or frees them: each of those waits for the missing threads forever."""
+
+
+def process_generation() -> int:
+    """How many fork()s separate this process from the one that imported slax: a device, kernel
+    or buffer made under another generation belongs to an ancestor and must not be used."""
+    return _generation
+
+
+def keep_inherited(*objects: object) -> None:
+    """Keeps ``objects`` of an ancestor's devices alive, unused, for the life of this process."""
+    _inherited.extend(objects)
+
+
+def _forget_devices_in_child() -> None:
+    """After fork(), in the child: the parent's devices stay behind (:data:`_inherited`); the next
+    :func:`get_device` creates the child's own, and launchers rebuild their kernels on it
+    (:func:`process_generation`). The lock is new: another thread may have held it at fork()."""
+    global _lock, _generation
+    keep_inherited(*_devices.values())
+    _devices.clear()
+    _lock = threading.Lock()
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forget_devices_in_child)
 
 
 def device_kind_for_platform(platform: str, routes: LaunchRoutes | None = None) -> DeviceKind:
@@ -181,6 +212,7 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
         # GPU 0 uses SlangPy's default adapter, as verified to share JAX's CUDA context.
         adapter_luid = adapters[ordinal].luid if ordinal else None
+    _set_aside_damaged_shader_cache(cache / "shaders")
     try:
         with _quiet_slangpy(spy.LogLevel.error):
             return spy.Device(
@@ -194,6 +226,67 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
     except Exception as error:
         raise DeviceUnavailableError(_missing_device_advice(kind, error)) from error
+
+
+def _lmdb_damage(data: pathlib.Path) -> str | None:
+    """What is wrong with the LMDB file ``data`` (SlangPy's shader cache, ``data.mdb``), or None.
+
+    LMDB maps the file and reads pages up to the last one its newer meta page (of pages 0 and 1)
+    records; a file cut short below that page (a full disk, a copy interrupted) kills every process
+    that opens it with SIGBUS, before LMDB or SlangPy can say anything. So the size is checked
+    against the meta pages here, before SlangPy opens it. Layout (64-bit LMDB): a page header of 16
+    bytes, then the magic (uint32 0xBEEFC0DE) at 16, the page size (the free-page DB's ``md_pad``)
+    at 40, ``mm_last_pg`` at 136 and ``mm_txnid`` at 144.
+    """
+    try:
+        size = data.stat().st_size
+        with data.open("rb") as file:
+            head = file.read(8192)
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None  # created, never written: LMDB initialises it
+    if len(head) < 152 or struct.unpack_from("<I", head, 16)[0] != _LMDB_MAGIC:
+        return f"it holds {size} bytes and no LMDB meta page"
+    page = struct.unpack_from("<I", head, 40)[0]
+    if page not in (4096, 8192, 16384, 32768, 65536) or size < 2 * page:
+        return f"it holds {size} bytes, less than its two meta pages"
+    with data.open("rb") as file:
+        file.seek(page)
+        second = file.read(152)
+    metas = [
+        struct.unpack_from("<QQ", meta, 136)
+        for meta in (head, second)
+        if struct.unpack_from("<I", meta, 16)[0] == _LMDB_MAGIC
+    ]
+    last_page, _ = max(metas, key=lambda meta: meta[1])  # the newer transaction's meta
+    needed = (last_page + 1) * page
+    return f"it holds {size} bytes, its header records {needed}" if size < needed else None
+
+
+_LMDB_MAGIC = 0xBEEFC0DE
+
+
+def _set_aside_damaged_shader_cache(directory: pathlib.Path) -> None:
+    """Moves a damaged LMDB shader cache under ``directory`` aside (``<name>.damaged-<pid>``),
+    saying so on stderr, so that SlangPy makes a new one instead of dying with SIGBUS on it."""
+    for data in sorted(directory.glob("*/data.mdb")):
+        damage = _lmdb_damage(data)
+        if damage is None:
+            continue
+        aside = data.parent.with_name(f"{data.parent.name}.damaged-{os.getpid()}")
+        try:
+            data.parent.rename(aside)
+        except OSError as error:
+            raise DeviceUnavailableError(
+                f"slax: SlangPy's shader cache {data} is damaged ({damage}) and could not be moved "
+                f"aside ({error}); delete the directory {data.parent} and run again."
+            ) from error
+        print(
+            f"slax: SlangPy's shader cache {data} was damaged ({damage}); moved it to {aside} "
+            "(delete it when you like): kernels compile afresh into a new cache.",
+            file=sys.stderr,
+        )
 
 
 def host_cpu_converts_half() -> bool:

@@ -2,7 +2,8 @@
 
 slax declares primitives (their impl, JVP, transpose, batching and dead-code rules), lowers kernel
 launches to XLA custom calls through JAX's FFI lowering, runs SlangPy inside
-``jax.experimental.buffer_callback``, and serialises launches for jaxlib's Triton kernel launcher.
+``jax.experimental.buffer_callback``, serialises launches for jaxlib's Triton kernel launcher, and
+keys JAX's caches by its launch routes per thread (``TraceState``).
 Those names live in JAX's internal, ``jax.interpreters``/``jax.extend`` or experimental namespaces,
 which move between releases. Every one of them is resolved here, and only here, from the dotted path
 in :data:`PRIVATE_API`, so that:
@@ -45,6 +46,8 @@ PRIVATE_API: dict[str, str] = {
     "LoweringRuleContext.replace": "jax.interpreters.mlir.LoweringRuleContext.replace",
     "ffi_lowering": "jax.ffi.ffi_lowering",
     "buffer_callback": "jax.experimental.buffer_callback.buffer_callback",
+    "TraceState": "jax._src.config.config_ext.Config",
+    "trace_state_unset": "jax._src.config.config_ext.unset",
 }
 """slax's name for each API -> where JAX keeps it."""
 
@@ -99,6 +102,10 @@ lower_fun = resolve(PRIVATE_API["lower_fun"])
 resolve(PRIVATE_API["LoweringRuleContext.replace"])  # ctx.replace(avals_out=...): the PTX launcher
 ffi_lowering = resolve(PRIVATE_API["ffi_lowering"])
 buffer_callback = resolve(PRIVATE_API["buffer_callback"])
+TraceState = resolve(PRIVATE_API["TraceState"])
+"""A value JAX keys its caches by (as ``jax.make_user_context``'s), with a global value and a value
+per thread, set and cleared one by one (``set_local(trace_state_unset)``)."""
+trace_state_unset = resolve(PRIVATE_API["trace_state_unset"])
 
 
 def gpu_triton() -> Any | None:

@@ -21,6 +21,7 @@ for and the :class:`~slax._config.LaunchRoutes` it was traced with (a parameter 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 from slax._bridge import HostCopyLauncher, HostPointerLauncher, ZeroCopyLauncher
 from slax._compile import Aliases, KernelSpec, Scalars
 from slax._config import LaunchRoutes, current_routes
-from slax._device import DeviceKind, default_platform, device_kind_for_platform, get_device
+from slax._device import DeviceKind, default_platform, device_kind_for_platform
 from slax._ptx_launch import PtxLauncher
 
 
@@ -59,6 +60,14 @@ _launchers: dict[tuple[str, DeviceKind], Launcher] = {}
 _lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at fork()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def launcher_for(platform: str, routes: LaunchRoutes) -> Launcher:
     """The launcher of kernels in a computation lowered for ``platform`` (``"cpu"`` or ``"cuda"``)
     and traced with ``routes``; one per route and device kind, made on first use."""
@@ -80,8 +89,8 @@ def _new_launcher(route: str, kind: DeviceKind) -> Launcher:
     if route == "slangpy":
         return ZeroCopyLauncher(kind)
     if route == "host-pointer":
-        return HostPointerLauncher(get_device(kind))
-    return HostCopyLauncher(get_device(kind))
+        return HostPointerLauncher(kind)
+    return HostCopyLauncher(kind)
 
 
 def launch_route(platform: str | None = None) -> str:

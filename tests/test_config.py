@@ -1,8 +1,12 @@
 """slax.config: debug_nans names the first Slang kernel that turns finite inputs into NaN/Inf, raising
 FloatingPointError (inside jax.jit, carried by the JaxRuntimeError XLA reports); override sets
-switches for a block and restores them; reflection_device describes modules on another device."""
+switches for a block, in its thread or asyncio task only, and restores them; reflection_device
+describes modules on another device."""
 
 from __future__ import annotations
+
+import asyncio
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +15,7 @@ import pytest
 import slangpy as spy
 
 import slax
-from slax._config import DeviceKind
+from slax._config import DeviceKind, current_routes
 from slax._device import reflection_device
 
 
@@ -148,3 +152,136 @@ def test_a_module_the_reflection_device_cannot_compile_says_why(tmp_path):
     with slax.config.override(reflection_device="cpu"):
         with pytest.raises(slax.SlangCompileError, match=r"(?s)barrier.slang.*SLAX_REFLECTION_DEVICE asks"):
             slax.load_module(path)
+
+
+def _other_launch(launch: str) -> str:
+    return "slangpy" if launch == "ptx" else "ptx"
+
+
+def _in_threads(*bodies):
+    """Runs each body in a thread of its own and re-raises the first failure."""
+    failures = []
+
+    def run(body):
+        try:
+            body()
+        except BaseException as failure:  # re-raised by the main thread
+            failures.append(failure)
+
+    threads = [threading.Thread(target=run, args=(body,)) for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+
+
+@pytest.mark.one_device_kind
+def test_overlapping_overrides_in_two_threads_each_see_their_own():
+    """Thread A enters its block, then B enters its own, then A leaves while B is inside, then B
+    leaves: each sees only its values, and the global values are what they were."""
+    before = repr(slax.config), current_routes()
+    global_launch = slax.config.cuda_launch
+    values = {"A": (_other_launch(global_launch), True), "B": (global_launch, False)}
+    a_entered, b_entered, a_left = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def look(name):
+        seen.setdefault(name, []).append((slax.config.cuda_launch, slax.config.tensor_cores))
+        assert (current_routes().cuda, current_routes().tensor_cores) == values[name]
+
+    def thread_a():
+        with slax.config.override(cuda_launch=values["A"][0], tensor_cores=values["A"][1]):
+            a_entered.set()
+            assert b_entered.wait(10)
+            look("A")
+        a_left.set()
+
+    def thread_b():
+        assert a_entered.wait(10)
+        with slax.config.override(cuda_launch=values["B"][0], tensor_cores=values["B"][1]):
+            b_entered.set()
+            assert a_left.wait(10)
+            look("B")
+
+    _in_threads(thread_a, thread_b)
+    assert seen == {"A": [values["A"]], "B": [values["B"]]}
+    assert (repr(slax.config), current_routes()) == before
+
+
+@pytest.mark.one_device_kind
+def test_a_function_jitted_in_two_threads_traces_each_threads_routes():
+    """Both threads inside their blocks call one jitted function: each trace sees its thread's
+    routes, so the function is traced once per route, and outside the blocks with the global ones."""
+    barrier = threading.Barrier(2, timeout=10)
+    launches = {"A": "ptx", "B": "slangpy"}
+    traced = []
+
+    @jax.jit
+    def f(x):
+        traced.append(current_routes().cuda)
+        return x + 1
+
+    def body(name):
+        def run():
+            with slax.config.override(cuda_launch=launches[name]):
+                barrier.wait()  # both blocks entered
+                assert float(f(jnp.float32(1.0))) == 2.0
+                assert current_routes().cuda == launches[name]
+                barrier.wait()  # both calls made
+
+        return run
+
+    _in_threads(body("A"), body("B"))
+    assert sorted(traced) == ["ptx", "slangpy"]
+    f(jnp.float32(1.0))
+    assert traced[2:] in ([], [slax.config.cuda_launch]) and current_routes().cuda == slax.config.cuda_launch
+
+
+@pytest.mark.one_device_kind
+def test_overlapping_overrides_in_two_asyncio_tasks_each_see_their_own():
+    before = repr(slax.config), current_routes()
+
+    async def main():
+        a_entered, b_entered, a_left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def task_a():
+            with slax.config.override(debug_nans=True, tensor_cores=False):
+                a_entered.set()
+                await b_entered.wait()
+                seen_a = slax.config.debug_nans, slax.config.tensor_cores
+            a_left.set()
+            return seen_a
+
+        async def task_b():
+            await a_entered.wait()
+            with slax.config.override(debug_nans=False, tensor_cores=True):
+                b_entered.set()
+                await a_left.wait()
+                return slax.config.debug_nans, slax.config.tensor_cores, current_routes().tensor_cores
+
+        return await asyncio.gather(task_a(), task_b())
+
+    assert asyncio.run(main()) == [(True, False), (False, True, True)]
+    assert (repr(slax.config), current_routes()) == before
+
+
+@pytest.mark.one_device_kind
+def test_nested_overrides_restore_in_order_and_assignment_stays_global():
+    launch, debug = slax.config.cuda_launch, slax.config.debug_nans
+    with slax.config.override(cuda_launch=_other_launch(launch)):
+        with slax.config.override(debug_nans=not debug, cuda_launch=launch):
+            assert (slax.config.cuda_launch, slax.config.debug_nans) == (launch, not debug)
+            assert current_routes().cuda == launch
+        assert (slax.config.cuda_launch, slax.config.debug_nans) == (_other_launch(launch), debug)
+        assert current_routes().cuda == _other_launch(launch)
+    assert (slax.config.cuda_launch, current_routes().cuda) == (launch, launch)
+    slax.config.cuda_launch = _other_launch(launch)
+    try:
+        seen = []
+        _in_threads(lambda: seen.append((slax.config.cuda_launch, current_routes().cuda)))
+        assert seen == [(_other_launch(launch), _other_launch(launch))]
+    finally:
+        slax.config.cuda_launch = launch
+    assert current_routes().cuda == launch

@@ -3,7 +3,9 @@ include path (slax's shaders, shipped in the wheel, and SlangPy's)."""
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import platform
 import re
 import shutil
@@ -12,6 +14,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import slangpy
 from _helpers import ROOT, run_python
@@ -21,13 +24,14 @@ from slax._compile import KernelSpec
 from slax._config import DeviceKind, LaunchRoutes
 from slax._device import (
     SHADER_DIR,
+    cache_dir,
     device_kind_for_platform,
     get_device,
     include_paths,
 )
 from slax._slang_c import CodeTarget, compile_entry_point
 from slax.nn._kernels import mlp_source
-from slax.testing import check_grads
+from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 
 def _vulkan_available() -> bool:
@@ -250,3 +254,81 @@ def test_half_kernels_on_the_cpu_device_convert_in_hardware_where_the_cpu_can(tm
         subprocess.run([compiler, "-std=c++17", "-O3", "-S", str(source), "-o", str(assembly)], check=True)
         library_calls[defined] = len(re.findall(r"call\s+__(extendhfsf2|truncsfhf2)", assembly.read_text()))
     assert library_calls[False] > 0 and library_calls[True] == 0, library_calls
+
+
+_FORK_CHILD = textwrap.dedent(
+    """
+    import os
+    import signal
+    import sys
+
+    import jax
+    import numpy as np
+
+    import slax
+
+    mod = slax.load_module("poly")
+    x = np.random.default_rng(7).uniform(-2.0, 2.0, 300).astype(np.float32)
+    f = jax.jit(lambda x: mod.polynomial(2.0, 8.0, -1.0, x))
+    grad = jax.jit(jax.grad(lambda x: mod.polynomial(2.0, 8.0, -1.0, x).sum()))
+    x_on_device = jax.device_put(x)
+
+
+    def compute():
+        return np.stack([f(x_on_device), mod.polynomial(2.0, 8.0, -1.0, x_on_device), grad(x_on_device)])
+
+
+    parent = compute()  # compiled before fork(): XLA cannot compile in a forked child (its threads)
+    pid = os.fork()
+    if pid == 0:  # a child leaves with os._exit, as Python's docs say to after fork()
+        signal.alarm(60)  # a hung child ends (killed by SIGALRM): the test fails, nothing stays behind
+        try:
+            np.save(sys.argv[1], compute())
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    np.save(sys.argv[2], np.concatenate([parent, x[None]]))
+    """
+)
+
+
+def test_a_child_forked_after_kernels_ran_runs_them_on_its_own_device(device_kind, tmp_path):
+    """fork() copies no driver threads: reading back the parent's Vulkan (lavapipe) buffers in the
+    child waited for them forever. The child makes its own device; what it computes is right."""
+    child, parent = tmp_path / "child.npy", tmp_path / "parent.npy"
+    result = run_python("-c", _FORK_CHILD, str(child), str(parent), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert child.exists(), f"the forked child computed nothing: {result.stderr[-3000:]}"
+    *in_parent, x = np.load(parent).astype(np.float64)
+    in_child = np.load(child)
+    tolerance = RELATIVE_TOLERANCE["float32"]
+    expected = [2.0 * x**2 + 8.0 * x - 1.0, 2.0 * x**2 + 8.0 * x - 1.0, 4.0 * x + 8.0]
+    np.testing.assert_allclose(in_parent, expected, rtol=tolerance, atol=tolerance)
+    np.testing.assert_array_equal(in_child, in_parent)
+
+
+def test_a_truncated_shader_cache_is_set_aside_not_crashed_on(device_kind, tmp_path):
+    """SlangPy's shader cache (LMDB's data.mdb) cut short below the pages its header records killed
+    every later process with SIGBUS, silently. A fresh process now moves it aside, says so once,
+    and computes."""
+    if device_kind == "cuda":
+        pytest.skip("the CPU routes' caches; CUDA's is the same code")
+    x = jnp.linspace(-2.0, 2.0, 64)
+    slax.load_module("poly").polynomial(2.0, 8.0, -1.0, x).block_until_ready()  # a kernel in the cache
+    shaders = pathlib.Path(os.environ.get("SLAX_CACHE_DIR") or cache_dir()) / device_kind / "shaders"
+    damaged = tmp_path / device_kind / "shaders" / "rhi" / "data.mdb"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes((shaders / "rhi" / "data.mdb").read_bytes()[:8192])  # its two meta pages only
+    program = (
+        "import json, jax.numpy as jnp, numpy as np, slax\n"
+        "y = slax.load_module('poly').polynomial(2.0, 8.0, -1.0, jnp.linspace(-2.0, 2.0, 64))\n"
+        "print(json.dumps(np.asarray(y).tolist()))"
+    )
+    env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path), "SLAX_DEVICE": device_kind}
+    result = run_python("-c", program, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"shader cache .*data.mdb was damaged \(it holds 8192 bytes", result.stderr)
+    expected = 2.0 * np.asarray(x, np.float64) ** 2 + 8.0 * np.asarray(x, np.float64) - 1.0
+    tolerance = RELATIVE_TOLERANCE["float32"]
+    computed = json.loads(result.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(computed, expected, rtol=tolerance, atol=tolerance)
