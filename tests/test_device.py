@@ -295,6 +295,8 @@ _FORK_CHILD = textwrap.dedent(
 def test_a_child_forked_after_kernels_ran_runs_them_on_its_own_device(device_kind, tmp_path):
     """fork() copies no driver threads: reading back the parent's Vulkan (lavapipe) buffers in the
     child waited for them forever. The child makes its own device; what it computes is right."""
+    if device_kind == "cuda":
+        pytest.skip("the CUDA driver refuses a child forked after it was initialised (XLA aborts there)")
     child, parent = tmp_path / "child.npy", tmp_path / "parent.npy"
     result = run_python("-c", _FORK_CHILD, str(child), str(parent), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
