@@ -46,6 +46,9 @@ def thread_grid(count: int) -> list[int]:
 class _CallbackLauncher(abc.ABC):
     """Lowers a launch to a ``buffer_callback`` running :meth:`callback` on XLA's buffers."""
 
+    name: str
+    """The route's name (``slax.launch_route()``)."""
+
     def lower(self, ctx, operands, *, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases):
         if lowering_for_export(ctx):
             raise NotImplementedError(

@@ -146,6 +146,25 @@ _TRACED = ("cuda_launch", "device_kind", "tensor_cores")
 _NO_OVERRIDES: Mapping[str, Any] = types.MappingProxyType({})
 
 
+class _Setting:
+    """A setting of :class:`Config`, as a data descriptor: reading it gives this thread's (or
+    task's) override where one is active, else the global value; assigning sets the global value.
+    Being a class-level data descriptor, it is what tools that save and restore attributes
+    (``monkeypatch.setattr``) read and write back, not an entry in the instance's ``__dict__``."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, config, owner=None):
+        if config is None:
+            return self
+        overrides = config._overrides.get()
+        return overrides[self.name] if self.name in overrides else config._globals[self.name]
+
+    def __set__(self, config, value) -> None:
+        setattr(config, self.name, value)
+
+
 class Config:
     """Switches of slax.
 
@@ -198,11 +217,11 @@ class Config:
     CUDA_LAUNCHES: ClassVar[tuple[str, ...]] = CUDA_LAUNCHES
     """The values ``cuda_launch`` takes."""
 
-    debug_nans: bool
-    cuda_launch: str
-    device_kind: DeviceKind | None
-    tensor_cores: bool
-    reflection_device: DeviceKind | None
+    debug_nans = _Setting()
+    cuda_launch = _Setting()
+    device_kind = _Setting()
+    tensor_cores = _Setting()
+    reflection_device = _Setting()
 
     def __init__(self, trace_state=None) -> None:
         """The settings' global values come from the environment; ``trace_state`` (``slax.config``'s
@@ -216,10 +235,7 @@ class Config:
             trace_state.set_global(self._routes(globals_))
 
     def __getattr__(self, name: str):
-        if name not in _SETTINGS:
-            raise AttributeError(f"slax.config has no setting {name!r}; settings: {', '.join(_SETTINGS)}.")
-        overrides = self._overrides.get()
-        return overrides[name] if name in overrides else self._globals[name]
+        raise AttributeError(f"slax.config has no setting {name!r}; settings: {', '.join(_SETTINGS)}.")
 
     def __setattr__(self, name: str, value) -> None:
         self._globals[name] = self._parse(name, value)

@@ -285,3 +285,14 @@ def test_nested_overrides_restore_in_order_and_assignment_stays_global():
     finally:
         slax.config.cuda_launch = launch
     assert current_routes().cuda == launch
+
+
+def test_monkeypatch_restores_a_setting():
+    """Settings are class-level data descriptors, so pytest's monkeypatch (which restores what it
+    read through them) gives back the value before it, where restoring into the instance's
+    ``__dict__`` deleted the setting and left the patched value behind."""
+    before = slax.config.tensor_cores
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(slax.config, "tensor_cores", not before)
+        assert slax.config.tensor_cores is (not before)
+    assert slax.config.tensor_cores is before
