@@ -7,34 +7,17 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _launches import record_launches
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import slax
 from slax import nn
-from slax._config import current_routes
-from slax._launch import launcher_for
 from slax.testing import RELATIVE_TOLERANCE, compare
 
 DEVICES = len(jax.devices())
 TOLERANCE = RELATIVE_TOLERANCE["float32"]
-launches: list[tuple[str, int]] = []
-# Count the launches of the launcher CPU-placed JAX takes (host copies or host pointers).
-launcher_type = type(launcher_for("cpu", current_routes()))
-original = launcher_type.callback
-
-
-def recording_callback(self, spec, scalars, count, aliases):
-    run = original(self, spec, scalars, count, aliases)
-
-    def recorded(ctx, outs, *ins):
-        launches.append((spec.entry, count))
-        return run(ctx, outs, *ins)
-
-    return recorded
-
-
-launcher_type.callback = recording_callback
+launches = record_launches()  # (entry point, threads) of every kernel launched
 
 
 def close(got, want, what):

@@ -29,31 +29,15 @@ if num_processes > 1:
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _launches import record_launches  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import slax  # noqa: E402
 from slax import nn  # noqa: E402
-from slax._config import current_routes  # noqa: E402
-from slax._launch import launcher_for  # noqa: E402
 
-launched: list[tuple[str, int]] = []  # (entry point, threads) of every kernel this process runs
-launcher_type = type(launcher_for("cpu", current_routes()))
-original_callback = launcher_type.callback
-
-
-def recording_callback(self, spec, scalars, count, aliases):
-    run = original_callback(self, spec, scalars, count, aliases)
-
-    def recorded(ctx, outs, *ins):
-        launched.append((spec.entry, count))
-        return run(ctx, outs, *ins)
-
-    return recorded
-
-
-launcher_type.callback = recording_callback
+launched = record_launches()  # (entry point, threads) of every kernel this process runs
 
 BATCH = 256
 rng = np.random.default_rng(7)
