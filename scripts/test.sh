@@ -3,12 +3,12 @@
 #
 #   bash scripts/test.sh           # what CI's first leg runs: every test, those whose result depends
 #                                  # on the route on each CPU route here (tests/conftest.py), in
-#                                  # parallel (pytest-xdist); ~15 min on a 2-core machine
+#                                  # parallel (pytest-xdist); ~16 min on a 2-core machine
 #   bash scripts/test.sh --quick   # the tests not marked slow, on one route: ~5 min on 2 cores
 #   bash scripts/test.sh ARGS...   # ARGS go to pytest as they are (add -n 2 for parallel workers)
 #
-# Parallel workers: one per core, at most 4 (a worker compiling the widest networks' kernels takes a
-# few GB; two of them peak at ~9 GB on the 2-core machine).
+# Parallel workers: one per core, at most 4 (each grows to several GB over the suite: with two,
+# CI's run of it peaked at 14.5 GB in use on the 24 GB 2-core machine).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"   # sets $venv
@@ -36,7 +36,7 @@ workers=$((cores < 4 ? cores : 4))
 if [ $# -eq 0 ]; then
   echo "test: the whole suite (CI's first leg) under JAX $jax_version, in $workers parallel processes:"
   echo "test: every test once, and each test whose result depends on the route on every CPU route this"
-  echo "test: machine has; ~15 minutes on 2 cores (bash scripts/test.sh --quick: ~5 minutes)."
+  echo "test: machine has; ~16 minutes on 2 cores (bash scripts/test.sh --quick: ~5 minutes)."
   set -- -n "$workers"
 elif [ "$*" = "--quick" ]; then
   echo "test: the quick run under JAX $jax_version, in $workers parallel processes: the tests not marked"
