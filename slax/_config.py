@@ -275,7 +275,19 @@ class Config:
     def override(self, **changes):
         """Sets ``changes`` (validated as an assignment is) for the ``with`` block, in this thread or
         asyncio task only, then restores exactly the values before it, also on error:
-        ``with slax.config.override(cuda_launch="ptx"): ...``."""
+        ``with slax.config.override(cuda_launch="ptx"): ...``.
+
+        Args:
+          **changes: settings and their values for the block.
+
+        Returns:
+          A context manager; ``as`` gives ``slax.config`` itself.
+
+        Raises:
+          AttributeError: an unknown setting.
+          TypeError: a value of the wrong type (``tensor_cores`` takes a bool).
+          ValueError: a value the setting does not take.
+        """
         parsed = {name: self._parse(name, value) for name, value in changes.items()}
         token = self._overrides.set(types.MappingProxyType({**self._overrides.get(), **parsed}))
         try:
@@ -293,5 +305,13 @@ def set_device_kind(kind: str | DeviceKind | None) -> None:
     """Chooses the SlangPy device for CPU-placed JAX computations (``slax.config.device_kind``):
     ``"vulkan"``, ``"cpu"`` or ``"cuda"``; ``None`` lets slax choose. Takes precedence over
     ``SLAX_DEVICE``. JAX computations placed on a CUDA GPU always use the CUDA device of that GPU,
-    since their buffers live there."""
+    since their buffers live there.
+
+    Args:
+      kind: ``"vulkan"``, ``"cpu"``, ``"cuda"`` (any case), a :class:`DeviceKind`, or ``None``.
+
+    Raises:
+      ValueError: an unknown device kind's name.
+      TypeError: neither a name, a :class:`DeviceKind` nor ``None``.
+    """
     config.device_kind = parse_device_kind(kind, source="slax.set_device_kind")

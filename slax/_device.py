@@ -381,7 +381,18 @@ def describe_device(platform: str | None = None) -> str:
     ``"cuda"``; default: JAX's default platform) traced now, for logs: ``"vulkan (llvmpipe ...)"``,
     ``"cpu (CPU)"``, naming the device kind and its adapter. ``slax.describe_device()``. On the PTX
     route XLA launches the kernels on JAX's GPU, which names it: no SlangPy CUDA device is created
-    to describe it (none may be wanted: ``slax.config.reflection_device``)."""
+    to describe it (none may be wanted: ``slax.config.reflection_device``).
+
+    Args:
+      platform: ``"cpu"`` or ``"cuda"``; ``None``, JAX's default platform.
+
+    Returns:
+      The device kind and its adapter's name.
+
+    Raises:
+      ValueError: an unsupported platform, or a CPU device kind chosen for CUDA-placed JAX.
+      slax.DeviceUnavailableError: the device cannot be created here.
+    """
     platform = platform or default_platform()
     kind = device_kind_for_platform(platform)
     if platform == "cuda" and current_routes().cuda == "ptx":

@@ -75,6 +75,12 @@ class SlangFunction:
         ``mod.f.specialize(T="Foo")`` for ``f<T : IFoo>(T t)``, whose argument ``t`` is then a dict
         of ``Foo``'s fields. Parameters left out specialise by dtype, as in a direct call.
 
+        Args:
+          **types: a Slang type's name for each generic type parameter bound.
+
+        Returns:
+          The function with those parameters bound, a new :class:`SlangFunction`.
+
         Raises:
           TypeError: a name is not a generic parameter of the function, or no such type exists.
         """
@@ -99,10 +105,41 @@ class SlangFunction:
         return f"<slax function {self.name} from {self.module.path}>"
 
     def signature(self, *args: Any, **kwargs: Any) -> Signature:
-        """The array signature this call resolves to (generic functions specialise by dtype)."""
+        """The array signature a call with these arguments resolves to (generic functions
+        specialise by dtype): each Slang parameter's dtype and trailing shape, for inspection.
+
+        Args:
+          *args: a call's arguments, as :meth:`__call__` takes them.
+          **kwargs: the same, by name.
+
+        Returns:
+          The signature: each parameter's and result's dtype and trailing shape.
+
+        Raises:
+          TypeError: as :meth:`__call__` raises it.
+          ValueError: as :meth:`__call__` raises it.
+        """
         return self._resolve(self._bind(args, kwargs))[0]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the Slang function at every point of its arguments' broadcast grid.
+
+        Args:
+          *args: the arguments that are not ``out`` (:attr:`arguments`), in order: arrays or
+            Python numbers, dicts of them for structs.
+          **kwargs: the same, by Slang parameter name.
+
+        Returns:
+          The result, shaped ``grid + result dims`` (a dict for a struct); with ``out``/``inout``
+          parameters the tuple ``(result, *outs)``, without the result for a ``void`` function.
+
+        Raises:
+          TypeError: a missing, extra or repeated argument, a wrong dtype, a parameter type slax
+            does not map, or a generic left unspecialised.
+          ValueError: a shape that does not end in its Slang type's dims, grids that do not
+            broadcast, or a number out of its Slang type's range.
+          slax.SlangCompileError: Slang rejected the kernel slax generated for the call.
+        """
         bound = self._bind(args, kwargs)
         signature, operands = self._resolve(bound)
         grids = self._require_one_grid(signature, operands)

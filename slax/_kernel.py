@@ -79,6 +79,16 @@ class SlangKernel:
           in_place: ``{operand index: result index}``; that result is the operand updated in
             place through the operand's pointer, e.g. gradient buffers that start at zero.
           **scalars: the kernel's scalar parameters by name, but for ``<pointer>_count`` ones.
+
+        Returns:
+          The results, a list of arrays shaped as ``results`` says, in its order.
+
+        Raises:
+          TypeError: operands and results that do not match the pointer parameters in number or
+            dtype, an in-place result unlike its operand, unknown, missing or ``_count`` scalars,
+            or a traced ``threads`` or scalar.
+          ValueError: negative ``threads``, a scalar out of its Slang type's range, or a buffer of
+            more elements than a ``uint`` count holds.
         """
         arrays = [jnp.asarray(o) for o in operands]
         aliases = tuple(sorted((in_place or {}).items()))

@@ -99,5 +99,15 @@ def launch_route(platform: str | None = None) -> str:
     or CUDA device, copies through device buffers) or ``"host-pointer"`` (SlangPy's CPU device,
     zero-copy), as ``slax.config.device_kind`` chooses; on CUDA ``"slangpy"`` or ``"ptx"``
     (zero-copy, as ``slax.config.cuda_launch`` chooses). For logs and checks:
-    ``slax.launch_route()``."""
+    ``slax.launch_route()``.
+
+    Args:
+      platform: ``"cpu"`` or ``"cuda"``; ``None``, JAX's default platform.
+
+    Returns:
+      ``"host-copy"``, ``"host-pointer"``, ``"slangpy"`` or ``"ptx"``.
+
+    Raises:
+      ValueError: an unsupported platform, or a CPU device kind chosen for CUDA-placed JAX.
+    """
     return launcher_for(platform or default_platform(), current_routes()).name

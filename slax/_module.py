@@ -30,6 +30,10 @@ def load_module(path_or_name: str | os.PathLike[str]) -> SlangModule:
       path_or_name: a ``.slang`` file path, or a module name found on the include path
         (slax's ``shaders/`` directory), e.g. ``"poly"`` or ``"poly.slang"``.
 
+    Returns:
+      The module: ``module.name`` (or ``module["name"]``) is its Slang function ``name``, a
+      :class:`SlangFunction`; ``module.kernel("entry")`` its compute entry point ``entry``.
+
     Raises:
       FileNotFoundError: no such file on disk or on the include path.
       ValueError: the path holds a backslash (outside Windows), which Slang cannot open.
@@ -64,10 +68,19 @@ def load_module_from_source(name: str, source: str) -> SlangModule:
     under the same name each get their own. The source is also published as
     ``<cache dir>/sources/<name>.slang``, on the include path after slax's and SlangPy's shader
     directories, so that other modules can ``import name;``: they import the source last loaded
-    under that name. ``name`` is a module name (letters, digits, ``_`` and ``-``), never a path.
+    under that name.
+
+    Args:
+      name: the module's name, as other modules ``import`` it: letters, digits, ``_`` and ``-``,
+        not starting with a digit or ``-``; never a path.
+      source: the module's Slang source text.
+
+    Returns:
+      The module, as :func:`load_module` returns it.
 
     Raises:
       ValueError: ``name`` is not a module name.
+      TypeError: ``source`` is not a ``str``.
       OSError: the cache directory (``SLAX_CACHE_DIR``) cannot be written.
       RuntimeError: the module's file held other text when Slang read it (another program wrote it).
       slax.SlangCompileError: Slang rejected the source.
@@ -139,6 +152,19 @@ class SlangModule:
         self._functions: dict[str, SlangFunction] = {}
 
     def __getitem__(self, name: str) -> SlangFunction:
+        """The module's Slang function ``name``, whatever its name (``module["kernel"]``,
+        ``module["_helper"]``).
+
+        Args:
+          name: the function's name in the module.
+
+        Returns:
+          The function, a :class:`SlangFunction`.
+
+        Raises:
+          KeyError: the module declares no function ``name`` at module scope.
+          TypeError: the function is overloaded (slax does not choose between overloads).
+        """
         function = self._function(name)
         if function is None:
             raise KeyError(self._missing(name))
@@ -185,6 +211,9 @@ class SlangModule:
         """The functions this module declares at module scope (entry points included), sorted:
         every name ``module[name]`` reaches, those attribute access leaves to slax included.
 
+        Returns:
+          The functions' names, sorted.
+
         Slang's reflection finds a function by name but does not list generic ones, so the
         candidates come from the module's source and reflection confirms each.
         """
@@ -195,6 +224,18 @@ class SlangModule:
         """The compute entry point ``entry`` of this module, callable on JAX arrays.
 
         The entry point follows the slax calling convention (``shaders/slax/kernel.slang``).
+
+        Args:
+          entry: the name of a ``[shader("compute")]`` entry point of this module.
+
+        Returns:
+          The kernel, a :class:`SlangKernel`; calling it launches the entry point.
+
+        Raises:
+          TypeError: ``entry`` is not a ``str`` (a module's Slang function named ``kernel`` is
+            ``module["kernel"]``).
+          ValueError: the module has no such entry point, declares global shader parameters, or
+            the entry point takes a parameter that is neither a pointer nor a scalar.
         """
         if not isinstance(entry, str):
             shadowed = self._declares("kernel")

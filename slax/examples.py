@@ -20,7 +20,13 @@ MODULE = "examples"
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """A Slang function name, its JAX twin, and how to draw random arguments for it."""
+    """A Slang function name, its JAX twin, and how to draw random arguments for it.
+
+    Attributes:
+      name: the function's name in ``shaders/examples.slang``.
+      twin: the same function in plain JAX.
+      draw: ``(rng, dtype) -> args``: random arguments of that dtype for both.
+    """
 
     name: str
     twin: Callable[..., Any]
@@ -73,3 +79,5 @@ EXAMPLES = (
     ),
     Example("accumulate", lambda t, x: t * x + x * x, lambda r, d: (_uniform(r, d, 2, 5), _uniform(r, d, 5))),
 )
+"""The functions of ``shaders/examples.slang`` that the tests and ``experiments/gradcheck.py``
+check, each with its twin and how to draw its arguments."""

@@ -28,6 +28,17 @@ RELATIVE_TOLERANCE = {"float32": 2e-5, "float16": 1e-2}
 
 @dataclasses.dataclass(frozen=True)
 class GradCheckRow:
+    """One comparison of a :func:`check_grads` run.
+
+    Attributes:
+      check: ``"value"``, ``"rev"`` (cotangents, ``jax.vjp``), ``"fwd"`` (tangents, ``jax.jvp``),
+        ``"hvp rev"`` or ``"hvp fwd"`` (Hessian-vector products).
+      argument: the argument or output compared (``x``, ``particle['mass']``, ``out[0]``).
+      max_abs_error: the largest absolute difference.
+      max_rel_error: ``max_abs_error`` over the reference's largest magnitude (normwise).
+      tolerance: the largest ``max_rel_error`` that passes.
+    """
+
     check: str
     argument: str
     max_abs_error: float
@@ -36,6 +47,7 @@ class GradCheckRow:
 
     @property
     def passed(self) -> bool:
+        """Whether ``max_rel_error`` is within ``tolerance``."""
         return bool(self.max_rel_error <= self.tolerance)
 
 
@@ -47,6 +59,7 @@ class GradCheckReport:
 
     @property
     def passed(self) -> bool:
+        """Whether every row passed."""
         return all(row.passed for row in self.rows)
 
     def __str__(self) -> str:
@@ -68,6 +81,11 @@ class GradCheckReport:
         return "\n".join(lines)
 
     def assert_passed(self) -> None:
+        """Passes where every row passed.
+
+        Raises:
+          AssertionError: a row failed; the message carries the table.
+        """
         if not self.passed:
             raise AssertionError("slax.testing.check_grads: derivatives disagree\n" + str(self))
 
@@ -97,7 +115,11 @@ def check_grads(
       raises: raise ``AssertionError`` carrying the table when a check fails.
 
     Returns:
-      A :class:`GradCheckReport`; print it for the table.
+      The report, a :class:`GradCheckReport`; print it for the table.
+
+    Raises:
+      ValueError: ``order`` other than 1 or 2, or an unknown mode.
+      AssertionError: with ``raises``, a check failed; the message carries the table.
 
     Example:
       >>> report = check_grads(mod.polynomial, lambda a, b, c, x: a*x*x + b*x + c, 2., 8., -1., x)
@@ -169,6 +191,14 @@ def away_from_kinks(params: list[dict[str, jax.Array]], x: jax.Array, margin: fl
     either side in two correct implementations (in float16 that error is ~1e-3): the gradients of
     that sample then differ by the slope ratio, not by rounding. Gradient checks of networks
     compare on samples away from the kinks, as finite-difference checks of ReLU networks do.
+
+    Args:
+      params: an MLP's parameters (:data:`slax.nn.Params`).
+      x: inputs ``(batch, in)``.
+      margin: the smallest magnitude a hidden pre-activation may have.
+
+    Returns:
+      The rows of ``x`` that are kept, ``(kept, in)``.
     """
     h = np.asarray(x, np.float32)
     keep = np.ones(h.shape[0], bool)
@@ -220,7 +250,18 @@ def _compare(check, got, want, names, tolerance, only_float=None):
 
 def compare(check: str, argument: str, got: Any, want: Any, tolerance: float) -> GradCheckRow:
     """One report row: the max abs error of ``got`` against ``want`` and that error relative to
-    ``want``'s largest magnitude (a normwise error, meaningful where elements pass through zero)."""
+    ``want``'s largest magnitude (a normwise error, meaningful where elements pass through zero).
+
+    Args:
+      check: the row's check, as :class:`GradCheckRow` names it.
+      argument: the row's argument.
+      got: the values under test (any array-like).
+      want: the reference values, of ``got``'s shape.
+      tolerance: the largest relative error that passes.
+
+    Returns:
+      The row, a :class:`GradCheckRow`.
+    """
     got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
     abs_error = float(np.max(np.abs(got64 - want64), initial=0.0))
     scale = max(float(np.max(np.abs(want64), initial=0.0)), 1e-30)
@@ -237,6 +278,15 @@ def multiply_add_results(a: float | int, x: np.ndarray, b: float | int) -> tuple
     elements differ by one ulp; a result is right where it equals any of these.
     float64 holds the product of two float32s exactly, so the fused value is float64's sum rounded
     once more (for float32, off only where that sum lands on a float32 tie, with odds ~2^-29).
+
+    Args:
+      a: the scale.
+      x: the array scaled (a NumPy array of any dtype).
+      b: the shift.
+
+    Returns:
+      The values ``a * x + b`` may take, each of ``x``'s shape and dtype: for an integer ``x`` the
+      one exact result.
     """
     x = np.asarray(x)
     scale, shift = np.asarray(a, x.dtype), np.asarray(b, x.dtype)

@@ -32,6 +32,8 @@ from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, hidden_width, layer_pai
 from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
 
 Params = list[dict[str, jax.Array]]
+"""An MLP's parameters: one ``{"weight": (out, in), "bias": (out,)}`` dict per layer, input first,
+all of one dtype (float32 or float16)."""
 SUPPORTED_DTYPES = ("float32", "float16")
 
 FORWARD_MODE_UNAVAILABLE = (
@@ -53,6 +55,13 @@ def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -
       key: a JAX PRNG key.
       sizes: layer widths from input to output, e.g. ``(4, 16, 4)``.
       dtype: ``jnp.float32`` or ``jnp.float16``.
+
+    Returns:
+      The parameters (:data:`Params`), one ``{"weight": (out, in), "bias": (out,)}`` per layer.
+
+    Raises:
+      ValueError: fewer than two widths, or a width below 1.
+      TypeError: a dtype other than float32 or float16.
     """
     if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
         raise ValueError(f"slax.nn.mlp_init: sizes must be >= 2 positive widths, got {sizes}.")
@@ -77,6 +86,20 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     Slang backward derivative, for params and x; composes with jit, vmap, lax.scan and shard_map
     (gradients of replicated params are summed over the mesh, as JAX does). Not in forward mode:
     ``jax.jvp``/``jax.jacfwd`` raise a TypeError saying so (:data:`FORWARD_MODE_UNAVAILABLE`).
+
+    Args:
+      params: the network's parameters, from :func:`mlp_init` (:data:`Params`).
+      x: inputs ``(..., in)``, of the parameters' dtype.
+
+    Returns:
+      The outputs ``(..., out)``, of the parameters' dtype.
+
+    Raises:
+      TypeError: parameters not laid out as :data:`Params`, mixed dtypes, ``x`` not an array or
+        of another dtype, or forward-mode differentiation.
+      ValueError: layer shapes that do not chain, ``x`` not ending in the input width, a network
+        whose tile does not fit the kernels' group-shared memory, or a batch beyond the kernels'
+        32-bit indices.
     """
     _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
     leaves = [*_flat(params), x]
@@ -148,10 +171,17 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     Loss: the batch mean of each sample's squared L2 error ``|mlp(x) - target|^2``.
 
     Args:
-      params: from :func:`mlp_init`; x: ``(batch, in)``; target: ``(batch, out)``, same dtype.
+      params: the network's parameters, from :func:`mlp_init` (:data:`Params`).
+      x: inputs ``(batch, in)``, of the parameters' dtype.
+      target: ``(batch, out)``, of ``x``'s dtype.
 
     Returns:
       ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params``.
+
+    Raises:
+      TypeError: as :func:`mlp_apply`, or ``target`` not an array.
+      ValueError: as :func:`mlp_apply`, or ``target`` not of shape ``(batch, out)`` and ``x``'s
+        dtype.
     """
     sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
     _require_kernels_fit("mlp_loss_and_grad", sizes)
@@ -208,6 +238,15 @@ def mlp_apply_reference(
     default precision (``precision=None``) lets XLA multiply float32 matrices in TF32 on GPUs with
     tensor cores (relative error ~5e-4), which would make the reference, not the kernels, the less
     exact of the two. Benchmarks pass ``None`` to time what a plain JAX program gets by default.
+
+    Args:
+      params: the network's parameters (:data:`Params`).
+      x: inputs ``(..., in)``.
+      storage_dtype: the dtype activations are rounded to; ``None``, the parameters'.
+      precision: the matrix products' precision.
+
+    Returns:
+      The outputs ``(..., out)``, of dtype ``storage_dtype``.
     """
     storage = jnp.dtype(storage_dtype or params[0]["weight"].dtype)
     h = _round_to(x.astype(jnp.float32), storage)
@@ -239,8 +278,19 @@ def mlp_loss_reference(
     storage_dtype: Any = None,
     precision: jax.lax.Precision | None = jax.lax.Precision.HIGHEST,
 ) -> jax.Array:
-    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss (``storage_dtype`` and ``precision`` as
-    in :func:`mlp_apply_reference`)."""
+    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss; ``jax.grad`` of it is the twin of the
+    gradients.
+
+    Args:
+      params: the network's parameters (:data:`Params`).
+      x: inputs ``(batch, in)``.
+      target: ``(batch, out)``.
+      storage_dtype: as in :func:`mlp_apply_reference`.
+      precision: as in :func:`mlp_apply_reference`.
+
+    Returns:
+      The batch mean of each sample's squared L2 error, a float32 scalar.
+    """
     prediction = mlp_apply_reference(params, x, storage_dtype, precision)
     error = prediction.astype(jnp.float32) - target.astype(jnp.float32)
     return jnp.mean(jnp.sum(error * error, axis=-1))
