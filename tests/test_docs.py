@@ -108,3 +108,12 @@ def test_page_snippets_run(page, monkeypatch):
     namespace: dict = {}
     for index, snippet in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)):
         exec(compile(snippet, f"{page.name} snippet {index}", "exec"), namespace)
+
+
+def test_readme_links_resolve():
+    """README.md's links into the repository (docs pages, BENCHMARKS.md, images) name files that
+    exist: mkdocs checks the pages' links, not README's."""
+    readme = DOCS.parent / "README.md"
+    targets = re.findall(r"\]\(((?!https?:|#)[^)#\s]+)", readme.read_text())
+    missing = [target for target in targets if not (DOCS.parent / target).exists()]
+    assert targets and not missing, missing
