@@ -1,8 +1,9 @@
 """What C++ leaves undefined and GPUs define, on every route: integer division and remainder by
 zero (and INT_MIN / -1), which kill the process with SIGFPE on SlangPy's CPU device unless
-slax/_cpu_division.c completes them, and indices past a fixed-size array's or a vector's end,
-which shaders/slax/cpu.slang clamps there. Each route must give lavapipe's values. The kernels run
-in a fresh process, so that a regression fails the test instead of killing pytest."""
+slax/_cpu_division.c completes them, and indices past a fixed-size array's, a vector's or a
+matrix's end, which shaders/slax/cpu.slang clamps there. Each route must give lavapipe's values.
+The kernels run in a fresh process, so that a regression fails the test instead of killing
+pytest."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ uint unsigned_quotient(uint a, uint b) { return a / b; }
 uint unsigned_remainder(uint a, uint b) { return a % b; }
 float array_element(float[4] v, int i) { return v[i]; }
 float vector_element(float4 v, int i) { return v[i]; }
+struct Holder { float4 v; float2x3 m; };
+float matrix_element(float3x3 m, int i, int j) { return m[i][j]; }
+float3 matrix_row(float3x3 m, int i) { return m[i]; }
+float product_row(float3x3 m, int i) { return (m + m)[i].y; }
+float member_element(float4 v, float2x3 m, int i, int j) { Holder h = { v, m }; return h.v[i] + h.m[j][i]; }
+float3x3 matrix_write(float3x3 m, int i, int j, float value) { m[i][j] = value; return m; }
+float3x3 row_write(float3x3 m, int i, float value) { m[i] = value; return m; }
+float4 vector_write(float4 v, int i, float value) { v[i] += value; return v; }
 """
 
 PROGRAM = """
@@ -31,10 +40,19 @@ mod = slax.load_module_from_source("undefined_behaviour", sys.argv[2])
 a, b = np.array(inputs["a"], np.int32), np.array(inputs["b"], np.int32)
 ua, ub = a.view(np.uint32), b.view(np.uint32)
 index, table = np.array(inputs["index"], np.int32), np.arange(1, 5, dtype=np.float32)
+column, value = np.array(inputs["column"], np.int32), np.float32(inputs["value"])
+matrix, wide = np.array(inputs["matrix"], np.float32), np.array(inputs["wide"], np.float32)
 results = {
     "quotient": mod.quotient(a, b), "remainder": mod.remainder(a, b),
     "unsigned_quotient": mod.unsigned_quotient(ua, ub), "unsigned_remainder": mod.unsigned_remainder(ua, ub),
     "array_element": mod.array_element(table, index), "vector_element": mod.vector_element(table, index),
+    "matrix_element": mod.matrix_element(matrix, index, column),
+    "matrix_row": mod.matrix_row(matrix, index),
+    "product_row": mod.product_row(matrix, index),
+    "member_element": mod.member_element(table, wide, index, column),
+    "matrix_write": mod.matrix_write(matrix, index, column, value),
+    "row_write": mod.row_write(matrix, index, value),
+    "vector_write": mod.vector_write(table, index, value),
 }
 print(json.dumps({name: np.asarray(value).tolist() for name, value in results.items()}))
 """
@@ -42,21 +60,32 @@ print(json.dumps({name: np.asarray(value).tolist() for name, value in results.it
 INT_MIN, ALL_ONES = -(2**31), 2**32 - 1
 
 
-def _inputs(rng: np.random.Generator) -> dict[str, list[int]]:
+def _inputs(rng: np.random.Generator) -> dict[str, list]:
     """Dividends at random and at the extremes, over zero divisors, nonzero ones and INT_MIN / -1;
-    indices in range, just past either end and far past both."""
+    indices (and column indices, in another order) in range, just past either end and far past
+    both; matrices (3x3, 2x3) and a value to write, at random."""
     dividends = [*rng.integers(INT_MIN, 2**31, 12), INT_MIN, 2**31 - 1, 0, -1]
     divisors = [0] * len(dividends) + [*rng.integers(-1000, 1000, len(dividends)) | 1, -1]
     a = dividends + dividends + [INT_MIN]
     index = [0, 1, 2, 3, 4, 5, -1, -2, *rng.integers(INT_MIN, 2**31, 8)]
-    return {"a": [int(v) for v in a], "b": [int(v) for v in divisors], "index": [int(v) for v in index]}
+    column = rng.permutation(index)
+    return {
+        "a": [int(v) for v in a],
+        "b": [int(v) for v in divisors],
+        "index": [int(v) for v in index],
+        "column": [int(v) for v in column],
+        "matrix": rng.uniform(-1.0, 1.0, (3, 3)).astype(np.float32).tolist(),
+        "wide": rng.uniform(-1.0, 1.0, (2, 3)).astype(np.float32).tolist(),
+        "value": float(np.float32(rng.uniform(2.0, 3.0))),
+    }
 
 
 def _expected(inputs: dict[str, list[int]]) -> dict[str, list]:
     """lavapipe's values: a zero divisor gives signed x / 0 = 0, x % 0 = -1 and unsigned x / 0 =
     x % 0 = all ones; INT_MIN / -1 = INT_MIN, remainder 0; otherwise C's truncating division. An
-    array index past the end (as an unsigned number) reads the last element; a vector index is
-    clamped to [0, 3]."""
+    array index or a matrix's row index past the end (as an unsigned number) reads and writes the
+    last; a vector's element index is clamped to [0, N - 1] when read, and a write past the end is
+    dropped."""
     quotient, remainder, unsigned_quotient, unsigned_remainder = [], [], [], []
     for a, b in zip(inputs["a"], inputs["b"]):
         ua, ub = a % 2**32, b % 2**32
@@ -73,13 +102,37 @@ def _expected(inputs: dict[str, list[int]]) -> dict[str, list]:
         unsigned_quotient.append(ua // ub if ub else ALL_ONES)
         unsigned_remainder.append(ua % ub if ub else ALL_ONES)
     table = [1.0, 2.0, 3.0, 4.0]
+    vector = np.array(table, np.float32)
+    matrix, wide = np.array(inputs["matrix"], np.float32), np.array(inputs["wide"], np.float32)
+    value = np.float32(inputs["value"])
+    pairs = list(zip(inputs["index"], inputs["column"]))
+
+    def row(i: int, count: int) -> int:
+        return min(i % 2**32, count - 1)
+
+    def element(i: int, count: int) -> int:
+        return min(max(i, 0), count - 1)
+
+    def written(array: np.ndarray, where: tuple, valid: bool, new) -> list:
+        array = array.copy()
+        if valid:
+            array[where] = new
+        return array.tolist()
+
     return {
         "quotient": quotient,
         "remainder": remainder,
         "unsigned_quotient": unsigned_quotient,
         "unsigned_remainder": unsigned_remainder,
         "array_element": [table[min(i % 2**32, 3)] for i in inputs["index"]],
-        "vector_element": [table[min(max(i, 0), 3)] for i in inputs["index"]],
+        "vector_element": [table[element(i, 4)] for i in inputs["index"]],
+        "matrix_element": [float(matrix[row(i, 3), element(j, 3)]) for i, j in pairs],
+        "matrix_row": [matrix[row(i, 3)].tolist() for i in inputs["index"]],
+        "product_row": [float(2 * matrix[row(i, 3), 1]) for i in inputs["index"]],
+        "member_element": [float(vector[element(i, 4)] + wide[row(j, 2), element(i, 3)]) for i, j in pairs],
+        "matrix_write": [written(matrix, (row(i, 3), j), 0 <= j < 3, value) for i, j in pairs],
+        "row_write": [written(matrix, row(i, 3), True, value) for i in inputs["index"]],
+        "vector_write": [written(vector, i, 0 <= i < 4, vector[i % 4] + value) for i in inputs["index"]],
     }
 
 
