@@ -1,17 +1,23 @@
 """What C++ leaves undefined and GPUs define, on every route: integer division and remainder by
 zero (and INT_MIN / -1), which kill the process with SIGFPE on SlangPy's CPU device unless
-slax/_cpu_division.c completes them, and indices past a fixed-size array's, a vector's or a
+slax/_cpu_signals.c completes them, and indices past a fixed-size array's, a vector's or a
 matrix's end, which shaders/slax/cpu.slang clamps there. Each route must give lavapipe's values.
-The kernels run in a fresh process, so that a regression fails the test instead of killing
-pytest."""
+And Ctrl-C during an endless kernel on the CPU device. The kernels run in a fresh process, so that
+a regression fails the test instead of killing (or holding) pytest."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
-from _helpers import run_python
+import pytest
+from _helpers import ROOT, python_env, run_python
+
+from slax import _cpu_signals
 
 SOURCE = """
 int quotient(int a, int b) { return a / b; }
@@ -42,19 +48,23 @@ ua, ub = a.view(np.uint32), b.view(np.uint32)
 index, table = np.array(inputs["index"], np.int32), np.arange(1, 5, dtype=np.float32)
 column, value = np.array(inputs["column"], np.int32), np.float32(inputs["value"])
 matrix, wide = np.array(inputs["matrix"], np.float32), np.array(inputs["wide"], np.float32)
-results = {
-    "quotient": mod.quotient(a, b), "remainder": mod.remainder(a, b),
-    "unsigned_quotient": mod.unsigned_quotient(ua, ub), "unsigned_remainder": mod.unsigned_remainder(ua, ub),
-    "array_element": mod.array_element(table, index), "vector_element": mod.vector_element(table, index),
-    "matrix_element": mod.matrix_element(matrix, index, column),
-    "matrix_row": mod.matrix_row(matrix, index),
-    "product_row": mod.product_row(matrix, index),
-    "member_element": mod.member_element(table, wide, index, column),
-    "matrix_write": mod.matrix_write(matrix, index, column, value),
-    "row_write": mod.row_write(matrix, index, value),
-    "vector_write": mod.vector_write(table, index, value),
+computations = {
+    "quotient": lambda: mod.quotient(a, b),
+    "remainder": lambda: mod.remainder(a, b),
+    "unsigned_quotient": lambda: mod.unsigned_quotient(ua, ub),
+    "unsigned_remainder": lambda: mod.unsigned_remainder(ua, ub),
+    "array_element": lambda: mod.array_element(table, index),
+    "vector_element": lambda: mod.vector_element(table, index),
+    "matrix_element": lambda: mod.matrix_element(matrix, index, column),
+    "matrix_row": lambda: mod.matrix_row(matrix, index),
+    "product_row": lambda: mod.product_row(matrix, index),
+    "member_element": lambda: mod.member_element(table, wide, index, column),
+    "matrix_write": lambda: mod.matrix_write(matrix, index, column, value),
+    "row_write": lambda: mod.row_write(matrix, index, value),
+    "vector_write": lambda: mod.vector_write(table, index, value),
 }
-print(json.dumps({name: np.asarray(value).tolist() for name, value in results.items()}))
+for name, compute in computations.items():  # a line each: what ran before a crash is still checked
+    print(json.dumps([name, np.asarray(compute()).tolist()]), flush=True)
 """
 
 INT_MIN, ALL_ONES = -(2**31), 2**32 - 1
@@ -137,13 +147,75 @@ def _expected(inputs: dict[str, list[int]]) -> dict[str, list]:
 
 
 def test_division_by_zero_and_out_of_range_indices_give_lavapipes_values(device_kind, rng):
+    """Each operation's results in the order computed, so that a route that dies partway (or gives
+    other values: NVIDIA GPUs define their own) shows which operations did what."""
     inputs = _inputs(rng)
     result = run_python("-c", PROGRAM, json.dumps(inputs), SOURCE, timeout=300)
+    got = dict(json.loads(line) for line in result.stdout.splitlines() if line.startswith('["'))
+    expected = _expected(inputs)
+    differ = {name: got[name] for name in got if got[name] != expected[name]}
+    assert not differ, f"on {device_kind}, these differ from lavapipe's values: {differ}"
     killed = -result.returncode in (signal.SIGFPE, signal.SIGSEGV, signal.SIGBUS)
     assert result.returncode == 0, (
         f"the kernels' process on {device_kind} "
         + (f"died of {signal.Signals(-result.returncode).name}" if killed else f"exited {result.returncode}")
-        + f":\n{result.stderr[-3000:]}"
+        + f" computing {next(name for name in expected if name not in got)}:\n{result.stderr[-3000:]}"
     )
-    got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert got == _expected(inputs)
+
+
+SPIN = """
+float spin(float x, uint n)
+{
+    float a = x;
+    for (uint i = 0; i < n; i++)
+        for (uint j = 0; j < n; j++)
+            a = a * 0.5f + 1.0f;
+    return a;
+}
+"""
+
+ENDLESS = """
+import signal, sys
+import numpy as np
+import slax
+
+signal.signal(signal.SIGINT, lambda *_: None)  # a SIGINT before the kernel starts is not an error here
+spin = slax.load_module_from_source("endless", sys.argv[1]).spin
+x = np.random.default_rng(5).uniform(-1.0, 1.0, 4).astype(np.float32)
+assert np.asarray(spin(x, np.uint32(0))).tolist() == x.tolist()  # compiled; n = 0 loops 0 times
+print("ready", flush=True)
+spin(x, np.uint32(2**32 - 1))  # 2^64 iterations: never returns here
+print("returned", flush=True)
+"""
+
+
+def test_ctrl_c_twice_ends_an_endless_kernel_on_the_cpu_device(device_kind):
+    """A kernel runs in SlangPy's C++ dispatch, where Python's SIGINT handler cannot run: Ctrl-C
+    held the process until the kernel returned, forever for an endless one. On the CPU device the
+    first SIGINT during a kernel is noted (and reaches Python's handler when the kernel returns),
+    the second ends the process as SIGINT does. SIGINTs are sent until the process ends: those
+    before the kernel starts reach the program's own handler."""
+    if device_kind != "cpu" or not _cpu_signals.applies():
+        pytest.skip("SlangPy's CPU device on Linux x86-64; Vulkan and CUDA wait in the driver (README)")
+    child = subprocess.Popen(
+        [sys.executable, "-c", ENDLESS, SPIN],
+        cwd=ROOT,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready", child.stderr
+        deadline = time.monotonic() + 60
+        while child.poll() is None and time.monotonic() < deadline:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        assert child.returncode == -signal.SIGINT, f"still running, or exited {child.returncode}"
+        assert "interrupted again while a Slang kernel runs" in child.stderr.read()
+    finally:
+        child.kill()
+        child.communicate()
