@@ -32,12 +32,14 @@ from slax._errors import DeviceUnavailableError
 
 @contextlib.contextmanager
 def _exit_handlers_registered() -> Iterator[list[Callable[..., object]]]:
-    """The functions registered with :mod:`atexit` while inside."""
+    """The functions this thread registers with :mod:`atexit` while inside."""
     registered: list[Callable[..., object]] = []
     register = atexit.register
+    thread = threading.get_ident()
 
     def recording(function: Callable[..., object], /, *args: object, **kwargs: object) -> object:
-        registered.append(function)
+        if threading.get_ident() == thread:
+            registered.append(function)
         return register(function, *args, **kwargs)
 
     atexit.register = recording  # type: ignore[assignment]
