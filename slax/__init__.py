@@ -1,5 +1,7 @@
 """slax: differentiable Slang kernels as JAX functions."""
 
+# slax._device first: it notes the exit handlers SlangPy registers as it is imported.
+from slax import _device as _device
 from slax import nn, parallel, testing
 from slax._config import DeviceKind, config, set_device_kind
 from slax._device import describe_device

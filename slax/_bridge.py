@@ -28,10 +28,11 @@ import jax
 import numpy as np
 import slangpy as spy
 
-from slax import _cpu_division
+from slax import _cpu_signals
 from slax._compile import ROW_THREADS, Aliases, CompiledKernel, KernelSpec, Scalars, compile_kernel
 from slax._device import DeviceKind, get_device, keep_inherited, process_generation
 from slax._jax_api import buffer_callback, lower_fun, lowering_for_export
+from slax._ptx_launch import PTX_LAUNCH_TARGET
 
 BufferCallback = Callable[..., None]
 
@@ -55,8 +56,10 @@ class _CallbackLauncher(abc.ABC):
                 f"slax: jax.export cannot serialise Slang kernel {spec.entry!r} on the {self.name!r} "
                 "route: there slax runs kernels as host callbacks (jax.experimental.buffer_callback), "
                 "and JAX serialises no host callback. Compile in the process that runs the kernels "
-                "instead (jax.jit(f).lower(...).compile()); only the PTX route (JAX on a CUDA GPU, "
-                "slax.config.cuda_launch='ptx', the default there) lowers kernels to XLA custom calls."
+                "instead (jax.jit(f).lower(...).compile()). Only the PTX route (JAX on a CUDA GPU, "
+                "slax.config.cuda_launch='ptx', the default there) lowers kernels to XLA custom calls, "
+                "which jax.export serialises given disabled_checks=[jax.export.DisabledSafetyCheck."
+                f"custom_call({PTX_LAUNCH_TARGET!r})] (README, Limits)."
             )
         callback = self.callback(spec, scalars, count, aliases)
         shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in ctx.avals_out]
@@ -157,14 +160,14 @@ class HostPointerLauncher(_CallbackLauncher):
     SlangPy's CPU device runs a dispatch's thread groups one after another on the calling thread,
     holding the GIL (measured in BENCHMARKS.md: a launch split over Python threads takes as long
     as one), so a launch uses one core. An integer division by zero in a kernel gives Vulkan's
-    values rather than SIGFPE (:mod:`slax._cpu_division`).
+    values rather than SIGFPE, and Ctrl-C twice ends an endless kernel (:mod:`slax._cpu_signals`).
     """
 
     name = "host-pointer"
 
     def __init__(self, kind: DeviceKind):
         self.process = _ProcessDevice(kind)
-        _cpu_division.install()
+        _cpu_signals.install()
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
         generation, device, _ = self.process.current()
@@ -179,7 +182,7 @@ class HostPointerLauncher(_CallbackLauncher):
             arrays = [_host_array(b, "operand") for b in ins] + [_host_array(b, "result") for b in fresh]
             pointers = [array.ctypes.data for array in arrays]
             generation, device, lock = self.process.current()
-            with lock, _explained_device_errors(device, spec), _cpu_division.guarded():
+            with lock, _explained_device_errors(device, spec), _cpu_signals.guarded():
                 if site.generation != generation:  # forked: this process's own kernel
                     keep_inherited(site.compiled)
                     site = _CallSite(generation, compile_kernel(device, spec))

@@ -10,6 +10,7 @@ CPU-placed computations; it is part of what JAX traces (:class:`slax._config.Lau
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -21,13 +22,41 @@ import struct
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import jax
-import slangpy as spy
 
 from slax._config import DEVICE_ENV_VAR, REFLECTION_ENV_VAR, DeviceKind, LaunchRoutes, config, current_routes
 from slax._errors import DeviceUnavailableError
+
+
+@contextlib.contextmanager
+def _exit_handlers_registered() -> Iterator[list[Callable[..., object]]]:
+    """The functions this thread registers with :mod:`atexit` while inside."""
+    registered: list[Callable[..., object]] = []
+    register = atexit.register
+    thread = threading.get_ident()
+
+    def recording(function: Callable[..., object], /, *args: object, **kwargs: object) -> object:
+        if threading.get_ident() == thread:
+            registered.append(function)
+        return register(function, *args, **kwargs)
+
+    atexit.register = recording  # type: ignore[assignment]
+    try:
+        yield registered
+    finally:
+        atexit.register = register  # type: ignore[assignment]
+
+
+with _exit_handlers_registered() as _SLANGPY_EXIT_HANDLERS:
+    import slangpy as spy
+"""SlangPy's extension registers an exit handler that closes every SlangPy device, its parent's
+included in a forked child, where closing a Vulkan device waits forever for driver threads fork()
+did not copy: a child forked after slax ran kernels on lavapipe hung at exit. A forked child drops
+these handlers (:func:`_forget_devices_in_child`). slax imports :mod:`slax._device` before any
+other module that imports SlangPy, so it sees them registered unless the program imported SlangPy
+before slax."""
 
 
 def _find_shader_dir() -> pathlib.Path:
@@ -89,8 +118,13 @@ def keep_inherited(*objects: object) -> None:
 def _forget_devices_in_child() -> None:
     """After fork(), in the child: the parent's devices stay behind (:data:`_inherited`); the next
     :func:`get_device` creates the child's own, and launchers rebuild their kernels on it
-    (:func:`process_generation`). The lock is new: another thread may have held it at fork()."""
+    (:func:`process_generation`). SlangPy's exit handlers, which would close the parent's devices
+    too and wait for their driver's threads forever, are dropped: the child's own devices close
+    as the process ends. The lock is new: another thread may have held it at fork()."""
     global _lock, _generation
+    if _devices or _inherited:
+        for handler in _SLANGPY_EXIT_HANDLERS:
+            atexit.unregister(handler)
     keep_inherited(*_devices.values())
     _devices.clear()
     _lock = threading.Lock()

@@ -17,6 +17,12 @@ launch. A kernel outside the convention (thread groups not whole warps in x, sca
 cannot pass) runs on the SlangPy route instead, with a warning naming why, when it is lowered; one
 whose PTX signature does not match fails at trace time, not with wrong numbers.
 
+``jax.export`` serialises these custom calls, but refuses by default: JAX guarantees no stable format
+for ``triton_kernel_call_ffi`` (:data:`PTX_LAUNCH_TARGET`), so an exported artifact runs only where
+jaxlib reads the same serialised kernel call (the jaxlib that exported it), on a GPU of the compute
+capability the PTX was built for or newer. Export with
+``disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(PTX_LAUNCH_TARGET)]``.
+
 jaxlib's Triton launcher is private JAX API; slax pins JAX to the versions it tested
 (``pyproject.toml``) and tests this lowering on every version it supports (tests/test_ptx_launch.py).
 Select the other route with ``slax.config.cuda_launch = "slangpy"`` or ``SLAX_CUDA_LAUNCH=slangpy``.
@@ -48,6 +54,8 @@ from slax._slang_c import CodeTarget, compile_entry_point
 from slax._sources import require_unchanged, snapshot
 
 WARP_SIZE = 32
+PTX_LAUNCH_TARGET = "triton_kernel_call_ffi"
+"""The custom call target the PTX route lowers each launch to: jaxlib's Triton kernel launcher."""
 _TRITON_SCALAR_TYPE = {
     "float": "fp32",
     "double": "fp64",
@@ -209,7 +217,7 @@ class PtxLauncher:
         order = [k for k in range(len(ctx.avals_out)) if k not in in_place] + sorted(in_place)
         call_ctx = ctx.replace(avals_out=[ctx.avals_out[k] for k in order])
         lowering = ffi_lowering(
-            "triton_kernel_call_ffi",
+            PTX_LAUNCH_TARGET,
             api_version=4,
             operand_output_aliases={
                 in_place[k]: position for position, k in enumerate(order) if k in in_place

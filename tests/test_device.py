@@ -258,6 +258,7 @@ def test_half_kernels_on_the_cpu_device_convert_in_hardware_where_the_cpu_can(tm
 
 _FORK_CHILD = textwrap.dedent(
     """
+    import atexit
     import os
     import signal
     import sys
@@ -279,27 +280,36 @@ _FORK_CHILD = textwrap.dedent(
 
 
     parent = compute()  # compiled before fork(): XLA cannot compile in a forked child (its threads)
-    pid = os.fork()
-    if pid == 0:  # a child leaves with os._exit, as Python's docs say to after fork()
-        signal.alarm(60)  # a hung child ends (killed by SIGALRM): the test fails, nothing stays behind
-        try:
-            np.save(sys.argv[1], compute())
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+    statuses = []
+    for computes in (True, False):
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)  # a hung child ends (killed by SIGALRM): the test fails, nothing stays behind
+            try:
+                if computes:
+                    np.save(sys.argv[1], compute())
+                atexit._run_exitfuncs()  # what a normal exit runs (SlangPy's closed every device)
+            finally:
+                os._exit(0)  # past the exit handlers, JAX's finalisation dies in a forked child
+        statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
     np.save(sys.argv[2], np.concatenate([parent, x[None]]))
+    print(statuses)
     """
 )
 
 
 def test_a_child_forked_after_kernels_ran_runs_them_on_its_own_device(device_kind, tmp_path):
     """fork() copies no driver threads: reading back the parent's Vulkan (lavapipe) buffers in the
-    child waited for them forever. The child makes its own device; what it computes is right."""
+    child, and SlangPy's exit handler closing them, waited for them forever. The child makes its
+    own device, what it computes is right, and its exit handlers return, whether it ran kernels or
+    not."""
     if device_kind == "cuda":
         pytest.skip("the CUDA driver refuses a child forked after it was initialised (XLA aborts there)")
     child, parent = tmp_path / "child.npy", tmp_path / "parent.npy"
-    result = run_python("-c", _FORK_CHILD, str(child), str(parent), timeout=120)
+    result = run_python("-c", _FORK_CHILD, str(child), str(parent), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
+    statuses = json.loads(result.stdout.strip().splitlines()[-1])
+    assert statuses == [0, 0], f"the forked children exited {statuses} (-14: hung, killed by SIGALRM)"
     assert child.exists(), f"the forked child computed nothing: {result.stderr[-3000:]}"
     *in_parent, x = np.load(parent).astype(np.float64)
     in_child = np.load(child)

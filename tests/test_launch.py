@@ -17,7 +17,8 @@ from slax import nn
 from slax._bridge import HostCopyLauncher, HostPointerLauncher, ZeroCopyLauncher
 from slax._config import DeviceKind, LaunchRoutes
 from slax._launch import launcher_for
-from slax._ptx_launch import PtxLauncher
+from slax._ptx_launch import PTX_LAUNCH_TARGET, PtxLauncher
+from slax.testing import RELATIVE_TOLERANCE
 
 pytestmark = pytest.mark.jax_version
 
@@ -153,3 +154,24 @@ def test_export_on_a_host_callback_route_says_which_route_exports(poly):
     f = jax.jit(lambda x: poly(2.0, 8.0, -1.0, x))
     with pytest.raises(NotImplementedError, match=r"jax\.export cannot serialise Slang kernel .*PTX route"):
         jax.export.export(f)(jax.ShapeDtypeStruct((4,), jnp.float32))
+
+
+def test_an_exported_ptx_route_computation_runs(device_kind, poly, rng):
+    """jax.export of the PTX route, its launcher's custom call allowed (README, Limits), runs the
+    kernels: a polynomial and its gradient, against their closed forms."""
+    if device_kind != "cuda":
+        pytest.skip("runs the PTX route on a CUDA GPU; tests/test_ptx_launch.py lowers its export anywhere")
+    value_and_grad = jax.jit(jax.value_and_grad(lambda x: poly(2.0, 8.0, -1.0, x).sum()))
+    allowed = [jax.export.DisabledSafetyCheck.custom_call(PTX_LAUNCH_TARGET)]
+    x = rng.uniform(-2.0, 2.0, 300).astype(np.float32)
+    with slax.config.override(cuda_launch="ptx"):
+        exported = jax.export.export(value_and_grad, disabled_checks=allowed)(
+            jax.ShapeDtypeStruct(x.shape, x.dtype)
+        )
+    value, grad = exported.call(x)
+    x64 = x.astype(np.float64)
+    tolerance = RELATIVE_TOLERANCE["float32"]
+    np.testing.assert_allclose(
+        value, np.sum(2.0 * x64**2 + 8.0 * x64 - 1.0), rtol=tolerance, atol=tolerance * x.size
+    )
+    np.testing.assert_allclose(grad, 4.0 * x64 + 8.0, rtol=tolerance, atol=tolerance)

@@ -281,6 +281,17 @@ def test_changing_the_route_changes_the_lowering_of_a_jitted_function(cpu_path):
 
 
 @needs_tools
+def test_export_serialises_the_ptx_routes_launches_with_their_check_disabled(cpu_path):
+    """jax.export refuses the Triton launcher's custom call by default (no compatibility guarantee
+    for its format); allowed by name (README, Limits), the artifact carries each kernel launch: a
+    polynomial and its gradient, one launch each."""
+    exported = _report()["export"]
+    assert "custom calls whose targets have no compatibility guarantees" in exported["refused"]
+    assert exported["platforms"] == ["cuda"]
+    assert exported["launches"] == 2
+
+
+@needs_tools
 def test_all_ptx_assembles_for_the_h100(report, tmp_path):
     programs = {launch["ptx"] for launches in report.values() for launch in launches}
     assert len(programs) >= 20

@@ -1,6 +1,6 @@
 """Lowers slax programs for CUDA with the PTX launch path, on a machine without a GPU, and reports
 every kernel launch in the lowered StableHLO as JSON (tests/test_ptx_launch.py checks the report):
-``{"launches": {case: [launch, ...]}, "route_switch": [...]}``.
+``{"launches": {case: [launch, ...]}, "route_switch": [...], "export": {...}}``.
 
 Run by the test in a subprocess whose PYTHONPATH carries jaxlib's CUDA plugin (its Triton kernel
 launcher serialises the calls), with ``SLAX_NVRTC`` and ``SLAX_CUDA_COMPUTE_CAPABILITY`` set.
@@ -21,7 +21,7 @@ import numpy as np
 
 import slax
 import slax.examples
-from slax._ptx_launch import ptx_entry_parameter_types
+from slax._ptx_launch import PTX_LAUNCH_TARGET, ptx_entry_parameter_types
 
 ACCUMULATE = """
 import slax.kernel;
@@ -155,6 +155,24 @@ def route_switch(function, *args) -> list[str]:
     return lowered
 
 
+def export(function, *args) -> dict:
+    """``jax.export`` of ``function`` for CUDA: JAX's refusal as it is, and the kernel launches of
+    the artifact with the PTX route's custom call allowed (``slax._ptx_launch`` says why)."""
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    try:
+        jax.export.export(jax.jit(function), platforms=("cuda",))(*shapes)
+        refused = ""
+    except ValueError as error:
+        refused = str(error).splitlines()[0]
+    allowed = [jax.export.DisabledSafetyCheck.custom_call(PTX_LAUNCH_TARGET)]
+    exported = jax.export.export(jax.jit(function), platforms=("cuda",), disabled_checks=allowed)(*shapes)
+    return {
+        "refused": refused,
+        "platforms": list(exported.platforms),
+        "launches": exported.mlir_module().count(f"stablehlo.custom_call @{PTX_LAUNCH_TARGET}("),
+    }
+
+
 def main() -> None:
     slax.config.cuda_launch = "ptx"
     rng = np.random.default_rng(0)
@@ -237,7 +255,9 @@ def main() -> None:
     with slax.config.override(tensor_cores=False):  # the tiled kernels every device runs
         report["mlp_loss_and_grad_float32_tiled"] = launches(*cases["mlp_loss_and_grad_float32"])
     switch = route_switch(lambda v: poly(2.0, 8.0, -1.0, v), x)
-    json.dump({"launches": report, "route_switch": switch}, sys.stdout)
+    value_and_grad = jax.value_and_grad(lambda v: poly(2.0, 8.0, -1.0, v).sum())
+    exported = export(value_and_grad, x)
+    json.dump({"launches": report, "route_switch": switch, "export": exported}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,21 @@
-"""Integer division by zero on SlangPy's CPU device: Vulkan's values instead of a dead process.
+"""Signals while a slax kernel runs on SlangPy's CPU device: Vulkan's values for an integer
+division by zero instead of a dead process, and a way out of an endless kernel with Ctrl-C.
 
 On x86-64, C++'s integer ``/`` and ``%`` (which Slang's CPU target writes for Slang's) raise a
 hardware fault for a zero divisor and for ``INT_MIN / -1``, and Linux kills the process with
-SIGFPE; GPUs and lavapipe return a value. ``_cpu_division.c`` (beside this file) is a SIGFPE
+SIGFPE; GPUs and lavapipe return a value. ``_cpu_signals.c`` (beside this file) has a SIGFPE
 handler that completes such a division with the values lavapipe gives (signed ``x / 0 = 0``,
 ``x % 0 = -1``; unsigned ``x / 0 = x % 0 = `` all ones; ``INT_MIN / -1 = INT_MIN``, remainder 0),
 and only while the faulting thread runs a slax kernel (:func:`guarded`); any other SIGFPE reaches
-the handler installed before it. Built once per content with the C++ compiler that builds the
-kernels, into the cache directory.
+the handler installed before it.
 
+A kernel runs in SlangPy's C++ dispatch, and Python raises ``KeyboardInterrupt`` for Ctrl-C only
+once the dispatch returns: stopping the kernel midway would mean unwinding SlangPy's and Python's
+frames from a signal handler. So while a kernel runs, the library's SIGINT handler says so on
+stderr and passes the first Ctrl-C on to Python's handler (``KeyboardInterrupt`` when the kernel
+returns); a second one before the kernel returns ends the process, as SIGINT's default action does.
+
+Built once per content with the C++ compiler that builds the kernels, into the cache directory.
 Where the CPU is not x86-64 (AArch64 divides by zero without a fault: ``x / 0 = 0``,
 ``x % 0 = x``) or the system is not Linux, nothing is installed.
 """
@@ -28,17 +35,17 @@ from collections.abc import Iterator
 
 from slax._device import cpp_compiler, writable_cache_dir
 
-_SOURCE = pathlib.Path(__file__).with_name("_cpu_division.c")
+_SOURCE = pathlib.Path(__file__).with_name("_cpu_signals.c")
 
 
 def applies() -> bool:
-    """Whether kernels here need the handler: Linux on x86-64, where integer division faults."""
+    """Whether the handlers are installed here: Linux on x86-64, where integer division faults."""
     return sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    """The handler's library, built (once per content) and installed; None where it does not apply."""
+    """The handlers' library, built (once per content) and installed; None where it does not apply."""
     if not applies():
         return None
     source = _SOURCE.read_bytes()
@@ -48,31 +55,34 @@ def _library() -> ctypes.CDLL | None:
             "slax: SlangPy's CPU device needs a C++ compiler (clang++ or g++); none is on PATH."
         )
     key = hashlib.sha256(source + compiler.encode()).hexdigest()[:16]
-    target = writable_cache_dir("cpu") / f"slax_division_{key}.so"
+    target = writable_cache_dir("cpu") / f"slax_signals_{key}.so"
     if not target.is_file():
         partial = target.with_suffix(f".{os.getpid()}.partial")
         command = [compiler, "-x", "c", "-O2", "-shared", "-fPIC", str(_SOURCE), "-o", str(partial)]
         built = subprocess.run(command, capture_output=True, text=True)
         if built.returncode != 0:
             raise RuntimeError(
-                f"slax: building the CPU device's integer-division handler failed ({' '.join(command)}):\n"
+                f"slax: building the CPU device's signal handlers failed ({' '.join(command)}):\n"
                 f"{built.stderr}"
             )
         os.replace(partial, target)  # atomic: another process sees the whole library or none
-    library = ctypes.CDLL(str(target))
+    library = ctypes.CDLL(str(target), use_errno=True)
     if library.slax_install_division_handler() != 0:
         raise OSError(ctypes.get_errno(), "slax: sigaction(SIGFPE) failed installing the division handler")
+    if library.slax_install_interrupt_handler() != 0:
+        raise OSError(ctypes.get_errno(), "slax: sigaction(SIGINT) failed installing the interrupt handler")
     return library
 
 
 def install() -> None:
-    """Installs the handler in this process (once); call before the first CPU-device launch."""
+    """Installs the handlers in this process (once); call before the first CPU-device launch."""
     _library()
 
 
 @contextlib.contextmanager
 def guarded() -> Iterator[None]:
-    """While inside, an integer division fault on this thread completes with Vulkan's values."""
+    """While inside, an integer division fault on this thread completes with Vulkan's values, and
+    a SIGINT is a kernel's (first: noted, then ``KeyboardInterrupt``; second: the process ends)."""
     library = _library()
     if library is None:
         yield
