@@ -36,11 +36,35 @@ def test_polynomial_trains_and_writes_outputs(tmp_path):
     )
     assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
     assert metrics["device"]["slang"].startswith(("vulkan", "cpu", "cuda"))
+    assert metrics["device"]["slang"].endswith(f", {metrics['device']['route']} route")
+    _assert_in_order(
+        result.stdout,
+        "polynomial: loading JAX and slax ...",  # before the seconds JAX and slax take to import
+        f"polynomial: JAX on {metrics['device']['jax']}, Slang kernels on {metrics['device']['slang']}",
+        "polynomial: comparing the step-0 gradients of slax and plain JAX",
+        "slax: compiling entry point 'mlp_loss_grad' ...",  # slax's log, as each kernel compiles
+        "slax: compiling the training chunks ...",
+        "jax: compiling the training chunks ...",
+        "polynomial: drawing loss.png, surfaces.png",
+        "  wrote loss.png",
+        "  wrote surfaces.png",
+        "outputs in",
+    )
     assert metrics["config"]["devices"] is None and metrics["config"]["out"] == str(tmp_path)
     for model in ("slax", "jax"):
         assert metrics[model]["timed_steps"] == 400 and metrics[model]["compile_time_s"] > 0
     for name in ("loss.png", "surfaces.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def _assert_in_order(output: str, *starts: str) -> None:
+    """Each of ``starts`` begins a line of ``output``, in this order: what a run says as it goes."""
+    lines = output.splitlines()
+    position = 0
+    for start in starts:
+        found = next((i for i in range(position, len(lines)) if lines[i].startswith(start)), None)
+        assert found is not None, f"no line starting {start!r} after line {position}:\n{output[-4000:]}"
+        position = found + 1
 
 
 SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py") if not path.name.startswith("_"))
@@ -129,6 +153,12 @@ def test_gradcheck_passes_everything(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 failed" in result.stdout and "mlp 64-128-64-10 fused" in result.stdout
     table = json.loads((tmp_path / "gradcheck.json").read_text())
+    device = table["device"]
+    assert f"gradcheck: JAX on {device['jax']}, Slang kernels on {device['slang']}" in result.stdout
+    if device["route"] not in ("ptx", "slangpy"):  # no CUDA launch route where no CUDA runs
+        assert "ptx" not in result.stdout and table["config"]["launch"] is None
+    # Each row is printed as its check finishes: slax compiles later functions' kernels after it.
+    _assert_in_order(result.stdout, "function ", "wave ", "slax: compiling", "mlp 4-16-4 ")
     assert table["failed"] == 0 and table["passed"] == len(table["rows"]) > 100
     polynomial = [
         r["argument"] for r in table["rows"] if r["function"] == "polynomial" and r["check"] == "rev"
