@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     out, device = harness.prepare_run("digits", args)
     dtype = jnp.dtype(args.dtype)
 
+    print("digits: loading scikit-learn's digits data set ...", flush=True)
     x_train, x_test, y_train, y_test = (jnp.asarray(a) for a in load_split(args.seed))
     init_key, data_key = jax.random.split(jax.random.key(args.seed))
     params = nn.mlp_init(init_key, SIZES, jnp.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import pathlib
 import platform
@@ -129,8 +130,8 @@ def automatic_cpu_device_kind() -> DeviceKind:
     """The device that runs kernels of CPU-placed JAX where none is chosen: Vulkan where a GPU's
     Vulkan driver is here; else SlangPy's CPU device, the faster of the two CPU routes (it runs
     kernels in place on XLA's buffers, where a Vulkan driver on the CPU, Mesa's lavapipe, copies
-    through Vulkan buffers: slax's training steps take 1.2-2.2x as long there; BENCHMARKS.md, "The
-    CPU routes"); lavapipe only where no C++ compiler is here to build the CPU device's kernels.
+    through Vulkan buffers: every training step measured there took 1.1-7x as long; BENCHMARKS.md,
+    "The CPU routes"); lavapipe only where no C++ compiler is here to build the CPU device's kernels.
 
     A choice that falls back from the faster one (a GPU's Vulkan driver that fails; lavapipe for
     want of a compiler) says so once on stderr, with what to do: a silent one would hide a broken
@@ -214,11 +215,13 @@ def writable_cache_dir(*parts: str) -> pathlib.Path:
 
 
 def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
-    """The process-wide SlangPy device of ``kind`` (for CUDA, of GPU ``ordinal``)."""
+    """The process-wide SlangPy device of ``kind`` (for CUDA, of GPU ``ordinal``), created on first
+    use (seconds: slax's log says so at INFO)."""
     key = (kind, ordinal)
     with _lock:
         device = _devices.get(key)
         if device is None:
+            logging.getLogger("slax").info("creating SlangPy's %s device ...", kind.value)
             device = _create_device(kind, ordinal)
             _devices[key] = device
         return device

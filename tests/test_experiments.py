@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -341,3 +342,26 @@ def test_compare_devices_holds_each_split_run_to_its_one_device_run(tmp_path):
     assert result.returncode == 1
     assert f"FAILED: {off}: test_mse differs by 0.0005 (relative)" in result.stdout
     assert f"FAILED: {alone}: no one-device run to compare with" in result.stdout
+
+
+def test_benchmark_table_shows_each_models_median_over_the_rounds():
+    """scripts/benchmark_table.py: a run timed in several rounds (``--rounds``) is shown as each
+    model's median step, and slax's ratio to the faster plain-JAX median."""
+    spec = importlib.util.spec_from_file_location("benchmark_table", ROOT / "scripts" / "benchmark_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    times = {"slax/host-pointer": [400.0, 100.0, 300.0], "jax": [50.0, 90.0, 60.0], "jax/flat": [80.0] * 3}
+    rows = [
+        {
+            "network": "digits",
+            "dtype": "float32",
+            "batch": 128,
+            "devices": None,
+            "model": model,
+            "step_us": us,
+        }
+        for model, steps in times.items()
+        for us in steps
+    ]
+    lines = table.training_table({"rows": rows})
+    assert lines[2] == "| digits | float32 | 2^7 | 1 | 60.0 | 300.0 (0.20x) |"
