@@ -152,14 +152,13 @@ CPU_ROUTE_NOTE = (
 def provenance(device_kinds: list[str | None] | None = None) -> dict[str, Any]:
     """What a benchmark's JSON records beside its rows, so that a table can be traced to the run that
     made it: the command line, JAX's devices, the devices and routes that ran the Slang kernels
-    (:func:`slang_devices`), the
-    versions, the commit (``SLAX_COMMIT`` where set: a copy of a working tree may carry another
-    commit's history; else ``git rev-parse HEAD``) and the time (UTC)."""
+    (:func:`slang_devices` of ``device_kinds``), the versions, the commit (``SLAX_COMMIT`` where
+    set: a copy of a working tree may carry another commit's history; else ``git rev-parse HEAD``)
+    and the time (UTC)."""
     import importlib.metadata
     import os
     import platform
     import subprocess
-    import sys
 
     import jax
 
@@ -194,8 +193,8 @@ def provenance(device_kinds: list[str | None] | None = None) -> dict[str, Any]:
 
 def slang_devices(device_kinds: list[str | None] | None = None) -> str:
     """The SlangPy device and launch route that run slax's kernels where JAX runs, as
-    ``"cpu (CPU), host-pointer route"``; on the CPU, for each of ``device_kinds`` (None: slax's
-    choice), joined by "; "."""
+    ``"cpu (CPU), host-pointer route"``: for ``slax.config.device_kind``, or on the CPU for each of
+    ``device_kinds`` (a None among them: the automatic choice), joined by "; "."""
     import slax
 
     descriptions = []

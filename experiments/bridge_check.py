@@ -258,7 +258,7 @@ def compare_routes(rng: np.random.Generator) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     module = slax.load_module("kernels/scale_shift.slang")
-    print(f"JAX {jax.__version__} on {jax.devices()[0]}; launch routes: {', '.join(routes())}")
+    print(f"{harness.describe_platform()}; launch routes checked: {', '.join(routes())}")
     failures: list[str] = []
     in_place = {}
     rows: list[dict[str, Any]] = []

@@ -182,6 +182,9 @@ def test_bridge_check_runs(device_kind, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "bridge.json").read_text())
     routes = {"cuda": ["slangpy", "ptx"], "vulkan": ["host-copy"], "cpu": ["host-pointer"]}[device_kind]
+    assert f"Slang kernels on {report['slang_device']}; launch routes checked: {', '.join(routes)}" in (
+        result.stdout
+    )
     assert report["in_place"] == dict.fromkeys(routes, True)
     assert [(row["route"], row["elements"]) for row in report["rows"]] == [
         (route, size) for route in routes for size in (256, 1 << 20)
