@@ -2,6 +2,10 @@
 exit statuses. The scripts in experiments/ stay thin on top of this, of _training.py (training in
 jitted chunks), _plots.py and _checkpoints.py, and of slax's public API.
 
+Importing this module imports neither JAX nor slax (each takes seconds): a script parses its flags
+first (:func:`parse_first`), so that ``--help`` and bad flags answer at once, and the functions here
+that need JAX or slax import them when called.
+
 Uses the ``experiments`` extra (tqdm, matplotlib, scikit-learn) where it is installed. Without it (a
 machine with only JAX, such as the GPU machine) training still runs and writes metrics: progress
 comes as one line per chunk, and plots are skipped with a note saying what to install.
@@ -12,13 +16,37 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import pathlib
+import sys
+from collections.abc import Callable
 from typing import Any
 
-import jax
-from _checkpoints import check_resume
+NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10)}
+"""The experiments' networks by name, as layer widths: polynomial.py's and digits.py's, which
+benchmark.py, profile_step.py and soak.py time."""
 
-import slax
+CUDA_LAUNCHES = ("slangpy", "ptx")
+"""``slax.config.CUDA_LAUNCHES``, for flags parsed before slax is imported (tests pin the two equal)."""
+
+
+def parse_first(parse: Callable[[], Any], name: str) -> None:
+    """For a script run as a program, before it imports JAX and slax: parses its flags with
+    ``parse()`` (``--help`` and bad flags answer here, and exit), says what it is loading, and has
+    slax's log say what it compiles (:func:`show_slax_progress`): a user never waits in silence."""
+    parse()
+    print(f"{name}: loading JAX and slax ...", flush=True)
+    show_slax_progress()
+
+
+def show_slax_progress() -> None:
+    """Prints slax's log at INFO (which Slang module or kernel it is compiling: seconds each on a
+    first run) on stdout, in order with the script's own lines."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger = logging.getLogger("slax")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -58,8 +86,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
         "--device",
         choices=("auto", "vulkan", "cpu", "cuda"),
         default="auto",
-        help="SlangPy device for CPU-placed JAX (auto: SLAX_DEVICE, else Vulkan where a driver exists, "
-        "else SlangPy's CPU device; JAX on CUDA always uses cuda)",
+        help="SlangPy device for CPU-placed JAX (auto: SLAX_DEVICE, else a GPU's Vulkan driver where "
+        "one is here, else SlangPy's CPU device, the faster CPU route; JAX on CUDA always uses cuda)",
     )
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="output dir (default runs/<name>/<time>)"
@@ -85,27 +113,54 @@ def add_launch_argument(parser: argparse.ArgumentParser) -> None:
     """``--launch``: the CUDA launch route (``slax.config.cuda_launch``) a script runs with."""
     parser.add_argument(
         "--launch",
-        choices=slax.config.CUDA_LAUNCHES,
-        default=slax.config.cuda_launch,
-        help="how kernels launch when JAX runs on CUDA (slax.config.cuda_launch); ignored on CPU",
+        choices=CUDA_LAUNCHES,
+        default=None,
+        help="how kernels launch when JAX runs on CUDA (default: slax.config.cuda_launch, which "
+        "SLAX_CUDA_LAUNCH sets, else ptx); ignored on CPU, where it is recorded as null",
     )
+
+
+def apply_launch(args: argparse.Namespace) -> None:
+    """Sets ``slax.config.cuda_launch`` from ``--launch`` on CUDA, and records the route taken in
+    ``args.launch``; elsewhere no CUDA launch route applies: ``args.launch`` becomes None, so that
+    no output names one (a ``--launch`` given says it is ignored)."""
+    import slax
+
+    if on_cuda():
+        if args.launch is not None:
+            slax.config.cuda_launch = args.launch
+        args.launch = slax.config.cuda_launch
+    elif args.launch is not None:
+        print(f"--launch {args.launch} is ignored: JAX runs on the CPU here, where no CUDA route applies.")
+        args.launch = None
 
 
 def on_cuda() -> bool:
     """Whether JAX runs on a CUDA GPU here (where ``--launch`` chooses the route)."""
+    import jax
+
     return jax.default_backend() == "gpu"
 
 
-def provenance() -> dict[str, Any]:
+CPU_ROUTE_NOTE = (
+    "Slang kernels run on a CPU route here, which is for development and correctness, not speed "
+    "(a kernel launch runs on one core, XLA's own ops on all); GPU figures are in BENCHMARKS.md."
+)
+"""What a run on a CPU route says once, so that its steps/s against plain JAX's are read rightly."""
+
+
+def provenance(device_kinds: list[str | None] | None = None) -> dict[str, Any]:
     """What a benchmark's JSON records beside its rows, so that a table can be traced to the run that
-    made it: the command line, JAX's devices, the device and route that ran the Slang kernels, the
-    versions, the commit (``SLAX_COMMIT`` where set: a copy of a working tree may carry another
-    commit's history; else ``git rev-parse HEAD``) and the time (UTC)."""
+    made it: the command line, JAX's devices, the devices and routes that ran the Slang kernels
+    (:func:`slang_devices` of ``device_kinds``), the versions, the commit (``SLAX_COMMIT`` where
+    set: a copy of a working tree may carry another commit's history; else ``git rev-parse HEAD``)
+    and the time (UTC)."""
     import importlib.metadata
     import os
     import platform
     import subprocess
-    import sys
+
+    import jax
 
     commit = os.environ.get("SLAX_COMMIT")
     if not commit:
@@ -124,7 +179,7 @@ def provenance() -> dict[str, Any]:
     return {
         "command": " ".join(["python", *sys.argv]),
         "jax_devices": f"{len(devices)} x {devices[0].device_kind}",
-        "slang_device": f"{slax.describe_device()}, {slax.launch_route()} route",
+        "slang_device": slang_devices(device_kinds),
         "versions": {
             "python": platform.python_version(),
             "jax": jax.__version__,
@@ -136,14 +191,40 @@ def provenance() -> dict[str, Any]:
     }
 
 
-def describe_platform() -> str:
-    """One line naming JAX's device and the device that runs slax kernels."""
+def slang_devices(device_kinds: list[str | None] | None = None) -> str:
+    """The SlangPy device and launch route that run slax's kernels where JAX runs, as
+    ``"cpu (CPU), host-pointer route"``: for ``slax.config.device_kind``, or on the CPU for each of
+    ``device_kinds`` (a None among them: the automatic choice), joined by "; "."""
+    import slax
+
+    descriptions = []
+    for kind in device_kinds or [slax.config.device_kind]:
+        with slax.config.override(device_kind=kind):
+            descriptions.append(f"{slax.describe_device()}, {slax.launch_route()} route")
+    return "; ".join(descriptions)
+
+
+def describe_platform(device_kinds: list[str | None] | None = None) -> str:
+    """One line naming JAX's device and the devices and routes that run slax kernels
+    (:func:`slang_devices`)."""
+    import jax
+
     device = jax.devices()[0].device_kind
-    slang = f"{slax.describe_device()} ({slax.launch_route()} route)"
-    return f"JAX {jax.__version__} on {device}; Slang kernels on {slang}"
+    return f"JAX {jax.__version__} on {device}; Slang kernels on {slang_devices(device_kinds)}"
 
 
 EXTRAS_HINT = "pip install 'slang-jax[experiments]' for tqdm, matplotlib and scikit-learn"
+
+
+def run_devices() -> dict[str, str]:
+    """The devices a run's kernels ran on, as its JSON records them (``device``): JAX's device, the
+    SlangPy device with the launch route, and the route alone (``host-pointer`` or ``host-copy``
+    on the CPU, ``ptx`` or ``slangpy`` on CUDA)."""
+    import jax
+
+    import slax
+
+    return {"jax": str(jax.devices()[0]), "slang": slang_devices(), "route": slax.launch_route()}
 
 
 def run_directory(name: str, out: pathlib.Path | None) -> pathlib.Path:
@@ -155,9 +236,14 @@ def run_directory(name: str, out: pathlib.Path | None) -> pathlib.Path:
 
 def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
     """Checks the flags (:func:`validate_arguments`), applies --device and --launch, makes the output
-    dir; returns it and a description of the run's devices."""
+    dir; returns it and the run's devices as metrics.json records them: JAX's device, the SlangPy
+    device and the launch route that ran slax's kernels. Says them in one line, and on a CPU route
+    what CPU routes are for (:data:`CPU_ROUTE_NOTE`)."""
+
+    import slax
+
     validate_arguments(name, args)
-    slax.config.cuda_launch = args.launch
+    apply_launch(args)
     if args.device != "auto":
         slax.set_device_kind(args.device)
     if args.devices and args.batch % args.devices:
@@ -165,10 +251,10 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     if args.resume and args.out is None:
         raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
     out = run_directory(name, args.out)
-    device = {"jax": str(jax.devices()[0]), "slang": f"{slax.describe_device()}, {slax.launch_route()} route"}
-    if on_cuda():
-        device["cuda_launch"] = args.launch
+    device = run_devices()
     print(f"{name}: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
+    if not on_cuda():
+        print(f"{name}: {CPU_ROUTE_NOTE}")
     return out, device
 
 
@@ -192,6 +278,8 @@ def validate_arguments(name: str, args: argparse.Namespace) -> None:
         raise SystemExit(f"{name}: {problem}")
     _check_checkpoint_interval(name, args)
     if args.resume and args.out is not None:
+        from _checkpoints import check_resume
+
         check_resume(name, args)
 
 
@@ -199,6 +287,8 @@ def device_count_problem(devices: int | None) -> str | None:
     """Why ``--devices`` cannot make a mesh here, or None (``None``: no mesh). The scripts take the
     first N devices (``_training.batch_sharding``), so a count above those present would silently
     use fewer."""
+    import jax
+
     present = len(jax.devices())
     if devices is None or 1 <= devices <= present:
         return None

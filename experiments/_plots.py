@@ -40,10 +40,17 @@ def pyplot() -> Any:
     return plt
 
 
+def announce(name: str, out: pathlib.Path, files: list[str]) -> None:
+    """Says which plots a run draws next, and where: drawing them (and evaluating the models for
+    them, which may compile another kernel) takes seconds."""
+    print(f"{name}: drawing {', '.join(files)} in {out} ...", flush=True)
+
+
 def save(fig: Any, path: pathlib.Path, dpi: int) -> pathlib.Path:
-    """Writes ``fig`` to ``path`` and closes it."""
+    """Writes ``fig`` to ``path`` and closes it, saying so."""
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
+    print(f"  wrote {path.name}", flush=True)
     return path
 
 
@@ -52,11 +59,18 @@ def plot_title(task: str, args: argparse.Namespace, device: dict[str, str]) -> s
     return f"{task}: {args.dtype}, {args.steps} steps, batch {args.batch}; Slang kernels on {device['slang']}"
 
 
+GAP_FLOOR = float(np.finfo(np.float32).eps)
+"""Where the gap panel's scale ends: float32's relative rounding (1.2e-7). Two runs of one network
+whose smoothed losses are equal to the last bit, or differ by rounding, sit on it, rather than
+plunging to an arbitrary tiny value."""
+
+
 def plot_loss_curves(
     out: pathlib.Path, curves: dict[str, np.ndarray], ylabel: str, title: str
 ) -> pathlib.Path:
     """Training loss per step of each model (keys of :data:`MODEL_STYLES`), log scale, smoothed over
-    1% of the run; below it, how far slax's curve is from plain JAX's, relative to JAX's."""
+    1% of the run; below it, how far slax's curve is from plain JAX's, relative to JAX's, on a log
+    scale from :data:`GAP_FLOOR` up to at least two decades above it."""
     fig, (ax, gap) = pyplot().subplots(
         2, 1, figsize=(8, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.2]}
     )
@@ -72,10 +86,16 @@ def plot_loss_curves(
     ax.legend()
     if {"slax", "jax"} <= smoothed.keys():
         difference = np.abs(smoothed["slax"] - smoothed["jax"]) / np.abs(smoothed["jax"])
-        gap.plot(steps, np.maximum(difference, 1e-12), color="black", linewidth=1)
+        shown = np.maximum(difference, GAP_FLOOR)
+        gap.plot(steps, shown, color="black", linewidth=1)
         gap.set_yscale("log")
-    gap.set_ylabel("|slax - jax| / jax")
-    gap.set_title("relative gap of the smoothed losses (1e-12 where identical)", fontsize=8)
+        gap.set_ylim(GAP_FLOOR / 2, max(float(shown.max()) * 3, GAP_FLOOR * 100))
+        gap.axhline(GAP_FLOOR, color="tab:gray", linestyle=":", linewidth=1)
+    gap.set_ylabel("|slax - jax| / jax", fontsize=9)
+    gap.set_title(
+        "relative gap of the smoothed losses (dotted: float32 rounding, 1.2e-7; equal losses sit on it)",
+        fontsize=8,
+    )
     gap.set_xlabel("step")
     gap.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)

@@ -185,8 +185,9 @@ def train_in_chunks(
 ) -> TrainingRun:
     """Runs ``steps`` of ``step(state, key) -> (state, loss)`` in jitted ``lax.scan`` chunks.
 
-    A progress bar advances once per chunk with the latest loss (and ``evaluate(state)``, if
-    given, e.g. a test accuracy). With ``checkpoint``, the state is saved there every
+    Says when it compiles the chunks (seconds, and slax's kernels on a first run), then a progress
+    bar advances once per chunk with the latest loss (and ``evaluate(state)``, if given, e.g. a
+    test accuracy). With ``checkpoint``, the state is saved there every
     ``checkpoint_every`` steps (rounded up to whole chunks) and at the end, and an existing
     checkpoint is resumed from: step ``s`` always uses the same key, so a resumed run ends bit-identical
     to an uninterrupted one (on a GPU, where XLA's reductions are made deterministic with
@@ -213,6 +214,7 @@ def train_in_chunks(
         losses.append(previous)
         print(f"{description}: resuming from step {start} ({checkpoint})")
     state = on_every_device(state, sharding)
+    print(f"{description}: compiling the training chunks ...", flush=True)
     compile_seconds = compile_chunks(run_chunk, state, keys, start, chunk)
     print(f"{description}: compiled the training chunks in {compile_seconds:.1f} s")
     seconds = 0.0

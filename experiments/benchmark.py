@@ -13,7 +13,9 @@ block_until_ready; ``--rounds N`` times them all N times over, in turn, compiled
 differences, such as float16 against float32, show whether they hold across rounds). On CUDA,
 ``--launch slangpy ptx`` times slax once per launch route (slax.config.cuda_launch), and
 ``--tensor-cores on off`` once with wide networks on tensor cores and once on the tiled kernels
-(slax.config.tensor_cores; rows ``slax/<route>/simt``).
+(slax.config.tensor_cores; rows ``slax/<route>/simt``). Where JAX runs on the CPU, ``--device
+cpu vulkan`` times slax on SlangPy's CPU device (row ``slax/host-pointer``) and on Vulkan
+(``slax/host-copy``: lavapipe without a GPU) in one run.
 ``--harness`` adds a row timing the step with no model at all (``harness``: the batch sampled and
 kept, Adam on zero gradients of the flat parameters, the loop; no ratio to plain JAX): a lower bound
 on the step of any model that reads a batch sampled and stored in full, as slax's kernels do.
@@ -40,6 +42,103 @@ import sys
 import time
 
 import _harness as harness
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help(None),
+    )
+    parser.add_argument(
+        "--network",
+        nargs="+",
+        choices=tuple(harness.NETWORKS),
+        default=list(harness.NETWORKS),
+        help="networks to time",
+    )
+    parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096], help="batch sizes to time")
+    parser.add_argument(
+        "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="kernel precisions"
+    )
+    parser.add_argument("--steps", type=int, default=50, help="steps per timed call")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median)")
+    parser.add_argument(
+        "--unroll",
+        type=int,
+        default=1,
+        help="training steps per iteration of the scan's loop, for every model (lax.scan's unroll): "
+        "on a GPU each iteration costs XLA a host round trip, a few us of a small batch's step",
+    )
+    parser.add_argument(
+        "--launch",
+        nargs="+",
+        choices=harness.CUDA_LAUNCHES,
+        default=None,
+        help="CUDA launch routes to time slax with (ignored on CPU; default: slax.config.cuda_launch)",
+    )
+    parser.add_argument(
+        "--tensor-cores",
+        nargs="+",
+        choices=("on", "off"),
+        default=None,
+        help="on CUDA, time slax with wide networks on tensor cores (on) and on the tiled kernels "
+        "(off, rows slax/<route>/simt), slax.config.tensor_cores (ignored on CPU; default: its value)",
+    )
+    parser.add_argument(
+        "--device",
+        nargs="+",
+        choices=("cpu", "vulkan"),
+        default=None,
+        help="where JAX runs on the CPU, the SlangPy devices to time slax on, one row each "
+        "(slax/host-pointer: SlangPy's CPU device; slax/host-copy: Vulkan), in turn in each round "
+        "(ignored on CUDA; default: slax's choice, SLAX_DEVICE or automatic)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="device FP32 peak, TFLOP/s (default: from PEAKS for known GPUs, else no floor column)",
+    )
+    parser.add_argument(
+        "--peak-gbps",
+        type=float,
+        default=None,
+        help="device memory bandwidth, GB/s (default: from PEAKS, as --peak-tflops)",
+    )
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        type=int,
+        default=[None],
+        help="split each batch over a mesh of this many devices, one set of rows per count "
+        "(default: no mesh)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every configuration this many times, all of them in each round in turn, "
+        "compiled once (a column names the round): the spread of each row over the rounds shows "
+        "the machine's noise, and rows of one round, timed close together, compare fairly",
+    )
+    parser.add_argument(
+        "--harness",
+        action="store_true",
+        help="also time the step with no model (row harness: sampling, Adam on zero gradients, the "
+        "loop), a lower bound on the step of a model that reads the whole sampled batch",
+    )
+    parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1; got {args.rounds}.")
+    return args
+
+
+if __name__ == "__main__":
+    harness.parse_first(parse_arguments, "benchmark")
+
+# After the flags: JAX and slax take seconds to import.
 import jax
 import jax.numpy as jnp
 import optax
@@ -55,7 +154,7 @@ from _training import (
 import slax
 from slax import nn
 
-NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10)}
+NETWORKS = harness.NETWORKS
 PEAKS = {
     "H100 80GB HBM3": (67e12, 3.35e12),  # H100 SXM5: FP32 (non-tensor) FLOP/s, HBM3 bytes/s
     "H100 PCIe": (51e12, 2.0e12),
@@ -172,11 +271,11 @@ def step_keys(steps: int, devices: int | None = None) -> jax.Array:
 
 
 @functools.cache
-def _compiled_run(network, model, dtype, batch, steps, devices, flat, unroll, launch, tensor_cores):
+def _compiled_run(network, model, dtype, batch, steps, devices, flat, unroll, launch, tensor_cores, device):
     """:func:`training_run` and the keys of a call of ``steps`` steps, traced, compiled and run once
-    (the warm-up) with the CUDA launch route and tensor-core setting given; kept, so that the
-    rounds of ``--rounds`` time the same executable again."""
-    with slax.config.override(cuda_launch=launch, tensor_cores=tensor_cores):
+    (the warm-up) with the CUDA launch route, tensor-core setting and device kind given; kept, so
+    that the rounds of ``--rounds`` time the same executable again."""
+    with slax.config.override(cuda_launch=launch, tensor_cores=tensor_cores, device_kind=device):
         run, state = training_run(network, model, dtype, batch, devices, flat, unroll)
         keys = step_keys(steps, devices)
         jax.block_until_ready(run(state, keys))
@@ -199,6 +298,7 @@ def steps_per_second(
         unroll,
         slax.config.cuda_launch,
         slax.config.tensor_cores,
+        slax.config.device_kind,
     )
     times = []
     for _ in range(repeats):
@@ -209,101 +309,39 @@ def steps_per_second(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=harness.HelpFormatter,
-        epilog=harness.exit_status_help(None),
-    )
-    parser.add_argument(
-        "--network", nargs="+", choices=tuple(NETWORKS), default=list(NETWORKS), help="networks to time"
-    )
-    parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096], help="batch sizes to time")
-    parser.add_argument(
-        "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="kernel precisions"
-    )
-    parser.add_argument("--steps", type=int, default=50, help="steps per timed call")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median)")
-    parser.add_argument(
-        "--unroll",
-        type=int,
-        default=1,
-        help="training steps per iteration of the scan's loop, for every model (lax.scan's unroll): "
-        "on a GPU each iteration costs XLA a host round trip, a few us of a small batch's step",
-    )
-    parser.add_argument(
-        "--launch",
-        nargs="+",
-        choices=slax.config.CUDA_LAUNCHES,
-        default=[slax.config.cuda_launch],
-        help="CUDA launch routes to time slax with (ignored on CPU; default: slax.config.cuda_launch)",
-    )
-    parser.add_argument(
-        "--tensor-cores",
-        nargs="+",
-        choices=("on", "off"),
-        default=["on" if slax.config.tensor_cores else "off"],
-        help="on CUDA, time slax with wide networks on tensor cores (on) and on the tiled kernels "
-        "(off, rows slax/<route>/simt), slax.config.tensor_cores (ignored on CPU; default: its value)",
-    )
-    parser.add_argument(
-        "--peak-tflops",
-        type=float,
-        default=None,
-        help="device FP32 peak, TFLOP/s (default: from PEAKS for known GPUs, else no floor column)",
-    )
-    parser.add_argument(
-        "--peak-gbps",
-        type=float,
-        default=None,
-        help="device memory bandwidth, GB/s (default: from PEAKS, as --peak-tflops)",
-    )
-    parser.add_argument(
-        "--devices",
-        nargs="+",
-        type=int,
-        default=[None],
-        help="split each batch over a mesh of this many devices, one set of rows per count "
-        "(default: no mesh)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="time every configuration this many times, all of them in each round in turn, "
-        "compiled once (a column names the round): the spread of each row over the rounds shows "
-        "the machine's noise, and rows of one round, timed close together, compare fairly",
-    )
-    parser.add_argument(
-        "--harness",
-        action="store_true",
-        help="also time the step with no model (row harness: sampling, Adam on zero gradients, the "
-        "loop), a lower bound on the step of a model that reads the whole sampled batch",
-    )
-    parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1; got {args.rounds}.")
+    args = parse_arguments(argv)
     for problem in filter(None, map(harness.device_count_problem, args.devices)):
-        parser.error(problem)
+        raise SystemExit(f"benchmark: {problem}")
     # slax's rows: one per CUDA launch route and tensor-core setting on a GPU; elsewhere the one
     # route there is, by its name, as slax.config has it.
-    tensor_cores = slax.config.tensor_cores
-    slax_rows = (
-        [
-            (f"slax/{launch}" + ("" if cores == "on" else "/simt"), launch, cores == "on")
+    tensor_cores, kind = slax.config.tensor_cores, slax.config.device_kind
+    if harness.on_cuda():
+        args.launch = args.launch or [slax.config.cuda_launch]
+        args.tensor_cores = args.tensor_cores or ["on" if tensor_cores else "off"]
+        args.device = None
+        slax_rows = [
+            (f"slax/{launch}" + ("" if cores == "on" else "/simt"), launch, cores == "on", kind)
             for launch, cores in itertools.product(args.launch, args.tensor_cores)
         ]
-        if harness.on_cuda()
-        else [(f"slax/{slax.launch_route()}", slax.config.cuda_launch, tensor_cores)]
-    )
-    # (row, model, parameters kept flat, CUDA launch route, tensor cores): slax once per route and
-    # tensor-core setting, then plain JAX.
-    table = [(row, "slax", keeps_parameters_flat("slax"), launch, cores) for row, launch, cores in slax_rows]
-    table += [(row, model, flat, slax.config.cuda_launch, tensor_cores) for row, model, flat in JAX_ROWS]
+    else:  # no CUDA route applies: the JSON records none
+        args.launch = args.tensor_cores = None
+        slax_rows = [
+            (f"slax/{route_of(device)}", slax.config.cuda_launch, tensor_cores, device)
+            for device in args.device or [kind]
+        ]
+    # (row, model, parameters kept flat, CUDA launch route, tensor cores, device kind for CPU-placed
+    # JAX): slax once per route, tensor-core setting and device, then plain JAX.
+    table = [
+        (row, "slax", keeps_parameters_flat("slax"), launch, cores, device)
+        for row, launch, cores, device in slax_rows
+    ]
+    table += [
+        (row, model, flat, slax.config.cuda_launch, tensor_cores, kind) for row, model, flat in JAX_ROWS
+    ]
     if args.harness:  # its parameters one vector, as slax's: Adam's cheapest form (two fusions)
-        table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores))
+        table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores, kind))
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
-    print(harness.describe_platform())
+    print(harness.describe_platform(args.device))
     if args.unroll > 1:
         print(f"every model's scan runs {args.unroll} training steps per loop iteration (--unroll)")
     if peaks:
@@ -332,11 +370,11 @@ def main(argv: list[str] | None = None) -> int:
             unroll=args.unroll,
         )
         rates = {}
-        for row, model, flat, launch, cores in table:
-            with slax.config.override(cuda_launch=launch, tensor_cores=cores):
+        for row, model, flat, launch, cores, device in table:
+            with slax.config.override(cuda_launch=launch, tensor_cores=cores, device_kind=device):
                 rates[row] = time_steps(model=model, flat=flat)
         jax_rate = max(rates["jax"], rates["jax/flat"])
-        for model, _, flat, _, _ in table:
+        for model, _, flat, _, _, _ in table:
             rate = rates[model]
             row = {
                 "round": round_index,
@@ -367,9 +405,16 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     if args.json:
-        summary = {**harness.provenance(), "peaks": peaks, "args": vars(args)}
+        summary = {**harness.provenance(args.device), "peaks": peaks, "args": vars(args)}
         harness.write_json(args.json, {**summary, "rows": rows})
     return 0
+
+
+def route_of(device: str | None) -> str:
+    """The launch route of slax's kernels in CPU-placed JAX on SlangPy device kind ``device``
+    (None: slax's choice)."""
+    with slax.config.override(device_kind=device):
+        return slax.launch_route("cpu")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,34 @@ from collections.abc import Callable
 from typing import Any
 
 import _harness as harness
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help(
+            "a result is wrong, a kernel did not write in place, or (on CUDA) the routes differ"
+        ),
+    )
+    parser.add_argument("--steps", type=int, default=1000, help="loop steps per timed run")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per case (median)")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[256, 1 << 20],
+        help="elements per timed call (default %(default)s)",
+    )
+    parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
+    args = parser.parse_args(argv)
+    return args
+
+
+if __name__ == "__main__":
+    harness.parse_first(parse_arguments, "bridge_check")
+
+# After the flags: JAX and slax take seconds to import.
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -228,26 +256,9 @@ def compare_routes(rng: np.random.Generator) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=harness.HelpFormatter,
-        epilog=harness.exit_status_help(
-            "a result is wrong, a kernel did not write in place, or (on CUDA) the routes differ"
-        ),
-    )
-    parser.add_argument("--steps", type=int, default=1000, help="loop steps per timed run")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per case (median)")
-    parser.add_argument(
-        "--sizes",
-        type=int,
-        nargs="+",
-        default=[256, 1 << 20],
-        help="elements per timed call (default %(default)s)",
-    )
-    parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     module = slax.load_module("kernels/scale_shift.slang")
-    print(f"JAX {jax.__version__} on {jax.devices()[0]}; launch routes: {', '.join(routes())}")
+    print(f"{harness.describe_platform()}; launch routes checked: {', '.join(routes())}")
     failures: list[str] = []
     in_place = {}
     rows: list[dict[str, Any]] = []

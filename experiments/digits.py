@@ -16,6 +16,30 @@ import argparse
 import sys
 
 import _harness as harness
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help("slax's test accuracy ends below --target-accuracy"),
+    )
+    harness.add_common_arguments(parser, steps=2000, batch=128, chunk=100)
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate, cosine-decayed")
+    parser.add_argument("--weight-decay", type=float, default=5e-2, help="AdamW weight decay")
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="exit 1 if slax's test accuracy ends below this (default: not checked)",
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    harness.parse_first(parse_arguments, "digits")
+
+# After the flags: JAX and slax take seconds to import.
 import _plots as plots
 import jax
 import jax.numpy as jnp
@@ -81,6 +105,7 @@ def plot_accuracy(out, curves, title):
 
 
 def plot_confusion(out, matrices, title):
+    """Each model's confusion matrix on the test set, titled with its accuracy."""
     fig, axes = plots.pyplot().subplots(1, len(matrices), figsize=(5.5 * len(matrices), 5))
     for ax, (name, matrix) in zip(np.atleast_1d(axes), matrices.items()):
         ax.imshow(matrix, cmap="Blues")
@@ -97,33 +122,21 @@ def plot_confusion(out, matrices, title):
                 )
         ax.set_xticks(range(10))
         ax.set_yticks(range(10))
-        ax.set_xlabel("predicted")
-        ax.set_ylabel("true")
-        ax.set_title(f"{name}: test confusion matrix")
+        ax.set_xlabel("predicted digit")
+        ax.set_ylabel("true digit")
+        correct, total = int(np.trace(matrix)), int(matrix.sum())
+        ax.set_title(f"{name}: test accuracy {correct / total:.1%} ({correct} of {total})", fontsize=11)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     plots.save(fig, out / "confusion.png", dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=harness.HelpFormatter,
-        epilog=harness.exit_status_help("slax's test accuracy ends below --target-accuracy"),
-    )
-    harness.add_common_arguments(parser, steps=2000, batch=128, chunk=100)
-    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate, cosine-decayed")
-    parser.add_argument("--weight-decay", type=float, default=5e-2, help="AdamW weight decay")
-    parser.add_argument(
-        "--target-accuracy",
-        type=float,
-        default=None,
-        help="exit 1 if slax's test accuracy ends below this (default: not checked)",
-    )
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     out, device = harness.prepare_run("digits", args)
     dtype = jnp.dtype(args.dtype)
 
+    print("digits: loading scikit-learn's digits data set ...", flush=True)
     x_train, x_test, y_train, y_test = (jnp.asarray(a) for a in load_split(args.seed))
     init_key, data_key = jax.random.split(jax.random.key(args.seed))
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
@@ -186,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     if plots.can_plot():
+        plots.announce("digits", out, ["loss.png", "accuracy.png", "confusion.png"])
         title = plots.plot_title("digits", args, device)
         plots.plot_loss_curves(out, losses, "training loss (cross-entropy)", title)
         plot_accuracy(out, accuracy_curves, title)

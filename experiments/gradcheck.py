@@ -15,10 +15,38 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import pathlib
 import sys
 
 import _harness as harness
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help("any check fails"),
+    )
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=("float32", "float16"),
+        default=["float32", "float16"],
+        help="precisions to check",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="output dir (default runs/gradcheck/<time>)"
+    )
+    harness.add_launch_argument(parser)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    harness.parse_first(parse_arguments, "gradcheck")
+
+# After the flags: JAX and slax take seconds to import.
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,58 +92,67 @@ def network_rows(dtype: str, seed: int):
         yield label + " fused", rows
 
 
+COLUMNS = (
+    ("function", 24),
+    ("dtype", 8),
+    ("check", 10),
+    ("argument", 18),
+    ("max abs err", 11),
+    ("max rel err", 11),
+    ("tolerance", 9),
+    ("pass", 4),
+)
+"""The table's columns and widths: rows are printed as their checks finish, before the widest is
+known (a longer cell widens its row, not the column)."""
+
+
+def table_line(cells) -> str:
+    return "  ".join(str(cell).ljust(width) for cell, (_, width) in zip(cells, COLUMNS)).rstrip()
+
+
+def row_line(function: str, dtype: str, row) -> str:
+    return table_line(
+        (
+            function,
+            dtype,
+            row.check,
+            row.argument,
+            f"{row.max_abs_error:.2e}",
+            f"{row.max_rel_error:.2e}",
+            f"{row.tolerance:.1e}",
+            "yes" if row.passed else "NO",
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=harness.HelpFormatter,
-        epilog=harness.exit_status_help("any check fails"),
-    )
-    parser.add_argument(
-        "--dtype",
-        nargs="+",
-        choices=("float32", "float16"),
-        default=["float32", "float16"],
-        help="precisions to check",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=None, help="output dir (default runs/gradcheck/<time>)"
-    )
-    harness.add_launch_argument(parser)
-    args = parser.parse_args(argv)
-    slax.config.cuda_launch = args.launch
+    args = parse_arguments(argv)
+    harness.apply_launch(args)
     out = harness.run_directory("gradcheck", args.out)
-    print(f"JAX on {jax.devices()[0].platform}; CUDA launch route: {args.launch}; writing to {out}")
+    device = harness.run_devices()
+    print(f"gradcheck: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
+    print("gradcheck: each line comes as its check finishes (slax compiles kernels on a first run)")
+    text = [table_line(name for name, _ in COLUMNS), table_line("-" * width for _, width in COLUMNS)]
+    print("\n".join(text), flush=True)
     table = []
     for dtype in args.dtype:
         rng = np.random.default_rng(args.seed)
-        for function, rows in [*function_rows(dtype, rng), *network_rows(dtype, args.seed)]:
-            table += [(function, dtype, row) for row in rows]
-    header = ("function", "dtype", "check", "argument", "max abs err", "max rel err", "tolerance", "pass")
-    lines = [
-        (
-            f,
-            d,
-            r.check,
-            r.argument,
-            f"{r.max_abs_error:.2e}",
-            f"{r.max_rel_error:.2e}",
-            f"{r.tolerance:.1e}",
-            "yes" if r.passed else "NO",
-        )
-        for f, d, r in table
-    ]
-    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
-    text = [
-        "  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip()
-        for line in [header, tuple("-" * w for w in widths), *lines]
-    ]
+        for function, rows in itertools.chain(function_rows(dtype, rng), network_rows(dtype, args.seed)):
+            for row in rows:
+                table.append((function, dtype, row))
+                text.append(row_line(function, dtype, row))
+                print(text[-1], flush=True)
     failed = sum(not r.passed for _, _, r in table)
     text.append(f"\n{len(table) - failed} passed, {failed} failed")
-    print("\n".join(text))
+    print(text[-1])
     (out / "gradcheck.txt").write_text("\n".join(text) + "\n")
     rows = [{"function": f, "dtype": d, **dataclasses.asdict(r), "passed": r.passed} for f, d, r in table]
-    summary = {"config": harness.run_config(args), "passed": len(table) - failed, "failed": failed}
+    summary = {
+        "config": harness.run_config(args),
+        "device": device,
+        "passed": len(table) - failed,
+        "failed": failed,
+    }
     harness.write_json(out / "gradcheck.json", {**summary, "rows": rows})
     harness.report_outputs(out)
     return 1 if failed else 0

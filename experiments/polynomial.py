@@ -17,6 +17,29 @@ import argparse
 import sys
 
 import _harness as harness
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help("slax's held-out MSE ends above --target-mse"),
+    )
+    harness.add_common_arguments(parser, steps=3000, batch=1024, chunk=250)
+    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate, cosine-decayed")
+    parser.add_argument(
+        "--target-mse",
+        type=float,
+        default=None,
+        help="exit 1 if slax's held-out MSE ends above this (default: not checked)",
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    harness.parse_first(parse_arguments, "polynomial")
+
+# After the flags: JAX and slax take seconds to import.
 import _plots as plots
 import jax
 import jax.numpy as jnp
@@ -35,7 +58,13 @@ from _training import (
 from slax import nn
 
 SIZES = (4, 16, 4)
-TARGET_NAMES = ("(x+y)/(1+y^2)", "2x+y", "0.5x^2+1.2y", "x+0.5y^2")
+TARGET_NAMES = (
+    r"$f_1(x, y) = (x+y)\,/\,(1+y^2)$",
+    r"$f_2(x, y) = 2x+y$",
+    r"$f_3(x, y) = 0.5x^2+1.2y$",
+    r"$f_4(x, y) = x+0.5y^2$",
+)
+"""The four targets, as the surfaces plot titles its columns (matplotlib's mathtext)."""
 
 
 def encode(xy: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -67,17 +96,22 @@ def loss_and_grad_fns(dtype: str):
 
 
 def test_mse(predict, params, dtype, key, size=8192) -> float:
-    x, t = sample(key, size)
-    y = predict(*cast((params, x), dtype)).astype(jnp.float32)
-    return float(jnp.mean((y - t) ** 2))
+    """The mean squared error of ``predict`` on ``size`` fresh samples, in one jitted program."""
+
+    def mse(params, key):
+        x, t = sample(key, size)
+        y = predict(*cast((params, x), dtype)).astype(jnp.float32)
+        return jnp.mean((y - t) ** 2)
+
+    return float(jax.jit(mse)(params, key))
 
 
 def grad_disagreement(fns, params, key, batch) -> dict[str, float]:
     """How far slax's gradient at the initial parameters is from plain JAX's: the largest absolute
     difference, and that relative to JAX's largest gradient entry."""
     x, t = sample(key, batch)
-    _, g_slax = fns["slax"](params, x, t)
-    _, g_jax = fns["jax"](params, x, t)
+    _, g_slax = jax.jit(fns["slax"])(params, x, t)
+    _, g_jax = jax.jit(fns["jax"])(params, x, t)
     diffs = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)), g_slax, g_jax))
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(g_jax))
     worst = max(float(d) for d in diffs)
@@ -86,21 +120,28 @@ def grad_disagreement(fns, params, key, batch) -> dict[str, float]:
 
 def plot_surfaces(out, params_by_model, dtype, title) -> None:
     """Each target over the input square (columns) and, in rows: the target, slax's and plain JAX's
-    predictions on the target's colour scale, and slax's absolute error on a scale of its own."""
+    predictions on the target's colour scale, and slax's absolute error on a scale of its own. Each
+    column is titled with its target's formula, each row named at its left; axes tick at -1, 0, 1
+    and colour bars carry at most five ticks, so every label stays legible."""
+    from matplotlib import ticker
+
     grid = jnp.linspace(-1.0, 1.0, 96)
     xy = jnp.stack(jnp.meshgrid(grid, grid, indexing="xy"), axis=-1)
     inputs, targets = encode(xy)
     rows = {"target": targets}
     for name, params in params_by_model.items():
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
-        rows[f"{name} prediction"] = predict(*cast((params, inputs), dtype)).astype(jnp.float32)
-    rows["|slax - target|"] = jnp.abs(rows["slax prediction"] - targets)
-    fig, axes = plots.pyplot().subplots(len(rows), 4, figsize=(13, 3.0 * len(rows) + 0.6), squeeze=False)
+        label = "slax prediction" if name == "slax" else "plain JAX prediction"
+        rows[label] = predict(*cast((params, inputs), dtype)).astype(jnp.float32)
+    rows["slax error |slax - target|"] = jnp.abs(rows["slax prediction"] - targets)
+    fig, axes = plots.pyplot().subplots(len(rows), 4, figsize=(14, 2.9 * len(rows) + 0.8), squeeze=False)
     for c, target_name in enumerate(TARGET_NAMES):
         low, high = float(targets[..., c].min()), float(targets[..., c].max())
+        axes[0, c].set_title(target_name, fontsize=11, pad=8)
         for r, (label, values) in enumerate(rows.items()):
-            is_error = label.startswith("|")
-            image = axes[r, c].imshow(
+            is_error = label.startswith("slax error")
+            ax = axes[r, c]
+            image = ax.imshow(
                 np.asarray(values[..., c]),
                 extent=(-1, 1, -1, 1),
                 origin="lower",
@@ -108,33 +149,32 @@ def plot_surfaces(out, params_by_model, dtype, title) -> None:
                 vmax=None if is_error else high,
                 cmap="magma" if is_error else "viridis",
             )
-            axes[r, c].set_title(f"{label}: {target_name}", fontsize=9)
-            axes[r, c].set_xlabel("x", fontsize=8, labelpad=1)
-            axes[r, c].set_ylabel("y", fontsize=8, labelpad=1)
-            axes[r, c].tick_params(labelsize=7)
-            fig.colorbar(image, ax=axes[r, c], fraction=0.046)
+            ax.set_xticks([-1, 0, 1])
+            ax.set_yticks([-1, 0, 1])
+            ax.tick_params(labelsize=8)
+            ax.set_xlabel("x", fontsize=9, labelpad=0)
+            ax.set_ylabel(f"{label}\n\ny" if c == 0 else "y", fontsize=9, labelpad=2)
+            bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+            bar.locator = ticker.MaxNLocator(5)
+            bar.formatter = ticker.ScalarFormatter(useMathText=True)
+            bar.formatter.set_powerlimits((-2, 3))  # small errors: "x10^-3" above the bar
+            bar.update_ticks()
+            bar.ax.tick_params(labelsize=8)
+            bar.ax.yaxis.get_offset_text().set_fontsize(8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     plots.save(fig, out / "surfaces.png", dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=harness.HelpFormatter,
-        epilog=harness.exit_status_help("slax's held-out MSE ends above --target-mse"),
-    )
-    harness.add_common_arguments(parser, steps=3000, batch=1024, chunk=250)
-    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate, cosine-decayed")
-    parser.add_argument(
-        "--target-mse",
-        type=float,
-        default=None,
-        help="exit 1 if slax's held-out MSE ends above this (default: not checked)",
-    )
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     out, device = harness.prepare_run("polynomial", args)
 
+    print(
+        "polynomial: comparing the step-0 gradients of slax and plain JAX (slax compiles its "
+        "kernels on a first run) ...",
+        flush=True,
+    )
     init_key, data_key, test_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
@@ -183,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     harness.write_metrics(out, metrics)
     if plots.can_plot():
+        plots.announce("polynomial", out, ["loss.png", "surfaces.png"])
         title = plots.plot_title("polynomial", args, device)
         plots.plot_loss_curves(out, curves, "training loss (squared error)", title)
         plot_surfaces(out, trained, jnp.dtype(args.dtype), title)

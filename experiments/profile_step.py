@@ -24,8 +24,45 @@ import sys
 import tempfile
 
 import _harness as harness
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=harness.HelpFormatter, epilog=harness.exit_status_help(None)
+    )
+    parser.add_argument(
+        "--network", nargs="+", choices=tuple(harness.NETWORKS), default=["polynomial"], help="networks"
+    )
+    parser.add_argument("--batch", nargs="+", type=int, default=[4096, 1048576], help="batch sizes")
+    parser.add_argument(
+        "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="dtypes"
+    )
+    parser.add_argument(
+        "--model", nargs="+", choices=("slax", "jax"), default=["slax", "jax"], help="slax or plain JAX"
+    )
+    parser.add_argument(
+        "--launch", nargs="+", choices=harness.CUDA_LAUNCHES, default=["ptx"], help="routes for slax"
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="split each batch over a mesh of this many GPUs (benchmark.py --devices); the tables "
+        "then name each kernel's GPU, and list the streams each GPU's kernels ran on (default: no mesh)",
+    )
+    parser.add_argument("--steps", type=int, default=20, help="steps per scan (per profiled call)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls for the wall time (median)")
+    parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
+    args = parser.parse_args(argv)
+    return args
+
+
+if __name__ == "__main__":
+    harness.parse_first(parse_arguments, "profile_step")
+
+# After the flags: JAX and slax take seconds to import.
 import jax
-from benchmark import NETWORKS, step_keys, steps_per_second, training_run
+from benchmark import step_keys, steps_per_second, training_run
 from jax.profiler import ProfileData
 
 import slax
@@ -90,36 +127,10 @@ def kernel_times(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=harness.HelpFormatter, epilog=harness.exit_status_help(None)
-    )
-    parser.add_argument(
-        "--network", nargs="+", choices=tuple(NETWORKS), default=["polynomial"], help="networks"
-    )
-    parser.add_argument("--batch", nargs="+", type=int, default=[4096, 1048576], help="batch sizes")
-    parser.add_argument(
-        "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="dtypes"
-    )
-    parser.add_argument(
-        "--model", nargs="+", choices=("slax", "jax"), default=["slax", "jax"], help="slax or plain JAX"
-    )
-    parser.add_argument(
-        "--launch", nargs="+", choices=slax.config.CUDA_LAUNCHES, default=["ptx"], help="routes for slax"
-    )
-    parser.add_argument(
-        "--devices",
-        type=int,
-        default=None,
-        help="split each batch over a mesh of this many GPUs (benchmark.py --devices); the tables "
-        "then name each kernel's GPU, and list the streams each GPU's kernels ran on (default: no mesh)",
-    )
-    parser.add_argument("--steps", type=int, default=20, help="steps per scan (per profiled call)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls for the wall time (median)")
-    parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     problem = harness.device_count_problem(args.devices)
     if problem:
-        parser.error(problem)
+        raise SystemExit(f"profile_step: {problem}")
     if not harness.on_cuda():
         raise SystemExit("profile_step: needs JAX on a CUDA GPU")
     print(harness.describe_platform())

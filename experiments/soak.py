@@ -25,11 +25,44 @@ import os
 import sys
 
 import _harness as harness
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=harness.HelpFormatter,
+        epilog=harness.exit_status_help(
+            "a memory reading grew more than --max-growth-mb, or a loss was not finite"
+        ),
+    )
+    parser.add_argument(
+        "--network",
+        choices=tuple(harness.NETWORKS),
+        default="polynomial",
+        help="network of benchmark.py to train",
+    )
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="kernel precision")
+    parser.add_argument("--batch", type=int, default=1024, help="samples per step")
+    parser.add_argument("--steps", type=int, default=10_000, help="steps after the warm-up chunk")
+    parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call; must divide --steps")
+    harness.add_launch_argument(parser)
+    parser.add_argument(
+        "--max-growth-mb", type=float, default=16.0, help="largest growth of any reading that passes, MB"
+    )
+    parser.add_argument("--json", default=None, help="also write the readings here (default: not written)")
+    args = parser.parse_args(argv)
+    if args.steps % args.chunk:
+        parser.error(f"--steps {args.steps} is not a multiple of --chunk {args.chunk}")
+    return args
+
+
+if __name__ == "__main__":
+    harness.parse_first(parse_arguments, "soak")
+
+# After the flags: JAX and slax take seconds to import.
 import jax
 import numpy as np
-from benchmark import NETWORKS, training_run
-
-import slax
+from benchmark import training_run
 
 
 def host_rss_mb() -> float:
@@ -87,31 +120,9 @@ MEASURES = ("host_rss_mb", "jax_device_mb", "cuda_used_mb")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=harness.HelpFormatter,
-        epilog=harness.exit_status_help(
-            "a memory reading grew more than --max-growth-mb, or a loss was not finite"
-        ),
-    )
-    parser.add_argument(
-        "--network", choices=tuple(NETWORKS), default="polynomial", help="network of benchmark.py to train"
-    )
-    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="kernel precision")
-    parser.add_argument("--batch", type=int, default=1024, help="samples per step")
-    parser.add_argument("--steps", type=int, default=10_000, help="steps after the warm-up chunk")
-    parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call; must divide --steps")
-    harness.add_launch_argument(parser)
-    parser.add_argument(
-        "--max-growth-mb", type=float, default=16.0, help="largest growth of any reading that passes, MB"
-    )
-    parser.add_argument("--json", default=None, help="also write the readings here (default: not written)")
-    args = parser.parse_args(argv)
-    if args.steps % args.chunk:
-        parser.error(f"--steps {args.steps} is not a multiple of --chunk {args.chunk}")
-    slax.config.cuda_launch = args.launch
-    route = f"; CUDA launch route: {args.launch}" if harness.on_cuda() else ""
-    print(harness.describe_platform() + route)
+    args = parse_arguments(argv)
+    harness.apply_launch(args)
+    print(harness.describe_platform())
 
     run, state = training_run(args.network, "slax", args.dtype, args.batch)
     key = jax.random.key(1)

@@ -8,6 +8,7 @@ there is the file's rows and nothing else.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 
@@ -20,7 +21,8 @@ def _provenance(data: dict) -> str:
 
 
 def training_table(data: dict) -> list[str]:
-    """One line per (network, dtype, batch, devices): slax's models and plain JAX side by side."""
+    """One line per (network, dtype, batch, devices): slax's models and plain JAX side by side; of a
+    run with ``--rounds``, each model's median over the rounds."""
     rows = data["rows"]
     slax_models = sorted({r["model"] for r in rows if r["model"].startswith("slax")})
     head = ["network", "dtype", "batch", "devices", "plain JAX us/step (best of jax, jax/flat)"]
@@ -33,23 +35,17 @@ def training_table(data: dict) -> list[str]:
         key=lambda k: (k[0], k[1] != "float32", k[3], k[2]),
     )
     for network, dtype, batch, devices in keys:
-        group = {
-            r["model"]: r
-            for r in rows
-            if (r["network"], r["dtype"], r["batch"], r["devices"] or 1) == (network, dtype, batch, devices)
-        }
-        cells = [
-            network,
-            dtype,
-            f"2^{batch.bit_length() - 1}",
-            str(devices),
-            f"{min(group[m]['step_us'] for m in ('jax', 'jax/flat') if m in group):.1f}",
-        ]
+        step_us: dict[str, list[float]] = {}
+        for r in rows:
+            if (r["network"], r["dtype"], r["batch"], r["devices"] or 1) == (network, dtype, batch, devices):
+                step_us.setdefault(r["model"], []).append(r["step_us"])
+        median = {model: statistics.median(times) for model, times in step_us.items()}
+        jax_us = min(median[m] for m in ("jax", "jax/flat") if m in median)
+        cells = [network, dtype, f"2^{batch.bit_length() - 1}", str(devices), f"{jax_us:.1f}"]
         for model in slax_models:
-            row = group.get(model)
-            cells.append(f"{row['step_us']:.1f} ({row['speedup_vs_jax']:.2f}x)" if row else "-")
+            cells.append(f"{median[model]:.1f} ({jax_us / median[model]:.2f}x)" if model in median else "-")
         if harness:
-            cells.append(f"{group['harness']['step_us']:.1f}" if "harness" in group else "-")
+            cells.append(f"{median['harness']:.1f}" if "harness" in median else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what slax needs, and says where its kernels will run: a virtual environment .venv with
-# slax and its Python dependencies; no system packages where a GPU driver, a recent Vulkan driver or
-# a C++ compiler is there. Without a Vulkan driver, slax runs kernels of CPU-placed JAX on SlangPy's
-# CPU device, which builds them with the system's g++ or clang++ (installed with apt-get, as root or
-# through sudo, only if neither is there). SLAX_INSTALL_LAVAPIPE=1 installs a Vulkan driver that runs
-# on the CPU instead (Mesa 25's lavapipe from Debian 12's bookworm-backports, as root; bookworm's
-# Mesa 22 cannot run SlangPy): CI does, to test both CPU routes. Idempotent; the other scripts source
-# it and run Python from $venv.
+# slax and its Python dependencies; no system packages where an NVIDIA driver or a C++ compiler is
+# there. Without a GPU, slax runs kernels of CPU-placed JAX on SlangPy's CPU device, the faster CPU
+# route, which builds them with the system's g++ or clang++ (installed with apt-get, as root or
+# through sudo, only if neither is there). SLAX_INSTALL_LAVAPIPE=1 also installs a Vulkan driver that
+# runs on the CPU (Mesa 25's lavapipe from Debian 12's bookworm-backports, as root; bookworm's Mesa 22
+# cannot run SlangPy), which SLAX_DEVICE=vulkan chooses: CI does, to test both CPU routes.
+# Idempotent; the other scripts source it and run Python from $venv.
 #
 # Another interpreter or JAX release (CI checks the GPU machine's Python 3.12 and JAX 0.11.2 this way):
 #   SLAX_PYTHON=python3.12 SLAX_VENV=.venv-312 SLAX_JAX_VERSION=0.11.2 bash scripts/test.sh
@@ -58,34 +58,41 @@ install_lavapipe() {
     mesa-vulkan-drivers libvulkan1 >/dev/null
 }
 
-use_cpu_device() {
-  # No usable Vulkan driver: SlangPy's CPU device, which needs a C++ compiler.
-  if ! command -v g++ >/dev/null 2>&1 && ! command -v clang++ >/dev/null 2>&1; then
-    if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1; }; then
-      echo "setup: installing g++, with which SlangPy's CPU device builds slax's kernels"
-      as_root apt-get update -qq
-      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null
-    else
-      echo "setup: slax needs a Vulkan driver or a C++ compiler (g++ or clang++) for SlangPy's CPU" \
-        "device, and this machine has neither; install g++ (or conda's gxx), or Mesa >= 25." >&2
-      exit 1
-    fi
+have_cpp_compiler() {
+  command -v g++ >/dev/null 2>&1 || command -v clang++ >/dev/null 2>&1
+}
+
+install_cpp_compiler() {
+  # SlangPy's CPU device builds slax's kernels with g++ or clang++: installed where neither is here
+  # and apt-get can (as root or through sudo). Without one, only a Vulkan driver runs kernels.
+  if have_cpp_compiler; then
+    return
   fi
-  echo "setup: $1; slax runs kernels of CPU-placed JAX on SlangPy's CPU device, in place on XLA's" \
-    "buffers (SLAX_INSTALL_LAVAPIPE=1 installs Mesa 25's lavapipe for the Vulkan route instead)."
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1; }; then
+    echo "setup: installing g++, with which SlangPy's CPU device builds slax's kernels"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null
+  elif ! { have_vulkan_driver && lavapipe_is_recent; }; then
+    echo "setup: slax needs a Vulkan driver or a C++ compiler (g++ or clang++) for SlangPy's CPU" \
+      "device, and this machine has neither; install g++ (or conda's gxx), or Mesa >= 25." >&2
+    exit 1
+  fi
 }
 
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "setup: NVIDIA driver found; slax will use CUDA where JAX does."
-elif have_vulkan_driver && lavapipe_is_recent; then
-  echo "setup: Vulkan driver found; slax runs kernels of CPU-placed JAX on it (host-copy route)."
-elif [ "${SLAX_INSTALL_LAVAPIPE:-0}" = 1 ]; then
-  install_lavapipe
-elif have_vulkan_driver; then
-  use_cpu_device "only Mesa < 25 here, whose Vulkan driver cannot run SlangPy"
-  export SLAX_DEVICE="${SLAX_DEVICE:-cpu}" SLAX_TEST_DEVICES="${SLAX_TEST_DEVICES:-cpu}"
 else
-  use_cpu_device "no Vulkan driver here"
+  if [ "${SLAX_INSTALL_LAVAPIPE:-0}" = 1 ] && ! { have_vulkan_driver && lavapipe_is_recent; }; then
+    install_lavapipe
+  fi
+  install_cpp_compiler
+  if have_vulkan_driver && ! lavapipe_is_recent; then
+    # Mesa < 25's Vulkan driver lacks VK_KHR_shader_non_semantic_info: tests must not try it.
+    export SLAX_DEVICE="${SLAX_DEVICE:-cpu}" SLAX_TEST_DEVICES="${SLAX_TEST_DEVICES:-cpu}"
+  fi
+  echo "setup: no NVIDIA GPU here; slax runs kernels of CPU-placed JAX on a GPU's Vulkan driver" \
+    "where one is here, else on SlangPy's CPU device, the faster CPU route (SLAX_DEVICE=vulkan" \
+    "chooses lavapipe instead where it is installed; SLAX_INSTALL_LAVAPIPE=1 installs it)."
 fi
 
 if [ ! -x "$venv/bin/python" ]; then

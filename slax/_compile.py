@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import pathlib
 import threading
+import time
 
 import slangpy as spy
 
@@ -300,11 +302,23 @@ def _new_session(device: spy.Device) -> spy.SlangSession:
     )
 
 
+_log = logging.getLogger("slax")
+"""slax's log: at INFO, each Slang module and kernel as it compiles (seconds each where SlangPy's
+caches are cold: on the CPU device g++ builds every kernel), so that a program can show why it
+waits (the experiments print it: experiments/_harness.show_slax_progress)."""
+
+
 def _compile(action, *, what: str):
+    """Runs ``action``, a Slang compile of ``what``, saying so in slax's log; its failures become
+    SlangCompileError."""
+    _log.info("compiling %s ...", what)
+    began = time.perf_counter()
     try:
-        return action()
+        result = action()
     except Exception as error:
         if isinstance(error, SlangCompileError):
             raise
         message = str(error)
         raise SlangCompileError(f"slax: Slang failed to compile {what}:\n{message}") from None
+    _log.info("compiled %s in %.1f s", what, time.perf_counter() - began)
+    return result

@@ -61,7 +61,8 @@ class LaunchRoutes:
     Attributes:
       cuda: the launch route on CUDA GPUs, one of ``CUDA_LAUNCHES`` (``slax.config.cuda_launch``).
       cpu: the SlangPy device kind that runs kernels of CPU-placed JAX (``slax.config.device_kind``);
-        ``None``: Vulkan where a driver exists, else SlangPy's CPU device.
+        ``None``: Vulkan where a GPU's Vulkan driver exists, else SlangPy's CPU device (the faster
+        CPU route), or lavapipe where no C++ compiler exists.
       tensor_cores: on CUDA GPUs, whether MLP kernels may run on tensor cores: wide networks', and
         narrow float16 networks' fused loss and gradient (``slax.config.tensor_cores``).
     """
@@ -194,7 +195,8 @@ class Config:
       device_kind: the SlangPy device that runs kernels of CPU-placed JAX: ``"vulkan"`` (a GPU
         driver, or Mesa's lavapipe on the CPU; host copies), ``"cpu"`` (SlangPy's CPU device, on
         XLA's host buffers in place) or ``"cuda"`` (host copies). ``None``, the default: Vulkan
-        where a driver exists, else the CPU device, saying so once. Also set by ``SLAX_DEVICE`` and
+        where a GPU's Vulkan driver exists, else the CPU device, the faster CPU route (Vulkan over
+        lavapipe where no C++ compiler exists, saying so once). Also set by ``SLAX_DEVICE`` and
         :func:`set_device_kind`; JAX placed on a CUDA GPU always uses that GPU's CUDA device.
       tensor_cores: on CUDA GPUs (sm_80 and newer), run wide MLPs (``slax.nn``) on tensor cores,
         each product split into TF32 pieces so that float32 networks keep float32's accuracy

@@ -2,8 +2,9 @@
 
 JAX decides where arrays live; slax follows it. A JAX computation lowered for CUDA runs its Slang
 kernels on a SlangPy CUDA device that shares JAX's CUDA context, zero-copy. One lowered for the CPU
-runs them on a Vulkan device (a GPU driver, or Mesa's lavapipe CPU driver) with host copies, or,
-where no Vulkan driver exists, on SlangPy's CPU device, on XLA's host buffers in place.
+runs them on a GPU's Vulkan device, with host copies, where a GPU's Vulkan driver exists; else on
+SlangPy's CPU device, on XLA's host buffers in place (faster than Mesa's lavapipe, a Vulkan driver
+on the CPU: :func:`automatic_cpu_device_kind`).
 ``slax.config.device_kind`` (``SLAX_DEVICE``, :func:`slax.set_device_kind`) chooses for
 CPU-placed computations; it is part of what JAX traces (:class:`slax._config.LaunchRoutes`).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import logging
 import os
 import pathlib
 import platform
@@ -159,22 +161,65 @@ def device_kind_for_platform(platform: str, routes: LaunchRoutes | None = None) 
 
 @functools.cache
 def automatic_cpu_device_kind() -> DeviceKind:
-    """Vulkan where this process can create a Vulkan device (a GPU driver, or lavapipe), else
-    SlangPy's CPU device, with one note on stderr saying so and why: the choice changes speed, and
-    a silent one would hide a broken driver."""
-    try:
-        with _quiet_slangpy(spy.LogLevel.fatal):  # its "Failed to create Vulkan instance": the note says it
+    """The device that runs kernels of CPU-placed JAX where none is chosen: Vulkan where a GPU's
+    Vulkan driver is here; else SlangPy's CPU device, the faster of the two CPU routes (it runs
+    kernels in place on XLA's buffers, where a Vulkan driver on the CPU, Mesa's lavapipe, copies
+    through Vulkan buffers: every training step measured there took 1.1-7x as long; BENCHMARKS.md,
+    "The CPU routes"); lavapipe only where no C++ compiler is here to build the CPU device's kernels.
+
+    A choice that falls back from the faster one (a GPU's Vulkan driver that fails; lavapipe for
+    want of a compiler) says so once on stderr, with what to do: a silent one would hide a broken
+    driver or a missing compiler behind slower steps."""
+    adapters = _vulkan_adapters()
+    gpus = [adapter.name for adapter in adapters if not _vulkan_runs_on_the_cpu(adapter)]
+    if gpus:
+        try:
             get_device(DeviceKind.VULKAN)
+            return DeviceKind.VULKAN
+        except DeviceUnavailableError as error:
+            cause = str(error.__cause__ or error).strip().splitlines()[0]
+            _note(
+                f"the Vulkan driver of {', '.join(gpus)} failed ({cause}); Slang kernels of CPU-placed "
+                f"JAX run on SlangPy's CPU device instead. {DEVICE_ENV_VAR}=cpu chooses it without this note."
+            )
+            return DeviceKind.CPU
+    if adapters and not cpp_compiler():
+        _note(
+            f"no C++ compiler ({' or '.join(CPP_COMPILERS)}) here to build kernels for SlangPy's CPU "
+            f"device, the faster CPU route; Slang kernels of CPU-placed JAX run on Vulkan over "
+            f"{adapters[0].name} instead. Install g++ (Debian: `apt-get install g++`) to use the CPU "
+            f"device, or set {DEVICE_ENV_VAR}=vulkan to choose Vulkan without this note."
+        )
         return DeviceKind.VULKAN
-    except DeviceUnavailableError as error:
-        cause = str(error.__cause__ or error).strip().splitlines()[0]
-    print(
-        f"slax: no Vulkan device here ({cause}); Slang kernels of CPU-placed JAX run on SlangPy's "
-        f"CPU device, in place on XLA's buffers, one core per launch. {DEVICE_ENV_VAR}=cpu chooses it "
-        "without this note; with a Vulkan driver (Mesa 25's lavapipe) slax would use that instead.",
-        file=sys.stderr,
-    )
     return DeviceKind.CPU
+
+
+_MESA_VENDOR_ID = 0x10005
+"""VK_VENDOR_ID_MESA: Mesa's lavapipe, a Vulkan driver on the CPU, reports it (Mesa's GPU drivers
+report their GPU's PCI vendor)."""
+
+_SWIFTSHADER = (0x1AE0, 0xC0DE)
+"""(vendor ID, device ID) of Google's SwiftShader, another Vulkan driver on the CPU."""
+
+
+def _vulkan_runs_on_the_cpu(adapter: spy.AdapterInfo) -> bool:
+    """Whether a Vulkan adapter is a driver on the CPU: SlangPy reports no Vulkan device type, so
+    known software drivers are told by their IDs."""
+    return adapter.vendor_id == _MESA_VENDOR_ID or (adapter.vendor_id, adapter.device_id) == _SWIFTSHADER
+
+
+def _vulkan_adapters() -> list[spy.AdapterInfo]:
+    """The Vulkan adapters the Vulkan loader lists (none where it or a driver is missing), without
+    creating a device."""
+    try:
+        with _quiet_slangpy(spy.LogLevel.fatal):  # "Failed to create Vulkan instance": none is here
+            return list(spy.Device.enumerate_adapters(spy.DeviceType.vulkan))
+    except Exception:  # SlangPy raises its own RuntimeError where no Vulkan loader is installed
+        return []
+
+
+def _note(text: str) -> None:
+    print(f"slax: {text}", file=sys.stderr)
 
 
 def cache_dir() -> pathlib.Path:
@@ -204,11 +249,13 @@ def writable_cache_dir(*parts: str) -> pathlib.Path:
 
 
 def get_device(kind: DeviceKind, ordinal: int = 0) -> spy.Device:
-    """The process-wide SlangPy device of ``kind`` (for CUDA, of GPU ``ordinal``)."""
+    """The process-wide SlangPy device of ``kind`` (for CUDA, of GPU ``ordinal``), created on first
+    use (seconds: slax's log says so at INFO)."""
     key = (kind, ordinal)
     with _lock:
         device = _devices.get(key)
         if device is None:
+            logging.getLogger("slax").info("creating SlangPy's %s device ...", kind.value)
             device = _create_device(kind, ordinal)
             _devices[key] = device
         return device

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import re
 import tempfile
@@ -69,9 +70,11 @@ def record_content(root: str, *, source: bool = False) -> str:
     """
     if source:
         name = "slax_source_" + hashlib.sha256(root.encode()).hexdigest()[:16] + ".slang"
+        logging.getLogger("slax").info("listing the Slang files a generated module imports ...")
         paths = [p for p in dependency_files(source=root, name=name) if p != name]
         texts = [("<source>", root.encode())]
     else:
+        logging.getLogger("slax").info("listing the Slang files %s imports ...", root)
         paths = dependency_files(path=root)
         texts = []
     texts += [(os.path.abspath(p), _read(p)) for p in dict.fromkeys(paths)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -36,11 +37,35 @@ def test_polynomial_trains_and_writes_outputs(tmp_path):
     )
     assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
     assert metrics["device"]["slang"].startswith(("vulkan", "cpu", "cuda"))
+    assert metrics["device"]["slang"].endswith(f", {metrics['device']['route']} route")
+    _assert_in_order(
+        result.stdout,
+        "polynomial: loading JAX and slax ...",  # before the seconds JAX and slax take to import
+        f"polynomial: JAX on {metrics['device']['jax']}, Slang kernels on {metrics['device']['slang']}",
+        "polynomial: comparing the step-0 gradients of slax and plain JAX",
+        "slax: compiling entry point 'mlp_loss_grad' ...",  # slax's log, as each kernel compiles
+        "slax: compiling the training chunks ...",
+        "jax: compiling the training chunks ...",
+        "polynomial: drawing loss.png, surfaces.png",
+        "  wrote loss.png",
+        "  wrote surfaces.png",
+        "outputs in",
+    )
     assert metrics["config"]["devices"] is None and metrics["config"]["out"] == str(tmp_path)
     for model in ("slax", "jax"):
         assert metrics[model]["timed_steps"] == 400 and metrics[model]["compile_time_s"] > 0
     for name in ("loss.png", "surfaces.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def _assert_in_order(output: str, *starts: str) -> None:
+    """Each of ``starts`` begins a line of ``output``, in this order: what a run says as it goes."""
+    lines = output.splitlines()
+    position = 0
+    for start in starts:
+        found = next((i for i in range(position, len(lines)) if lines[i].startswith(start)), None)
+        assert found is not None, f"no line starting {start!r} after line {position}:\n{output[-4000:]}"
+        position = found + 1
 
 
 SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py") if not path.name.startswith("_"))
@@ -129,6 +154,12 @@ def test_gradcheck_passes_everything(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 failed" in result.stdout and "mlp 64-128-64-10 fused" in result.stdout
     table = json.loads((tmp_path / "gradcheck.json").read_text())
+    device = table["device"]
+    assert f"gradcheck: JAX on {device['jax']}, Slang kernels on {device['slang']}" in result.stdout
+    if device["route"] not in ("ptx", "slangpy"):  # no CUDA launch route where no CUDA runs
+        assert "ptx" not in result.stdout and table["config"]["launch"] is None
+    # Each row is printed as its check finishes: slax compiles later functions' kernels after it.
+    _assert_in_order(result.stdout, "function ", "wave ", "slax: compiling", "mlp 4-16-4 ")
     assert table["failed"] == 0 and table["passed"] == len(table["rows"]) > 100
     polynomial = [
         r["argument"] for r in table["rows"] if r["function"] == "polynomial" and r["check"] == "rev"
@@ -151,6 +182,9 @@ def test_bridge_check_runs(device_kind, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "bridge.json").read_text())
     routes = {"cuda": ["slangpy", "ptx"], "vulkan": ["host-copy"], "cpu": ["host-pointer"]}[device_kind]
+    assert f"Slang kernels on {report['slang_device']}; launch routes checked: {', '.join(routes)}" in (
+        result.stdout
+    )
     assert report["in_place"] == dict.fromkeys(routes, True)
     assert [(row["route"], row["elements"]) for row in report["rows"]] == [
         (route, size) for route in routes for size in (256, 1 << 20)
@@ -311,3 +345,26 @@ def test_compare_devices_holds_each_split_run_to_its_one_device_run(tmp_path):
     assert result.returncode == 1
     assert f"FAILED: {off}: test_mse differs by 0.0005 (relative)" in result.stdout
     assert f"FAILED: {alone}: no one-device run to compare with" in result.stdout
+
+
+def test_benchmark_table_shows_each_models_median_over_the_rounds():
+    """scripts/benchmark_table.py: a run timed in several rounds (``--rounds``) is shown as each
+    model's median step, and slax's ratio to the faster plain-JAX median."""
+    spec = importlib.util.spec_from_file_location("benchmark_table", ROOT / "scripts" / "benchmark_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    times = {"slax/host-pointer": [400.0, 100.0, 300.0], "jax": [50.0, 90.0, 60.0], "jax/flat": [80.0] * 3}
+    rows = [
+        {
+            "network": "digits",
+            "dtype": "float32",
+            "batch": 128,
+            "devices": None,
+            "model": model,
+            "step_us": us,
+        }
+        for model, steps in times.items()
+        for us in steps
+    ]
+    lines = table.training_table({"rows": rows})
+    assert lines[2] == "| digits | float32 | 2^7 | 1 | 60.0 | 300.0 (0.20x) |"
