@@ -303,8 +303,9 @@ def _new_session(device: spy.Device) -> spy.SlangSession:
 
 
 _log = logging.getLogger("slax")
-"""slax's log: at INFO, each Slang module and kernel as it compiles (seconds each where SlangPy's
-caches are cold: on the CPU device g++ builds every kernel), so that a program can show why it
+"""slax's log: at INFO, each Slang module and kernel as it starts compiling, and the time of each
+that took a second or more (seconds each where SlangPy's caches are cold: on the CPU device g++
+builds every kernel; at DEBUG, every compile's time), so that a program can show why it
 waits (the experiments print it: experiments/_harness.show_slax_progress)."""
 
 
@@ -320,5 +321,8 @@ def _compile(action, *, what: str):
             raise
         message = str(error)
         raise SlangCompileError(f"slax: Slang failed to compile {what}:\n{message}") from None
-    _log.info("compiled %s in %.1f s", what, time.perf_counter() - began)
+    seconds = time.perf_counter() - began
+    # A compile that took a second or more is worth its line; quicker ones (cache hits) would only
+    # bury the ones that matter, so they go to DEBUG.
+    _log.log(logging.INFO if seconds >= 1.0 else logging.DEBUG, "compiled %s in %.1f s", what, seconds)
     return result

@@ -70,11 +70,11 @@ def record_content(root: str, *, source: bool = False) -> str:
     """
     if source:
         name = "slax_source_" + hashlib.sha256(root.encode()).hexdigest()[:16] + ".slang"
-        logging.getLogger("slax").info("listing the Slang files a generated module imports ...")
+        logging.getLogger("slax").debug("listing the Slang files a generated module imports ...")
         paths = [p for p in dependency_files(source=root, name=name) if p != name]
         texts = [("<source>", root.encode())]
     else:
-        logging.getLogger("slax").info("listing the Slang files %s imports ...", root)
+        logging.getLogger("slax").debug("listing the Slang files %s imports ...", root)
         paths = dependency_files(path=root)
         texts = []
     texts += [(os.path.abspath(p), _read(p)) for p in dict.fromkeys(paths)]
