@@ -471,24 +471,6 @@ def test_the_cpu_device_gives_the_vulkan_routes_results(dtype):
         assert relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize(
-    "differentiate",
-    [
-        lambda f, x: jax.jvp(f, (x,), (x,)),
-        lambda f, x: jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x),
-        lambda f, x: jax.jacfwd(f)(x),
-    ],
-    ids=["jvp", "jit-jvp", "jacfwd"],
-)
-def test_forward_mode_of_apply_says_to_use_reverse_mode(differentiate):
-    params = nn.mlp_init(jax.random.key(0), (4, 8, 2))
-    x = jax.random.uniform(jax.random.key(1), (3, 4))
-    with pytest.raises(
-        TypeError, match=r"mlp_apply has no forward-mode derivative.*jax\.jacrev.*mlp_apply_reference"
-    ):
-        differentiate(lambda x: nn.mlp_apply(params, x), x)
-
-
 def test_lists_are_refused_as_jax_numpy_refuses_them():
     """A list for x (or target) is refused naming the function and argument, as jax.numpy's
     functions refuse lists, rather than failing on a missing attribute."""
