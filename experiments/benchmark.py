@@ -7,9 +7,9 @@ around slax.nn.mlp_apply), and with ``--network sdf`` the signed distance field'
 through the network's input gradient, second derivatives of slax.nn.mlp_apply), against plain JAX
 at its default matmul precision (``jax``: TF32 on GPUs with tensor cores) and at full float32
 (``jax-f32``, the arithmetic of slax's kernels). slax trains its parameters kept as one flat vector,
-its kernels' layout (``_training.parameter_state``);
-plain JAX keeps its per-layer arrays, and ``jax/flat`` times it kept flat too: the ratio column
-compares with the faster of ``jax`` and ``jax/flat``. One step = sample a batch, forward, backward,
+its kernels' layout (``_training.parameter_state``); plain JAX keeps its per-layer arrays, and
+``jax/flat`` times it kept flat too: the ratio column compares with the faster of ``jax`` and
+``jax/flat``. One step = sample a batch, forward, backward,
 Adam update. Each configuration runs a jitted lax.scan of --steps steps (--unroll of them per
 iteration of its loop): one warm-up call, then the median wall time of --repeats timed calls with
 block_until_ready; ``--rounds N`` times them all N times over, in turn, compiled once (small

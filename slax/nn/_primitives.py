@@ -3,8 +3,9 @@ network's Jacobian-vector product) that links forward and backward in JAX's diff
 
 Each takes the input batch (and ``dy`` or the target), then every layer's bias and weight, and
 lowers to one launch of its kernel (slax/nn/_kernels.py) through ``slang_kernel_p``, like every
-slax kernel; the tangent lowers to its plain-JAX twin (slax/nn/_reference.py). ``sizes`` and ``dtype`` name the architecture; ``group_ndim`` leading axes of the
-data are groups (vmapped calls) whose gradients are summed apart.
+slax kernel; the tangent lowers to its plain-JAX twin (slax/nn/_reference.py). ``sizes`` and
+``dtype`` name the architecture; ``group_ndim`` leading axes of the data are groups (vmapped calls)
+whose gradients are summed apart.
 
 Gradients are summed without atomics: per thread group in a fixed order, then over groups by XLA,
 so they are bit-identical from run to run.

@@ -17,14 +17,14 @@ import jax.numpy as jnp
 
 from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE
 
-FULL = jax.lax.Precision.HIGHEST
+FULL_PRECISION = jax.lax.Precision.HIGHEST
 
 
 def mlp_apply_reference(
     params: list[dict[str, jax.Array]],
     x: jax.Array,
     storage_dtype: Any = None,
-    precision: jax.lax.Precision | None = FULL,
+    precision: jax.lax.Precision | None = FULL_PRECISION,
 ) -> jax.Array:
     """The same network in plain jax.numpy, for comparison and as a pure-JAX baseline.
 
@@ -47,7 +47,7 @@ def mlp_loss_reference(
     x: jax.Array,
     target: jax.Array,
     storage_dtype: Any = None,
-    precision: jax.lax.Precision | None = FULL,
+    precision: jax.lax.Precision | None = FULL_PRECISION,
 ) -> jax.Array:
     """Plain-JAX twin of :func:`slax.nn.mlp_loss_and_grad`'s loss (``storage_dtype`` and
     ``precision`` as in :func:`mlp_apply_reference`)."""
@@ -95,7 +95,7 @@ def _layers(flat) -> list[dict[str, jax.Array]]:
 def forward_twin(x: jax.Array, *flat: jax.Array, dtype: str) -> list[jax.Array]:
     """``mlp_forward_hidden``'s results: ``[y, hidden]``, ``hidden`` each sample's hidden layers'
     outputs one after the other (slax/nn/_kernels.py, ``hidden_width``)."""
-    outputs = [h.astype(dtype) for h in _layer_outputs(_layers(flat), x, jnp.dtype(dtype), FULL)]
+    outputs = [h.astype(dtype) for h in _layer_outputs(_layers(flat), x, jnp.dtype(dtype), FULL_PRECISION)]
     return [outputs[-1], jnp.concatenate(outputs[:-1], axis=-1)]
 
 
