@@ -13,7 +13,7 @@ from _helpers import mlp_inputs, relative_error
 from _training import cast
 
 from slax import nn
-from slax.testing import RELATIVE_TOLERANCE
+from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 pytestmark = pytest.mark.jax_version
 
@@ -87,6 +87,12 @@ def test_gradient_through_per_sample_input_gradients(network):
 
     got = jax.jit(jax.grad(loss(nn.mlp_apply), argnums=(0, 1)))(params, x)
     assert_close(got, jax.grad(loss(twin), argnums=(0, 1))(*twin_args), dtype)
+
+
+def test_check_grads_second_order(network):
+    """slax.testing.check_grads's Hessian-vector products, in both modes, in params and x."""
+    params, x, twin, _, _ = network
+    check_grads(wavy(nn.mlp_apply), wavy(twin), params, x, order=2, raises=True)
 
 
 def test_hessian_with_respect_to_the_input(network):
