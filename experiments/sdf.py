@@ -119,15 +119,19 @@ def plot_slice(out, params_by_model, dtype, title) -> None:
         fields[f"{name} network"] = model(name)(*cast((params, points), dtype))[..., 0].astype(jnp.float32)
     fields["|slax - true|"] = jnp.abs(fields["slax network"] - fields["true distance"])
     low, high = float(fields["true distance"].min()), float(fields["true distance"].max())
-    fig, axes = plots.pyplot().subplots(1, len(fields), figsize=(4.2 * len(fields), 4.2), squeeze=False)
+    plt = plots.pyplot()
+    from matplotlib.colors import TwoSlopeNorm  # with the experiments extra, as plots.pyplot
+
+    centred = TwoSlopeNorm(vcenter=0.0, vmin=low, vmax=high)  # the surface white
+    fig, axes = plt.subplots(1, len(fields), figsize=(4.2 * len(fields), 4.2), squeeze=False)
     for ax, (label, values) in zip(axes[0], fields.items()):
         is_error = label.startswith("|")
         image = ax.imshow(
             np.asarray(values),
             extent=(-1, 1, -1, 1),
             origin="lower",
-            vmin=0 if is_error else low,
-            vmax=None if is_error else high,
+            norm=None if is_error else centred,
+            vmin=0 if is_error else None,
             cmap="magma" if is_error else "RdBu",
         )
         if not is_error:
