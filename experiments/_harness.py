@@ -22,9 +22,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10)}
-"""The experiments' networks by name, as layer widths: polynomial.py's and digits.py's, which
-benchmark.py, profile_step.py and soak.py time."""
+NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10), "sdf": (3, 64, 64, 64, 1)}
+"""The experiments' networks by name, as layer widths: polynomial.py's, digits.py's and sdf.py's,
+which benchmark.py, profile_step.py and soak.py time."""
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 """``slax.config.CUDA_LAUNCHES``, for flags parsed before slax is imported (tests pin the two equal)."""

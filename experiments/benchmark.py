@@ -2,11 +2,14 @@
 
 Networks: the tutorial's polynomial MLP (4 -> 16 -> 4, squared-error loss; slax uses the fused
 mlp_loss_and_grad kernel) and the digits MLP (64 -> 128 -> 64 -> 10, softmax cross-entropy in JAX
-around slax.nn.mlp_apply), against plain JAX at its default matmul precision (``jax``: TF32 on
-GPUs with tensor cores) and at full float32 (``jax-f32``, the arithmetic of slax's kernels). slax
-trains its parameters kept as one flat vector, its kernels' layout (``_training.parameter_state``);
-plain JAX keeps its per-layer arrays, and ``jax/flat`` times it kept flat too: the ratio column
-compares with the faster of ``jax`` and ``jax/flat``. One step = sample a batch, forward, backward,
+around slax.nn.mlp_apply), and with ``--network sdf`` the signed distance field's (3 -> 64 -> 64 ->
+64 -> 1, squared distance error plus 0.1 times the eikonal loss of experiments/sdf.py: a gradient
+through the network's input gradient, second derivatives of slax.nn.mlp_apply), against plain JAX
+at its default matmul precision (``jax``: TF32 on GPUs with tensor cores) and at full float32
+(``jax-f32``, the arithmetic of slax's kernels). slax trains its parameters kept as one flat vector,
+its kernels' layout (``_training.parameter_state``); plain JAX keeps its per-layer arrays, and
+``jax/flat`` times it kept flat too: the ratio column compares with the faster of ``jax`` and
+``jax/flat``. One step = sample a batch, forward, backward,
 Adam update. Each configuration runs a jitted lax.scan of --steps steps (--unroll of them per
 iteration of its loop): one warm-up call, then the median wall time of --repeats timed calls with
 block_until_ready; ``--rounds N`` times them all N times over, in turn, compiled once (small
@@ -54,7 +57,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--network",
         nargs="+",
         choices=tuple(harness.NETWORKS),
-        default=list(harness.NETWORKS),
+        default=["polynomial", "digits"],
         help="networks to time",
     )
     parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096], help="batch sizes to time")
@@ -142,6 +145,7 @@ if __name__ == "__main__":
 import jax
 import jax.numpy as jnp
 import optax
+import sdf
 from _training import (
     batch_sharding,
     cast,
@@ -166,13 +170,15 @@ PEAKS = {
 
 def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
     """(FLOPs, bytes) a training step cannot do without: forward 2*B*n_in*n_out per layer, backward
-    twice that except no input gradient for the first layer; the batch (inputs and targets or int32
-    labels) written by the sampler and read by the model."""
+    twice that except no input gradient for the first layer (sdf: the forward pass, the input
+    gradient, and the backward pass of each, twice their products); the batch (inputs and targets
+    or int32 labels) written by the sampler and read by the model."""
     sizes = NETWORKS[network]
     pairs = list(zip(sizes[:-1], sizes[1:]))
-    flops = 6 * batch * sum(a * b for a, b in pairs) - 2 * batch * pairs[0][0] * pairs[0][1]
+    products = batch * sum(a * b for a, b in pairs)
+    flops = 12 * products if network == "sdf" else 6 * products - 2 * batch * pairs[0][0] * pairs[0][1]
     item = jnp.dtype(dtype).itemsize
-    target = sizes[-1] * item if network == "polynomial" else 4
+    target = 4 if network == "digits" else sizes[-1] * item
     return float(flops), float(2 * batch * (sizes[0] * item + target))
 
 
@@ -212,6 +218,9 @@ def loss_and_grad(network: str, model: str, dtype):
             return nn.mlp_apply(params, x)
         return nn.mlp_apply_reference(params, x, precision=precision)
 
+    if network == "sdf":
+        return jax.value_and_grad(sdf.sdf_loss(apply, dtype))
+
     def cross_entropy(p, x, labels):
         logits = apply(*cast((p, x), dtype)).astype(jnp.float32)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
@@ -232,6 +241,8 @@ def harness_loss_and_grad(params, x, labels_or_targets, dtype):
 
 
 def make_batch(network, key, batch):
+    if network == "sdf":
+        return sdf.sample(key, batch)
     sizes = NETWORKS[network]
     x = jax.random.uniform(key, (batch, sizes[0]), minval=-1.0, maxval=1.0)
     if network == "polynomial":

@@ -39,7 +39,6 @@ PRIVATE_API: dict[str, str] = {
     "Zero": "jax.interpreters.ad.Zero",
     "instantiate_zeros": "jax.interpreters.ad.instantiate_zeros",
     "is_undefined_primal": "jax.interpreters.ad.is_undefined_primal",
-    "JVPTracer": "jax.interpreters.ad.JVPTracer",
     "primitive_batchers": "jax.interpreters.batching.primitive_batchers",
     "register_lowering": "jax.interpreters.mlir.register_lowering",
     "lower_fun": "jax.interpreters.mlir.lower_fun",
@@ -95,7 +94,6 @@ primitive_transposes = resolve(PRIVATE_API["primitive_transposes"])
 Zero = resolve(PRIVATE_API["Zero"])
 instantiate_zeros = resolve(PRIVATE_API["instantiate_zeros"])
 is_undefined_primal = resolve(PRIVATE_API["is_undefined_primal"])
-JVPTracer = resolve(PRIVATE_API["JVPTracer"])
 primitive_batchers = resolve(PRIVATE_API["primitive_batchers"])
 register_lowering = resolve(PRIVATE_API["register_lowering"])
 lower_fun = resolve(PRIVATE_API["lower_fun"])
@@ -124,16 +122,6 @@ def lowering_for_export(ctx) -> bool:
     """Whether the lowering rule's ``ctx`` lowers for ``jax.export`` (whose module is serialised),
     not for a compile in this process (``ctx.module_context.lowering_parameters.for_export``)."""
     return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
-
-
-def in_forward_mode(values: list[Any]) -> bool:
-    """Whether any of ``values`` is traced by forward-mode differentiation (``jax.jvp``,
-    ``jax.jacfwd``, jitted or not): a ``JVPTracer``. Reverse mode (``jax.grad``, ``jax.vjp``)
-    traces with JAX's linearize tracer instead, unless ``jax_use_direct_linearize`` is off, when
-    the two cannot be told apart here and this says False."""
-    if not getattr(jax.config, "jax_use_direct_linearize", True):
-        return False
-    return any(isinstance(value, JVPTracer) for value in values)
 
 
 def register_dce_rule(primitive, rule: Callable[[list[bool], Any], tuple[list[bool], Any]]) -> None:

@@ -118,6 +118,24 @@ def test_digits_trains_and_writes_outputs(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_sdf_trains_and_writes_outputs(tmp_path):
+    """A short run of the eikonal fit: slax's second derivatives give plain JAX's loss gradient and
+    run, both models learn the same field, and the outputs are written."""
+    flags = ["--steps", "40", "--chunk", "20", "--batch", "256", "--target-mse", "0.05"]
+    flags += ["--out", str(tmp_path)]
+    result = run_python("experiments/sdf.py", *flags, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"outputs in {tmp_path}: loss.png, metrics.json, slice.png" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
+    for key in ("test_mse", "test_mse_near_surface", "eikonal_residual"):
+        assert metrics["slax"][key] == pytest.approx(metrics["jax"][key], rel=1e-3)
+    assert metrics["slax"]["test_mse"] < 0.05 and metrics["slax"]["timed_steps"] == 40
+    for name in ("loss.png", "slice.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
 def _run_without_extras(script: str, *flags: str) -> subprocess.CompletedProcess:
     """Runs an experiment as on a machine with JAX but without the experiments extra (tqdm,
     matplotlib, scikit-learn), like the GPU machine: those imports fail."""
@@ -250,6 +268,21 @@ def test_benchmark_harness_row_samples_the_whole_batch_and_trains_nothing():
         (params, _), losses = run(state, keys)
         np.testing.assert_array_equal(params, state[0])
         assert losses.shape == (3,) and np.all(np.isfinite(losses)) and len(set(losses.tolist())) == 3
+
+
+def test_benchmark_times_the_sdf_step_beside_plain_jax(tmp_path):
+    """``--network sdf``: the eikonal training step, slax's and plain JAX's rows as for the other
+    networks, its floor counting the forward pass, the input gradient and the backward pass of
+    each."""
+    arguments = ["--network", "sdf", "--batch", "64", "--steps", "2", "--repeats", "1"]
+    arguments += ["--peak-tflops", "1", "--peak-gbps", "10", "--json", str(tmp_path / "bench.json")]
+    assert benchmark.main(arguments) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    models = [f"slax/{slax.launch_route()}", "jax", "jax/flat", "jax-f32"]
+    assert [(r["network"], r["model"]) for r in rows] == [("sdf", model) for model in models]
+    assert rows[0]["flops"] == 12 * 64 * (3 * 64 + 64 * 64 + 64 * 64 + 64)
+    assert rows[0]["bytes"] == 2 * 64 * (3 + 1) * 4
+    assert all(r["steps_per_s"] > 0 for r in rows)
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ SLAX_PRIMITIVES = {
     "slang_kernel",
     "slang_mlp_forward",
     "slang_mlp_loss_grad",
+    "slang_mlp_tangent",
 }
 
 
@@ -68,6 +69,7 @@ def test_every_slax_primitive_is_traced_with_the_route(poly, scale_shift, route)
             loss
             + jax.grad(lambda x: poly(1.0, 2.0, 3.0, x).sum())(x).sum()
             + nn.mlp_apply(params, x[:4]).sum()
+            + jax.jvp(lambda x: nn.mlp_apply(params, x).sum(), (x[:4],), (x[4:],))[1]
         )
 
     with slax.config.override(cuda_launch=route):

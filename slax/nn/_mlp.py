@@ -1,5 +1,6 @@
-"""The Slang MLP for JAX: initialisation, apply (differentiable through a custom VJP), the fused
-loss-and-gradient, and the same network in plain JAX.
+"""The Slang MLP for JAX: initialisation, apply (differentiable to any order through the rules of
+its primitives), the fused loss-and-gradient, and the same network in plain JAX
+(slax/nn/_reference.py).
 
 Parameters are a list of ``{"weight": (out, in), "bias": (out,)}`` dicts, one per layer. Hidden
 layers apply LeakyReLU (slope 0.01), the output layer is affine. Kernels come from
@@ -16,7 +17,6 @@ optimiser and cast them to float16 for the kernels (see experiments/polynomial.p
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -25,24 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from slax._config import current_routes
-from slax._jax_api import in_forward_mode
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices, mean_over_devices
-from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE, hidden_width, layer_pairs, too_wide_error
-from slax.nn._primitives import mlp_backward_p, mlp_forward_p, mlp_loss_grad_p
+from slax.nn._kernels import layer_pairs, too_wide_error
+from slax.nn._primitives import mlp_forward_p, mlp_loss_grad_p
 
 Params = list[dict[str, jax.Array]]
 """An MLP's parameters: one ``{"weight": (out, in), "bias": (out,)}`` dict per layer, input first,
 all of one dtype (float32 or float16)."""
 SUPPORTED_DTYPES = ("float32", "float16")
-
-FORWARD_MODE_UNAVAILABLE = (
-    "slax.nn.mlp_apply has no forward-mode derivative (jax.jvp, jax.jacfwd, jax.hessian's inner "
-    "jacfwd): its Slang kernels differentiate in reverse mode only, as a custom VJP. Use reverse "
-    "mode (jax.grad, jax.vjp, jax.jacrev); for a Jacobian-vector product, jax.jvp of "
-    "slax.nn.mlp_apply_reference, the same network in plain jax.numpy."
-)
-"""The error forward-mode differentiation of :func:`mlp_apply` raises (a TypeError)."""
 
 
 # --- public API ----------------------------------------------------------------------------------
@@ -82,10 +73,12 @@ def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -
 def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     """The network on a batch, in Slang kernels: ``x (..., in) -> (..., out)``.
 
-    Differentiable in reverse mode (``jax.grad``/``jax.vjp``/``jax.jacrev``) through the layers'
-    Slang backward derivative, for params and x; composes with jit, vmap, lax.scan and shard_map
-    (gradients of replicated params are summed over the mesh, as JAX does). Not in forward mode:
-    ``jax.jvp``/``jax.jacfwd`` raise a TypeError saying so (:data:`FORWARD_MODE_UNAVAILABLE`).
+    Differentiable in both modes and to any order, for params and x (``jax.grad``, ``jax.jvp``,
+    ``jax.linearize``, ``jax.hessian``, and ``jax.grad`` of a loss that holds ``jax.grad`` of the
+    network with respect to x, as an eikonal loss does): first derivatives run the layers' Slang
+    backward kernel, higher ones add the network's plain-JAX twin's (slax/nn/_primitives.py).
+    Composes with jit, vmap, lax.scan and shard_map (gradients of replicated params are summed over
+    the mesh, as JAX does).
 
     Args:
       params: the network's parameters, from :func:`mlp_init` (:data:`Params`).
@@ -95,74 +88,28 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
       The outputs ``(..., out)``, of the parameters' dtype.
 
     Raises:
-      TypeError: parameters not laid out as :data:`Params`, mixed dtypes, ``x`` not an array or
-        of another dtype, or forward-mode differentiation.
+      TypeError: parameters not laid out as :data:`Params`, mixed dtypes, or ``x`` not an array
+        or of another dtype.
       ValueError: layer shapes that do not chain, ``x`` not ending in the input width, a network
         whose tile does not fit the kernels' group-shared memory, or a batch beyond the kernels'
         32-bit indices.
     """
     _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
     leaves = [*_flat(params), x]
-    if in_forward_mode(leaves):  # else JAX's "can't apply forward-mode autodiff", under jit only when lowered
-        raise TypeError(FORWARD_MODE_UNAVAILABLE)
 
     def call(axes, *leaves):
         del axes  # per sample: nothing sums over the batch (jax.grad sums params' gradients)
         *flat, x = vary_alike(list(leaves))
-        return [_mlp_apply(_unflat(flat), x)]
+        sizes, dtype = _architecture("mlp_apply", _unflat(flat), x)
+        _require_kernels_fit("mlp_apply", sizes)
+        outputs = mlp_forward_p.bind(
+            x, *flat, sizes=sizes, dtype=dtype, keep_hidden=False, routes=current_routes()
+        )
+        check_finite("slax.nn.mlp_apply's forward kernel", [x, *flat], outputs)
+        return outputs
 
     has_batch = x.ndim > 1
     return across_devices(call, leaves, [False] * (len(leaves) - 1) + [has_batch], [has_batch])[0]
-
-
-def _forward(params: Params, x: jax.Array, keep_hidden: bool) -> list[jax.Array]:
-    """The forward kernel: ``[y]``, or with ``keep_hidden`` ``[y, hidden]``, the hidden activations
-    the backward kernel reads instead of running the forward pass again (``hidden_width``)."""
-    sizes, dtype = _architecture("mlp_apply", params, x)
-    _require_kernels_fit("mlp_apply", sizes)
-    outputs = mlp_forward_p.bind(
-        x, *_flat(params), sizes=sizes, dtype=dtype, keep_hidden=keep_hidden, routes=current_routes()
-    )
-    check_finite("slax.nn.mlp_apply's forward kernel", [x, *_flat(params)], outputs)
-    return outputs
-
-
-@jax.custom_vjp
-def _mlp_apply(params: Params, x: jax.Array) -> jax.Array:
-    return _forward(params, x, keep_hidden=False)[0]
-
-
-def _mlp_apply_fwd(params, x):
-    sizes, _ = _architecture("mlp_apply", params, x)
-    y, *hidden = _forward(params, x, keep_hidden=hidden_width(sizes) > 0)
-    return y, (params, x, hidden)
-
-
-def _mlp_apply_bwd(residuals, dy):
-    """Parameter gradients and ``x``'s. Where nothing reads ``x``'s (a gradient of the parameters
-    alone, as a training step takes it), jax.jit's dead-code elimination swaps the kernel for one
-    that computes none (slax/nn/_primitives.py, ``_backward_dead_code``)."""
-    params, x, hidden = residuals
-    sizes, dtype = _architecture("mlp_apply", params, x)
-    outputs = mlp_backward_p.bind(
-        x,
-        *hidden,
-        dy.astype(dtype),
-        *_flat(params),
-        sizes=sizes,
-        dtype=dtype,
-        group_ndim=0,
-        hidden=bool(hidden),
-        input_gradient=True,
-        routes=current_routes(),
-    )
-    check_finite("slax.nn.mlp_apply's backward kernel", [x, *hidden, dy, *_flat(params)], outputs)
-    dx, *grads = outputs
-    flat = [g.astype(p.dtype) for g, p in zip(grads, _flat(params))]
-    return _unflat(flat), dx
-
-
-_mlp_apply.defvjp(_mlp_apply_fwd, _mlp_apply_bwd)
 
 
 def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[jax.Array, Params]:
@@ -177,11 +124,6 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
 
     Returns:
       ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params``.
-
-    Raises:
-      TypeError: as :func:`mlp_apply`, or ``target`` not an array.
-      ValueError: as :func:`mlp_apply`, or ``target`` not of shape ``(batch, out)`` and ``x``'s
-        dtype.
     """
     sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
     _require_kernels_fit("mlp_loss_and_grad", sizes)
@@ -219,81 +161,6 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     batched = [has_batch, has_batch] + [False] * (len(leaves) - 2)
     loss, *grads = across_devices(call, leaves, batched, [False] * (1 + len(leaves) - 2))
     return loss, _unflat(grads)
-
-
-def mlp_apply_reference(
-    params: Params,
-    x: jax.Array,
-    storage_dtype: Any = None,
-    precision: jax.lax.Precision | None = jax.lax.Precision.HIGHEST,
-) -> jax.Array:
-    """The same network in plain jax.numpy, for comparison and as a pure-JAX baseline.
-
-    It follows the kernels' precision policy: arithmetic in float32, activations rounded to
-    ``storage_dtype`` (default: the parameters' dtype) after each affine map and activation, and
-    gradients kept in float32 (the rounding passes gradients straight through, as the kernels'
-    float32 backward pass does). The result has dtype ``storage_dtype``.
-
-    Its products are full float32 (``precision=Precision.HIGHEST``), as the kernels' are: JAX's
-    default precision (``precision=None``) lets XLA multiply float32 matrices in TF32 on GPUs with
-    tensor cores (relative error ~5e-4), which would make the reference, not the kernels, the less
-    exact of the two. Benchmarks pass ``None`` to time what a plain JAX program gets by default.
-
-    Args:
-      params: the network's parameters (:data:`Params`).
-      x: inputs ``(..., in)``.
-      storage_dtype: the dtype activations are rounded to; ``None``, the parameters'.
-      precision: the matrix products' precision.
-
-    Returns:
-      The outputs ``(..., out)``, of dtype ``storage_dtype``.
-    """
-    storage = jnp.dtype(storage_dtype or params[0]["weight"].dtype)
-    h = _round_to(x.astype(jnp.float32), storage)
-    for k, layer in enumerate(params):
-        weight = layer["weight"].astype(jnp.float32)
-        z = jnp.matmul(h, weight.T, precision=precision) + layer["bias"].astype(jnp.float32)
-        h = _round_to(z, storage)
-        slope = OUTPUT_SLOPE if k == len(params) - 1 else HIDDEN_SLOPE
-        if slope != 1.0:
-            h = _round_to(jnp.where(h > 0, h, slope * h), storage)
-    return h.astype(storage)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _round_to(values: jax.Array, dtype) -> jax.Array:
-    """Rounds float32 values to ``dtype`` and back; its derivative is the identity."""
-    return values.astype(dtype).astype(values.dtype)
-
-
-@_round_to.defjvp
-def _round_to_jvp(dtype, primals, tangents):
-    return _round_to(primals[0], dtype), tangents[0]
-
-
-def mlp_loss_reference(
-    params: Params,
-    x: jax.Array,
-    target: jax.Array,
-    storage_dtype: Any = None,
-    precision: jax.lax.Precision | None = jax.lax.Precision.HIGHEST,
-) -> jax.Array:
-    """Plain-JAX twin of :func:`mlp_loss_and_grad`'s loss; ``jax.grad`` of it is the twin of the
-    gradients.
-
-    Args:
-      params: the network's parameters (:data:`Params`).
-      x: inputs ``(batch, in)``.
-      target: ``(batch, out)``.
-      storage_dtype: as in :func:`mlp_apply_reference`.
-      precision: as in :func:`mlp_apply_reference`.
-
-    Returns:
-      The batch mean of each sample's squared L2 error, a float32 scalar.
-    """
-    prediction = mlp_apply_reference(params, x, storage_dtype, precision)
-    error = prediction.astype(jnp.float32) - target.astype(jnp.float32)
-    return jnp.mean(jnp.sum(error * error, axis=-1))
 
 
 # --- checks and flattening -------------------------------------------------------------------------

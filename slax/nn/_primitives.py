@@ -1,9 +1,11 @@
-"""The MLP's JAX primitives: forward, backward and fused loss-and-gradient.
+"""The MLP's JAX primitives: forward, backward and fused loss-and-gradient, and the tangent (the
+network's Jacobian-vector product) that links forward and backward in JAX's differentiation.
 
 Each takes the input batch (and ``dy`` or the target), then every layer's bias and weight, and
 lowers to one launch of its kernel (slax/nn/_kernels.py) through ``slang_kernel_p``, like every
-slax kernel. ``sizes`` and ``dtype`` name the architecture; ``group_ndim`` leading axes of the
-data are groups (vmapped calls) whose gradients are summed apart.
+slax kernel; the tangent lowers to its plain-JAX twin (slax/nn/_reference.py). ``sizes`` and
+``dtype`` name the architecture; ``group_ndim`` leading axes of the data are groups (vmapped calls)
+whose gradients are summed apart.
 
 Gradients are summed without atomics: per thread group in a fixed order, then over groups by XLA,
 so they are bit-identical from run to run.
@@ -19,11 +21,12 @@ import jax.numpy as jnp
 
 from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
-from slax._jax_api import lower_fun
+from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._kernel_primitive import UINT_MAX, run_kernel
-from slax._primitive import declare_primitive, result_aval
+from slax._primitive import check_finite, declare_primitive, result_aval
 from slax._ptx_launch import compute_capability
 from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, mlp_source, parameter_offsets
+from slax.nn._reference import backward_twin, forward_twin, tangent_twin
 from slax.nn._tensor_core_kernels import weight_fragments
 
 PLATFORMS = ("cpu", "cuda")
@@ -231,6 +234,150 @@ def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
     )
 
 
+# --- derivatives ---------------------------------------------------------------------------------
+#
+# mlp_forward_p's JVP emits mlp_tangent_p, the network's Jacobian-vector product, linear in its
+# tangents, whose transpose is the backward kernel: jax.grad runs the forward and backward kernels,
+# and jax.jvp the forward kernel and the twin's tangent. Each first-order primitive is linear in
+# some operands (mlp_tangent_p in the tangents, mlp_backward_p in dy), and its JVP is the same
+# primitive along those operands' tangents plus its plain-JAX twin's derivative along the rest
+# (:func:`_linear_map_jvp`), which JAX differentiates and transposes further: derivatives of any
+# order, with the kernels where a derivative is first order in the network.
+
+
+def _forward_jvp(primals, tangents, *, sizes, dtype, keep_hidden, routes):
+    """The forward kernel, keeping the hidden activations the backward kernel reads where the
+    network has them (``hidden_width``), and mlp_tangent_p. Where the forward call kept them itself
+    (an outer derivative of this rule), their tangent is the twin's."""
+    x, *params = primals
+    outputs = mlp_forward_p.bind(
+        x, *params, sizes=sizes, dtype=dtype, keep_hidden=hidden_width(sizes) > 0, routes=routes
+    )
+    y, hidden = outputs[0], outputs[1:]
+    dx, *dparams = [instantiate_zeros(t) for t in tangents]
+    dy = mlp_tangent_p.bind(
+        x, *hidden, dx, *params, *dparams, sizes=sizes, dtype=dtype, hidden=bool(hidden), routes=routes
+    )
+    if not keep_hidden:
+        return [y], dy
+    _, (_, dhidden) = jax.jvp(functools.partial(forward_twin, dtype=dtype), list(primals), [dx, *dparams])
+    return outputs, [*dy, dhidden]
+
+
+def _tangent_operands(operands, hidden: bool):
+    """``x, [hidden], dx, *params, *dparams`` of mlp_tangent_p, split."""
+    kept = 1 + hidden
+    x, rest = operands[0], operands[1:]
+    count = (len(rest) - kept) // 2
+    return x, rest[: kept - 1], rest[kept - 1], rest[kept : kept + count], rest[kept + count :]
+
+
+def _tangent_abstract_eval(*operands, sizes, dtype, hidden, routes):
+    x = operands[0]
+    return [result_aval(x.shape[:-1] + (sizes[-1],), dtype, operands)]
+
+
+def _tangent(*operands, sizes, dtype, hidden, routes):
+    """mlp_tangent_p's value, from its twin (no kernel computes a Jacobian-vector product)."""
+    x, _, dx, params, dparams = _tangent_operands(operands, hidden)
+    return [tangent_twin(x, dx, params, dparams, dtype)]
+
+
+def _tangent_transpose(cotangents, *operands, sizes, dtype, hidden, routes):
+    """The backward kernel: ``dy -> dx, *dparams`` (``dx`` only where it is wanted)."""
+    x, kept, dx, params, dparams = _tangent_operands(operands, hidden)
+    _refuse_nonlinear("mlp_tangent", [x, *kept, *params])
+    (dy,) = cotangents
+    if type(dy) is Zero:
+        return [None] * len(operands)
+    input_gradient = is_undefined_primal(dx)
+    dy = instantiate_zeros(dy).astype(dtype)
+    outputs = mlp_backward_p.bind(
+        x,
+        *kept,
+        dy,
+        *params,
+        sizes=sizes,
+        dtype=dtype,
+        group_ndim=0,
+        hidden=hidden,
+        input_gradient=input_gradient,
+        routes=routes,
+    )
+    check_finite("slax.nn.mlp_apply's backward kernel", [x, *kept, dy, *params], outputs)
+    dx_cotangent = outputs.pop(0) if input_gradient else None
+    grads = [g.astype(t.aval.dtype) if is_undefined_primal(t) else None for g, t in zip(outputs, dparams)]
+    return [None] * (1 + len(kept)) + [dx_cotangent] + [None] * len(params) + grads
+
+
+def _tangent_jvp(primals, tangents, **params):
+    kept = 1 + params["hidden"]
+    count = (len(primals) - kept - 1) // 2  # parameters, and as many tangents
+    linear = [False] * kept + [True] + [False] * count + [True] * count
+    return _linear_map_jvp(mlp_tangent_p, _tangent, linear, primals, tangents, params)
+
+
+def _backward_twin(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+    x, dy, params = operands[0], operands[1 + hidden], operands[2 + hidden :]
+    return backward_twin(x, dy, params, dtype, group_ndim, input_gradient)
+
+
+def _backward_jvp(primals, tangents, **params):
+    linear = [i == 1 + params["hidden"] for i in range(len(primals))]
+    return _linear_map_jvp(mlp_backward_p, _backward_twin, linear, primals, tangents, params)
+
+
+def _backward_transpose(cotangents, *operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+    """The Jacobian-vector product: ``dx, *dparams -> dy``, per group for vmapped groups."""
+    x, kept, dy, params = operands[0], operands[1 : 1 + hidden], operands[1 + hidden], operands[2 + hidden :]
+    _refuse_nonlinear("mlp_backward", [x, *kept, *params])
+    cotangents = list(cotangents)
+    dx = cotangents.pop(0) if input_gradient else Zero(jax.typeof(x).to_tangent_aval())
+    if all(type(c) is Zero for c in [dx, *cotangents]):
+        return [None] * len(operands)
+
+    def tangent(x, kept, dx, dparams):
+        return mlp_tangent_p.bind(
+            x, *kept, dx, *params, *dparams, sizes=sizes, dtype=dtype, hidden=hidden, routes=routes
+        )[0]
+
+    for _ in range(group_ndim):  # each group's parameter cotangent is its own tangent
+        tangent = jax.vmap(tangent)
+    dparams = [instantiate_zeros(c).astype(p.dtype) for c, p in zip(cotangents, params)]
+    dy_cotangent = tangent(x, list(kept), instantiate_zeros(dx).astype(x.dtype), dparams)
+    return [None] * (1 + len(kept)) + [dy_cotangent.astype(dy.aval.dtype)] + [None] * len(params)
+
+
+def _linear_map_jvp(primitive, twin, linear, primals, tangents, params):
+    """The JVP of ``primitive``, linear in the operands ``linear`` marks: the primitive along those
+    operands' tangents, plus the derivative of ``twin`` (its plain-JAX twin, called as the
+    primitive is) along the other operands' tangents at the same linear operands."""
+    outputs = primitive.bind(*primals, **params)
+    terms = []
+    if any(is_linear and type(t) is not Zero for is_linear, t in zip(linear, tangents)):
+        along = [instantiate_zeros(t) if lin else p for p, t, lin in zip(primals, tangents, linear)]
+        terms.append(primitive.bind(*along, **params))
+    if any(not is_linear and type(t) is not Zero for is_linear, t in zip(linear, tangents)):
+        fixed = [p for p, is_linear in zip(primals, linear) if is_linear]
+        varied = [p for p, is_linear in zip(primals, linear) if not is_linear]
+        directions = [instantiate_zeros(t) for t, is_linear in zip(tangents, linear) if not is_linear]
+
+        def of_varied(*values):
+            values, linear_values = iter(values), iter(fixed)
+            merged = [next(linear_values) if is_linear else next(values) for is_linear in linear]
+            return twin(*merged, **params)
+
+        terms.append(jax.jvp(of_varied, varied, directions)[1])
+    return outputs, [functools.reduce(jnp.add, parts) for parts in zip(*terms)]
+
+
+def _refuse_nonlinear(name: str, operands) -> None:
+    """The transposes are linear maps of their tangent operands; JAX transposes nothing else."""
+    undefined = [k for k, operand in enumerate(operands) if is_undefined_primal(operand)]
+    if undefined:
+        raise ValueError(f"slax: {name} is not linear in its operands {undefined}; it cannot be transposed.")
+
+
 # --- batching -----------------------------------------------------------------------------------
 
 
@@ -262,6 +409,15 @@ def _batch_backward(primitive, args, dims, **params):
     return _batch_per_sample(primitive, args, dims, num_data=3 if params["hidden"] else 2, **params)
 
 
+def _batch_tangent(primitive, args, dims, **params):
+    """vmap over data folds into the samples (one call, transposed to one backward launch); over
+    parameters or their tangents it maps the twin, which mlp_tangent_p runs anyway."""
+    num_data = 3 if params["hidden"] else 2
+    if all(d is None for d in dims[num_data:]):
+        return _batch_per_sample(primitive, args, dims, num_data=num_data, **params)
+    return jax.vmap(functools.partial(_tangent, **params), in_axes=tuple(dims))(*args), [0]
+
+
 def _batch_by_loop(primitive, args, dims, **params):
     """Per-example parameters: one launch per example, in a lax.map."""
     size = _batch_size(args, dims)
@@ -276,6 +432,7 @@ mlp_forward_p = declare_primitive(
     lowering=lower_fun(_forward, multiple_results=True),
     platforms=PLATFORMS,
     batching_rule=functools.partial(_batch_per_sample, num_data=1),
+    jvp=_forward_jvp,
 )
 mlp_backward_p = declare_primitive(
     "slang_mlp_backward",
@@ -284,6 +441,16 @@ mlp_backward_p = declare_primitive(
     platforms=PLATFORMS,
     batching_rule=_batch_backward,
     dead_code=_backward_dead_code,
+    jvp=_backward_jvp,
+    transpose=_backward_transpose,
+)
+mlp_tangent_p = declare_primitive(
+    "slang_mlp_tangent",
+    abstract_eval=_tangent_abstract_eval,
+    lowering=lower_fun(_tangent, multiple_results=True),
+    batching_rule=_batch_tangent,
+    jvp=_tangent_jvp,
+    transpose=_tangent_transpose,
 )
 mlp_loss_grad_p = declare_primitive(
     "slang_mlp_loss_grad",

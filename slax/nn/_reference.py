@@ -1,0 +1,148 @@
+"""The MLP in plain jax.numpy: the public reference, and the twins of the kernels' primitives that
+the primitives' derivative rules differentiate (slax/nn/_primitives.py).
+
+The twins take the primitives' operands (each layer's bias then weight, flat) and give their
+results in the kernels' precision policy, so a rule may take any of their derivatives with JAX's
+own machinery: a Jacobian-vector product of the backward pass is one ``jax.jvp`` of its twin.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE
+
+FULL_PRECISION = jax.lax.Precision.HIGHEST
+
+
+def mlp_apply_reference(
+    params: list[dict[str, jax.Array]],
+    x: jax.Array,
+    storage_dtype: Any = None,
+    precision: jax.lax.Precision | None = FULL_PRECISION,
+) -> jax.Array:
+    """The same network in plain jax.numpy, for comparison and as a pure-JAX baseline.
+
+    It follows the kernels' precision policy: arithmetic in float32, activations rounded to
+    ``storage_dtype`` (default: the parameters' dtype) after each affine map and activation, and
+    gradients kept in float32 (the rounding passes gradients straight through, as the kernels'
+    float32 backward pass does). The result has dtype ``storage_dtype``.
+
+    Its products are full float32 (``precision=Precision.HIGHEST``), as the kernels' are: JAX's
+    default precision (``precision=None``) lets XLA multiply float32 matrices in TF32 on GPUs with
+    tensor cores (relative error ~5e-4), which would make the reference, not the kernels, the less
+    exact of the two. Benchmarks pass ``None`` to time what a plain JAX program gets by default.
+
+    Args:
+      params: the network's parameters (:data:`slax.nn.Params`).
+      x: inputs ``(..., in)``.
+      storage_dtype: the dtype activations are rounded to; ``None``, the parameters'.
+      precision: the matrix products' precision.
+
+    Returns:
+      The outputs ``(..., out)``, of dtype ``storage_dtype``.
+    """
+    storage = jnp.dtype(storage_dtype or params[0]["weight"].dtype)
+    return _layer_outputs(params, x, storage, precision)[-1].astype(storage)
+
+
+def mlp_loss_reference(
+    params: list[dict[str, jax.Array]],
+    x: jax.Array,
+    target: jax.Array,
+    storage_dtype: Any = None,
+    precision: jax.lax.Precision | None = FULL_PRECISION,
+) -> jax.Array:
+    """Plain-JAX twin of :func:`slax.nn.mlp_loss_and_grad`'s loss; ``jax.grad`` of it is the twin
+    of the gradients.
+
+    Args:
+      params: the network's parameters (:data:`slax.nn.Params`).
+      x: inputs ``(batch, in)``.
+      target: ``(batch, out)``.
+      storage_dtype: as in :func:`mlp_apply_reference`.
+      precision: as in :func:`mlp_apply_reference`.
+
+    Returns:
+      The batch mean of each sample's squared L2 error, a float32 scalar.
+    """
+    prediction = mlp_apply_reference(params, x, storage_dtype, precision)
+    error = prediction.astype(jnp.float32) - target.astype(jnp.float32)
+    return jnp.mean(jnp.sum(error * error, axis=-1))
+
+
+def _layer_outputs(params, x: jax.Array, storage, precision) -> list[jax.Array]:
+    """Every layer's output (float32 holding ``storage`` values), from the first to the last."""
+    h = _round_to(x.astype(jnp.float32), storage)
+    outputs = []
+    for k, layer in enumerate(params):
+        weight = layer["weight"].astype(jnp.float32)
+        z = jnp.matmul(h, weight.T, precision=precision) + layer["bias"].astype(jnp.float32)
+        h = _round_to(z, storage)
+        slope = OUTPUT_SLOPE if k == len(params) - 1 else HIDDEN_SLOPE
+        if slope != 1.0:
+            h = _round_to(jnp.where(h > 0, h, slope * h), storage)
+        outputs.append(h)
+    return outputs
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _round_to(values: jax.Array, dtype) -> jax.Array:
+    """Rounds float32 values to ``dtype`` and back; its derivative is the identity."""
+    return values.astype(dtype).astype(values.dtype)
+
+
+@_round_to.defjvp
+def _round_to_jvp(dtype, primals, tangents):
+    return _round_to(primals[0], dtype), tangents[0]
+
+
+# --- the primitives' twins ---------------------------------------------------------------------
+
+
+def _layers(flat) -> list[dict[str, jax.Array]]:
+    """The primitives' flat parameters (each layer's bias, then its weight) as float32 layers: half
+    parameters convert exactly, and their derivatives are float32 as the kernels' are."""
+    flat = [p.astype(jnp.float32) for p in flat]
+    return [{"weight": w, "bias": b} for b, w in zip(flat[0::2], flat[1::2])]
+
+
+def forward_twin(x: jax.Array, *flat: jax.Array, dtype: str) -> list[jax.Array]:
+    """``mlp_forward_hidden``'s results: ``[y, hidden]``, ``hidden`` each sample's hidden layers'
+    outputs one after the other (slax/nn/_kernels.py, ``hidden_width``)."""
+    outputs = [h.astype(dtype) for h in _layer_outputs(_layers(flat), x, jnp.dtype(dtype), FULL_PRECISION)]
+    return [outputs[-1], jnp.concatenate(outputs[:-1], axis=-1)]
+
+
+def tangent_twin(x: jax.Array, dx: jax.Array, flat, tangents, dtype: str) -> jax.Array:
+    """The network's Jacobian-vector product at ``(x, flat)`` along ``(dx, tangents)``."""
+
+    def network(x, flat):
+        return mlp_apply_reference(_layers(flat), x, dtype)
+
+    tangents = [t.astype(jnp.float32) for t in tangents]
+    return jax.jvp(network, (x, [p.astype(jnp.float32) for p in flat]), (dx, tangents))[1]
+
+
+def backward_twin(x, dy, flat, dtype: str, group_ndim: int, input_gradient: bool) -> list[jax.Array]:
+    """``mlp_backward``'s results: ``[dx,] *gradients``, the network's vector-Jacobian product with
+    ``dy``, each gradient summed over the samples of each of the ``group_ndim`` leading axes'
+    groups (float32, as the kernels'); ``dx`` only with ``input_gradient``."""
+    groups = x.shape[:group_ndim]
+    per_group = math.prod(x.shape[group_ndim:-1])
+    layers = _layers(flat)
+
+    def one_group(x, dy):
+        y, pullback = jax.vjp(lambda x, layers: mlp_apply_reference(layers, x, dtype), x, layers)
+        dx, grads = pullback(dy.astype(y.dtype))
+        return dx, [a for layer in grads for a in (layer["bias"], layer["weight"])]
+
+    grouped = (math.prod(groups), per_group)
+    dx, grads = jax.vmap(one_group)(x.reshape(grouped + x.shape[-1:]), dy.reshape(grouped + dy.shape[-1:]))
+    grads = [g.reshape(groups + g.shape[1:]) for g in grads]
+    return [dx.reshape(x.shape), *grads] if input_gradient else grads
