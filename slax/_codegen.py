@@ -471,7 +471,8 @@ class _KernelWriter:
         ``e_k`` gives ``f''[dx, e_k]`` (``.d.d``) and ``f'[e_k]`` (``.d.p``), whose products with
         ``ct`` and ``dct`` are component ``k``. Slang 2026.12 cannot differentiate what
         ``bwd_diff`` makes, and its ``bwd_diff(fwd_diff(f))`` fails on ``out`` and ``inout``
-        parameters, while nested ``fwd_diff`` takes every function that ``fwd_diff`` does.
+        parameters, which nested ``fwd_diff`` takes (``out``) or refuses plainly (``inout``,
+        refused before any kernel is written).
         Components are accumulated in float: half's products would round at every term."""
         emit, local = self.lines.append, self.names.local
         outputs = [v for v in self.sig.outputs if _is_diff(v)]

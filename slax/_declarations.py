@@ -55,6 +55,26 @@ def derivative_modes(texts: Iterable[str], name: str) -> Modes | None:
     attributes of its declarations and the derivatives declared for it in ``texts``; None where
     they declare none of Slang's differentiability attributes (reflection then decides)."""
     texts = tuple(texts)
+    attributes, forward_derivatives = _declared(texts, name)
+    if not attributes & (_FORWARD | _BACKWARD):
+        return None
+    forward_derivative = next((g for g in forward_derivatives if g != name), "")
+    inner = _declared(texts, forward_derivative)[0] if forward_derivative else set()
+    return Modes(
+        forward=bool(attributes & _FORWARD),
+        backward=bool(attributes & _BACKWARD),
+        custom_backward_only="BackwardDerivative" in attributes and "ForwardDerivative" not in attributes,
+        forward_derivative=forward_derivative,
+        forward_derivative_modes=(
+            Modes(forward=bool(inner & _FORWARD), backward=bool(inner & _BACKWARD)) if inner else None
+        ),
+    )
+
+
+def _declared(texts: tuple[str, ...], name: str) -> tuple[set[str], list[str]]:
+    """The differentiability attributes that apply to function ``name`` (``ForwardDerivative`` and
+    ``BackwardDerivative`` for those declared elsewhere with ``...DerivativeOf(name)``), and the
+    names of the forward derivatives declared for it."""
     attributes: set[str] = set()
     forward_derivatives: list[str] = []
     for text in texts:
@@ -62,21 +82,13 @@ def derivative_modes(texts: Iterable[str], name: str) -> Modes | None:
         for block in _declaration_attributes(scope, name):
             attributes |= set(re.findall(r"\w+", re.sub(r"\([^()]*\)", "", block)))
             forward_derivatives += _FORWARD_DERIVATIVE.findall(block)
+        for mode, target in _DERIVATIVE_OF.findall(scope):
+            if target == name:
+                attributes.add(f"{mode}Derivative")
         for match in _DECLARATION.finditer(scope):
-            for mode, target in _DERIVATIVE_OF.findall(match.group(1)):
-                if target == name:
-                    attributes.add(f"{mode}Derivative")
-                    forward_derivatives += [match.group(2)] if mode == "Forward" else []
-    if not attributes & (_FORWARD | _BACKWARD):
-        return None
-    forward_derivative = next((g for g in forward_derivatives if g != name), "")
-    return Modes(
-        forward=bool(attributes & _FORWARD),
-        backward=bool(attributes & _BACKWARD),
-        custom_backward_only="BackwardDerivative" in attributes and "ForwardDerivative" not in attributes,
-        forward_derivative=forward_derivative,
-        forward_derivative_modes=derivative_modes(texts, forward_derivative) if forward_derivative else None,
-    )
+            if ("Forward", name) in _DERIVATIVE_OF.findall(match.group(1)):
+                forward_derivatives.append(match.group(2))
+    return attributes, forward_derivatives
 
 
 def generic_constraints(texts: Iterable[str], name: str) -> dict[str, str]:

@@ -412,7 +412,7 @@ def test_dir_lists_the_modules_functions(fns, tmp_path, monkeypatch):
     """Tab completion: dir() holds every module-scope function, generic or not, and no struct
     member, call or attribute; each listed name is callable through the module."""
     declared = {example.name for example in examples.EXAMPLES}
-    declared |= {"softplus_backward", "fixed_sum", "plain_square", "add_ints"}
+    declared |= {"softplus_backward", "softplus_forward", "fixed_sum", "plain_square", "add_ints"}
     assert set(fns.function_names()) == declared
     assert declared <= set(dir(fns)) and {"kernel", "path"} <= set(dir(fns))
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path))

@@ -244,6 +244,9 @@ def test_undifferentiable_declared_forward_derivative_is_named(second, rng):
         TypeError, match=r"'cube' run fwd_diff\(cube_forward\).*mark cube_forward \[Differentiable\]"
     ):
         jax.jacfwd(jax.jacfwd(lambda v: second.cube(v).sum()))(x)
+    declared = slax.load_module(pathlib.Path(__file__).with_name("slang") / "declared_derivatives.slang")
+    with pytest.raises(TypeError, match=r"'square' run fwd_diff\(square_forward\)"):  # [ForwardDerivativeOf]
+        jax.jacfwd(jax.jacfwd(lambda v: declared.square(v).sum()))(x)
 
 
 def test_inout_parameters_are_refused_naming_them(fns, rng):
