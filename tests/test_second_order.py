@@ -209,6 +209,22 @@ def test_vmap_of_hessian_and_grad_of_grad_under_jit(fns, rng):
     assert compare("grad of grad", "wave", eikonal(fns.wave), eikonal(wave), TOLERANCE).passed
 
 
+def test_cotangent_that_depends_on_the_primal(fns, rng):
+    """In a loss of f(x) (here its square), bwd_diff's cotangent depends on x: forward over
+    reverse takes the cotangent's tangent (dct), reverse over reverse transposes it (fwd_diff)."""
+    example = next(e for e in examples.EXAMPLES if e.name == "twist")
+    a, b, s = example.draw(rng, jnp.float32)
+
+    def losses(f):
+        loss = lambda a: jnp.sum(f(a, b, s) ** 2)  # noqa: E731
+        hessian = jax.hessian(loss)(a)
+        grad_of_grad = jax.grad(lambda a: jnp.sum(jnp.sin(jax.grad(loss)(a))))(a)
+        return hessian, grad_of_grad
+
+    for got, want in zip(losses(fns.twist), losses(example.twin)):
+        assert compare("dct", "a", got, want, TOLERANCE).passed
+
+
 def test_check_grads_order_two_compares_hessian_vector_products(fns):
     example = next(e for e in examples.EXAMPLES if e.name == "energy")  # a struct and a vector
     args = example.draw(np.random.default_rng(3), jnp.float32)
