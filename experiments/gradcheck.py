@@ -1,7 +1,9 @@
 """Compare every Slang function and network shipped in shaders/ with jax.grad of its JAX twin.
 
 For the example functions (shaders/examples.slang, twins in slax/examples.py) and the tutorial
-polynomial: values, reverse mode and forward mode. For the MLP (shaders/nn/mlp.slang): values and
+polynomial: values, reverse mode, forward mode and second order (Hessian-vector products, forward
+over reverse and reverse over reverse; not for accumulate, whose inout parameter Slang cannot
+differentiate twice). For the MLP (shaders/nn/mlp.slang): values and
 reverse mode of mlp_apply, and the fused mlp_loss_and_grad, on samples away from LeakyReLU's kink
 (slax.testing.away_from_kinks). float32 and float16. Prints one table and writes it to the run
 directory (--out, default runs/gradcheck/<time>) as gradcheck.txt and gradcheck.json; exits 1 if
@@ -63,11 +65,12 @@ def function_rows(dtype: str, rng: np.random.Generator):
     module = slax.load_module(examples.MODULE)
     for example in examples.EXAMPLES:
         args = example.draw(rng, jnp.dtype(dtype))
-        yield example.name, check_grads(getattr(module, example.name), example.twin, *args).rows
+        order = 2 if example.second_order else 1
+        yield example.name, check_grads(getattr(module, example.name), example.twin, *args, order=order).rows
     poly = slax.load_module("poly").polynomial
     if dtype == "float32":  # polynomial is declared for float only
         args = tuple(jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(), (), (), (3, 4)])
-        yield "polynomial", check_grads(poly, lambda a, b, c, x: a * x * x + b * x + c, *args).rows
+        yield "polynomial", check_grads(poly, lambda a, b, c, x: a * x * x + b * x + c, *args, order=2).rows
 
 
 def network_rows(dtype: str, seed: int):

@@ -1,6 +1,6 @@
 """Slang source for the compute kernels that run a Slang function over a call grid.
 
-For a function ``f`` slax writes three entry points, each following the calling convention of
+For a function ``f`` slax writes up to five entry points, each following the calling convention of
 ``shaders/slax/kernel.slang`` (uniform pointers for operands, then results, then scalars):
 
 - ``primal``: ``f`` itself; results are the return value then ``out``/``inout`` parameters.
@@ -8,6 +8,10 @@ For a function ``f`` slax writes three entry points, each following the calling 
   tangents of differentiable outputs.
 - ``cotangent``: ``bwd_diff(f)``; takes primal inputs and cotangents of differentiable outputs,
   writes the cotangents of differentiable inputs over the full grid (JAX sums broadcast axes).
+- ``tangent_of_tangent``: ``fwd_diff(fwd_diff(f))``, forward over forward.
+- ``tangent_of_cotangent``: the tangent of ``bwd_diff(f)``'s results (forward over reverse), run
+  as ``fwd_diff(fwd_diff(f))`` one input component at a time: Slang cannot differentiate what
+  ``bwd_diff`` makes.
 
 Each thread handles one grid point. Operand ``k`` is read at its row-major offset for that point, its
 broadcast axes (compiled into the kernel) left out, times its element size; results are dense over
@@ -32,6 +36,11 @@ class Mode(enum.Enum):
     PRIMAL = "primal"
     TANGENT = "tangent"
     COTANGENT = "cotangent"
+    TANGENT_OF_TANGENT = "tangent_of_tangent"
+    """``fwd_diff(fwd_diff(f))``: forward over forward (``jax.jacfwd(jax.jacfwd(f))``)."""
+    TANGENT_OF_COTANGENT = "tangent_of_cotangent"
+    """The tangent of ``bwd_diff(f)``: forward over reverse (``jax.hessian``, ``jax.jvp`` of
+    ``jax.grad``), which the kernel runs as ``bwd_diff(fwd_diff(f))``."""
 
 
 NAME_PREFIX = "slax_"
@@ -78,20 +87,31 @@ class KernelNames:
 
 
 def operand_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
-    """Leaves of the kernel's operands in order (JAX operands of the matching primitive)."""
+    """Leaves of the kernel's operands in order (JAX operands of the matching primitive): the
+    primal inputs, then per mode (``dx`` the differentiable inputs' leaves, ``dy`` the outputs')
+    ``tangent``: ``dx``; ``cotangent``: ``dy``; ``tangent_of_tangent``: ``dx`` (the inner
+    tangent), ``dx`` (the outer tangent of the primal), ``dx`` (the outer tangent of the inner
+    tangent); ``tangent_of_cotangent``: ``dy`` (the cotangent), ``dx`` (the primal's tangent),
+    ``dy`` (the cotangent's tangent)."""
     leaves = [leaf for value in signature.inputs for leaf in value.leaves]
-    if mode is Mode.TANGENT:
-        leaves += differentiable_leaves(signature.inputs)
-    elif mode is Mode.COTANGENT:
-        leaves += differentiable_leaves(signature.outputs)
-    return leaves
+    dx, dy = differentiable_leaves(signature.inputs), differentiable_leaves(signature.outputs)
+    extra = {
+        Mode.PRIMAL: [],
+        Mode.TANGENT: dx,
+        Mode.COTANGENT: dy,
+        Mode.TANGENT_OF_TANGENT: dx + dx + dx,
+        Mode.TANGENT_OF_COTANGENT: dy + dx + dy,
+    }
+    return leaves + extra[mode]
 
 
 def result_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
-    """Leaves of the kernel's results in order."""
+    """Leaves of the kernel's results in order: the outputs (``primal``), the differentiable
+    outputs' tangents (``tangent``, ``tangent_of_tangent``) or the differentiable inputs'
+    cotangents (``cotangent``) and their tangents (``tangent_of_cotangent``)."""
     if mode is Mode.PRIMAL:
         return [leaf for value in signature.outputs for leaf in value.leaves]
-    if mode is Mode.TANGENT:
+    if mode in (Mode.TANGENT, Mode.TANGENT_OF_TANGENT):
         return differentiable_leaves(signature.outputs)
     return differentiable_leaves(signature.inputs)
 
@@ -198,12 +218,14 @@ class _KernelWriter:
             emit(f"uint {local(f'c{d}')} = {rest} % {grid}; {rest} = {rest} / {grid};")
         for value in self.sig.inputs:
             self._load_value(value)
-        if self.mode is Mode.PRIMAL:
-            self._primal_call()
-        elif self.mode is Mode.TANGENT:
-            self._tangent_call()
-        else:
-            self._cotangent_call()
+        calls = {
+            Mode.PRIMAL: self._primal_call,
+            Mode.TANGENT: self._tangent_call,
+            Mode.COTANGENT: self._cotangent_call,
+            Mode.TANGENT_OF_TANGENT: self._tangent_of_tangent_call,
+            Mode.TANGENT_OF_COTANGENT: self._tangent_of_cotangent_call,
+        }
+        calls[self.mode]()
 
     def _operand_offset(self, k: int) -> str:
         """Operand ``k``'s row-major element index at the thread's grid point: the axes it is
@@ -251,17 +273,17 @@ class _KernelWriter:
         for leaf in value.leaves:
             self._write_leaf(self.local(value) + leaf.field_access(), leaf)
 
-    def _zero(self, value: Value) -> str:
+    def _zero(self, value: Value, role: str) -> str:
         """A local of ``value``'s type with every field zero: the primal at which a cotangent is
         mapped (``split`` is linear, so any primal gives the same map; this one is defined)."""
-        var = self._declare(value, "_zero")
+        var = self._declare(value, role + "_zero")
         for leaf in value.leaves:
             self.lines += [f"{var}{leaf.field_access()}{suffix} = 0;" for suffix in leaf.index_suffixes()]
         return var
 
-    def _load_differential(self, value: Value, role: str) -> str:
-        """Declares a local holding an input's tangent (``role`` ``"_t"``) or an output's cotangent
-        (``"_ct"``), read from the next operands (one per differentiable leaf)."""
+    def _load_differential(self, value: Value, role: str, tangent: bool) -> str:
+        """Declares a local (named by ``role``) holding an input's tangent (``tangent``) or an
+        output's cotangent, read from the next operands (one per differentiable leaf)."""
         if not value.is_struct:
             var = self._declare(value, role)
             self._read_leaf(var, value.leaves[0])
@@ -273,31 +295,42 @@ class _KernelWriter:
                 self.lines.append(f"{leaf.slang_type} {given[k]};")
                 self._read_leaf(given[k], leaf)
         var = self.local(value, role)
-        if role == "_t":
-            fields = [self.local(value) + leaf.field_access() for leaf in value.leaves]
-            args = [
-                f"diffPair({field}, {given[k]})" if k in given else field for k, field in enumerate(fields)
-            ]
-            self.lines.append(f"let {var} = fwd_diff({self._build(value)})({', '.join(args)}).d;")
-            return var
-        pair = self.local(value, "_ctpair")
-        primal = self.local(value) if value.direction is Direction.INOUT else self._zero(value)
+        if tangent:
+            return self._tangent_of_leaves(value, given, var)
+        pair = self.local(value, role + "pair")
+        primal = self.local(value) if value.direction is Direction.INOUT else self._zero(value, role)
         self.lines.append(f"var {pair} = diffPair({primal});")
         self.lines.append(f"bwd_diff({self._split(value)})({', '.join([pair, *given.values()])});")
         self.lines.append(f"let {var} = {pair}.d;")
         return var
 
-    def _store_differential(self, value: Value) -> None:
-        """Writes the differential in ``value``'s pair (an output's tangent, an input's cotangent)
-        to the next results, one per differentiable leaf."""
-        pair = self.local(value, "_pair")
+    def _tangent_of_leaves(self, value: Value, given: dict[int, str], var: str) -> str:
+        """Declares ``var``, the struct ``value``'s ``Differential`` whose differentiable leaves
+        (by index) are the locals ``given``, through ``fwd_diff(build)`` (see the class)."""
+        fields = [self.local(value) + leaf.field_access() for leaf in value.leaves]
+        args = [f"diffPair({field}, {given[k]})" if k in given else field for k, field in enumerate(fields)]
+        self.lines.append(f"let {var} = fwd_diff({self._build(value)})({', '.join(args)}).d;")
+        return var
+
+    def _store_differential(self, value: Value, pair: str, tangent: bool) -> None:
+        """Writes the differential in ``pair`` (a ``DifferentialPair`` of ``value``'s type) to the
+        next results, one per differentiable leaf: an output's tangent (``tangent``) or an input's
+        cotangent."""
+        for expression, leaf in self._differential_leaves(value, pair, tangent, "_d"):
+            self._write_leaf(expression, leaf)
+
+    def _differential_leaves(
+        self, value: Value, pair: str, tangent: bool, role: str
+    ) -> list[tuple[str, Leaf]]:
+        """The differentiable leaves of the differential in ``pair``, as expressions of locals
+        named by ``role``: through ``fwd_diff(split)`` for a tangent, ``bwd_diff(build)`` for a
+        cotangent (see the class)."""
         if not value.is_struct:
-            self._write_leaf(f"{pair}.d", value.leaves[0])
-            return
+            return [(f"{pair}.d", value.leaves[0])]
         args, written = [], []
         for k, leaf in enumerate(value.leaves):
-            var = self.local(value, f"_d{k}")
-            if self.mode is Mode.TANGENT:
+            var = self.local(value, f"{role}{k}")
+            if tangent:
                 kind = f"DifferentialPair<{leaf.slang_type}>" if leaf.differentiable else leaf.slang_type
                 self.lines.append(f"{kind} {var};")
             elif leaf.differentiable:
@@ -306,13 +339,12 @@ class _KernelWriter:
                 var = self.local(value) + leaf.field_access()
             args.append(var)
             if leaf.differentiable:
-                written.append((var, leaf))
-        if self.mode is Mode.TANGENT:
+                written.append((f"{var}.d", leaf))
+        if tangent:
             self.lines.append(f"fwd_diff({self._split(value)})({', '.join([pair, *args])});")
         else:
             self.lines.append(f"bwd_diff({self._build(value)})({', '.join([*args, f'{pair}.d'])});")
-        for var, leaf in written:
-            self._write_leaf(f"{var}.d", leaf)
+        return written
 
     def _build(self, value: Value) -> str:
         """``T build(leaf0, leaf1, ...)``: ``value``'s struct from its leaves."""
@@ -365,13 +397,13 @@ class _KernelWriter:
             if value.direction is Direction.OUT:
                 self.lines.append(f"var {pair} = diffPair({self._declare(value)});")
             else:
-                tangent = self._load_differential(value, "_t")
+                tangent = self._load_differential(value, "_t", tangent=True)
                 self.lines.append(f"var {pair} = diffPair({self.local(value)}, {tangent});")
             args.append(pair)
         self._call(f"fwd_diff({self.sig.name})", args, self.names.local("result_pair"))
         for value in self.sig.outputs:
             if _is_diff(value):
-                self._store_differential(value)
+                self._store_differential(value, self.local(value, "_pair"), tangent=True)
 
     def _cotangent_call(self) -> None:
         """``bwd_diff(f)``: ``in`` and ``inout`` differentiable parameters become pairs (an ``inout``
@@ -379,7 +411,9 @@ class _KernelWriter:
         its place, non-differentiable ``out`` parameters are dropped, and the result's cotangent
         comes last. The pairs then hold the input cotangents."""
         cotangents = {
-            id(value): self._load_differential(value, "_ct") for value in self.sig.outputs if _is_diff(value)
+            id(value): self._load_differential(value, "_ct", tangent=False)
+            for value in self.sig.outputs
+            if _is_diff(value)
         }
         args = []
         pairs = []
@@ -399,7 +433,134 @@ class _KernelWriter:
             args.append(cotangents[id(self.sig.result)])
         self.lines.append(f"bwd_diff({self.sig.name})({', '.join(args)});")
         for value in pairs:
-            self._store_differential(value)
+            self._store_differential(value, self.local(value, "_pair"), tangent=False)
+
+    def _tangent_of_tangent_call(self) -> None:
+        """``fwd_diff(fwd_diff(f))``: each differentiable parameter a pair of pairs, the primal
+        with its inner tangent and their outer tangents (an ``out`` one's starts empty); the
+        outputs' second tangents (``.d.d``) are written."""
+        inputs = [v for v in self.sig.inputs if _is_diff(v)]
+        loaded = {
+            role: {id(v): self._load_differential(v, role, tangent=True) for v in inputs}
+            for role in ("_t", "_e", "_et")
+        }
+        args = []
+        for value in self.sig.params:
+            if not _is_diff(value):
+                args.append(self._declare(value) if value.direction is Direction.OUT else self.local(value))
+                continue
+            pair = self.local(value, "_pair")
+            if value.direction is Direction.OUT:
+                self.lines.append(f"var {pair} = diffPair(diffPair({self._declare(value)}));")
+            else:
+                t, e, et = (loaded[role][id(value)] for role in ("_t", "_e", "_et"))
+                inner = f"diffPair({self.local(value)}, {t})"
+                self.lines.append(f"var {pair} = diffPair({inner}, diffPair({e}, {et}));")
+            args.append(pair)
+        self._call(f"fwd_diff(fwd_diff({self.sig.name}))", args, self.names.local("result_pair"))
+        for value in self.sig.outputs:
+            if _is_diff(value):
+                pair, second = self.local(value, "_pair"), self.local(value, "_second")
+                self.lines.append(f"var {second} = diffPair({pair}.p.p, {pair}.d.d);")
+                self._store_differential(value, second, tangent=True)
+
+    def _tangent_of_cotangent_call(self) -> None:
+        """The tangent ``H(ct) dx + J^T dct`` of ``bwd_diff(f)``'s input cotangents ``J^T ct``
+        (``H(ct)`` the Hessian of ``ct . f``, ``J`` the Jacobian), one input component ``e_k`` at
+        a time: ``fwd_diff(fwd_diff(f))`` along the inner tangent ``dx`` and the outer tangent
+        ``e_k`` gives ``f''[dx, e_k]`` (``.d.d``) and ``f'[e_k]`` (``.d.p``), whose products with
+        ``ct`` and ``dct`` are component ``k``. Slang 2026.12 cannot differentiate what
+        ``bwd_diff`` makes, and its ``bwd_diff(fwd_diff(f))`` fails on ``out`` and ``inout``
+        parameters, which nested ``fwd_diff`` takes (``out``) or refuses plainly (``inout``,
+        refused before any kernel is written).
+        Components are accumulated in float: half's products would round at every term."""
+        emit, local = self.lines.append, self.names.local
+        outputs = [v for v in self.sig.outputs if _is_diff(v)]
+        inputs = [v for v in self.sig.inputs if _is_diff(v)]
+        cotangents = {id(v): self._load_leaves(v, "_ct") for v in outputs}
+        tangents = {id(v): self._load_differential(v, "_t", tangent=True) for v in inputs}
+        cotangent_tangents = {id(v): self._load_leaves(v, "_dct") for v in outputs}
+        components = [
+            (value, k, suffix)
+            for value in inputs
+            for k, leaf in enumerate(value.leaves)
+            if leaf.differentiable
+            for suffix in leaf.index_suffixes()
+        ]
+        sums = {}
+        for value in inputs:
+            for k, leaf in enumerate(value.leaves):
+                if leaf.differentiable:
+                    sums[id(value), k] = self.local(value, f"_sum{k}")
+                    emit(f"{leaf.slang_type} {sums[id(value), k]};")
+        component, total = local("component"), local("total")
+        emit(f"for (uint {component} = 0; {component} < {len(components)}; {component}++)")
+        emit("{")
+        start = len(self.lines)
+        numbering = iter(range(len(components)))
+        args = []
+        for value in self.sig.params:
+            if not _is_diff(value):
+                args.append(self._declare(value) if value.direction is Direction.OUT else self.local(value))
+                continue
+            pair = self.local(value, "_pair")
+            if value.direction is Direction.OUT:
+                emit(f"var {pair} = diffPair(diffPair({self._declare(value)}));")
+                args.append(pair)
+                continue
+            given = {}
+            for k, leaf in enumerate(value.leaves):
+                if leaf.differentiable:
+                    given[k] = self.local(value, f"_e{k}")
+                    emit(f"{leaf.slang_type} {given[k]};")
+                    for suffix in leaf.index_suffixes():
+                        one = f"{component} == {next(numbering)} ? 1.0 : 0.0"
+                        emit(f"{given[k]}{suffix} = {_ctype(leaf)}({one});")
+            direction = (
+                given[0]
+                if not value.is_struct
+                else self._tangent_of_leaves(value, given, self.local(value, "_e"))
+            )
+            inner = f"diffPair({self.local(value)}, {tangents[id(value)]})"
+            emit(f"var {pair} = diffPair({inner}, diffPair({direction}));")
+            args.append(pair)
+        self._call(f"fwd_diff(fwd_diff({self.sig.name}))", args, self.names.local("result_pair"))
+        emit(f"float {total} = 0.0;")
+        for value in outputs:
+            pair = self.local(value, "_pair")
+            second, first = self.local(value, "_second"), self.local(value, "_first")
+            emit(f"var {second} = diffPair({pair}.p.p, {pair}.d.d);")
+            emit(f"var {first} = diffPair({pair}.p.p, {pair}.d.p);")
+            seconds = self._differential_leaves(value, second, tangent=True, role="_dd")
+            firsts = self._differential_leaves(value, first, tangent=True, role="_dp")
+            weights = zip(cotangents[id(value)], cotangent_tangents[id(value)], seconds, firsts)
+            for (ct, leaf), (dct, _), (dd, _), (dp, _) in weights:
+                for suffix in leaf.index_suffixes():
+                    emit(
+                        f"{total} += float({ct}{suffix}) * float({dd}{suffix}) "
+                        f"+ float({dct}{suffix}) * float({dp}{suffix});"
+                    )
+        for index, (value, k, suffix) in enumerate(components):
+            leaf = value.leaves[k]
+            emit(f"if ({component} == {index}) {sums[id(value), k]}{suffix} = {_ctype(leaf)}({total});")
+        self.lines[start:] = ["    " + line for line in self.lines[start:]]
+        emit("}")
+        for value in inputs:
+            for k, leaf in enumerate(value.leaves):
+                if leaf.differentiable:
+                    self._write_leaf(sums[id(value), k], leaf)
+
+    def _load_leaves(self, value: Value, role: str) -> list[tuple[str, Leaf]]:
+        """Declares a local per differentiable leaf of ``value`` (named by ``role``), read from the
+        next operands."""
+        loaded = []
+        for k, leaf in enumerate(value.leaves):
+            if leaf.differentiable:
+                var = self.local(value, f"{role}{k}")
+                self.lines.append(f"{leaf.slang_type} {var};")
+                self._read_leaf(var, leaf)
+                loaded.append((var, leaf))
+        return loaded
 
 
 def _detach(leaf: Leaf, expression: str) -> str:

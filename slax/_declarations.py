@@ -27,6 +27,9 @@ derivative alone give none."""
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _INNERMOST_BODY = re.compile(r"\{[^{}]*\}")
 _ATTRIBUTE_BLOCK = r"((?:\[[^\[\];]*\]\s*)*)"
+_FORWARD_DERIVATIVE = re.compile(r"\bForwardDerivative\s*\(\s*(?:[\w.:]*[.:])?(\w+)")
+_DECLARATION = re.compile(_ATTRIBUTE_BLOCK + r"[^;\[\]]*?\b(\w+)\s*(?:<[^;()]*>)?\s*\(", re.DOTALL)
+"""A function declaration at module scope: its attribute blocks, its name."""
 _DERIVATIVE_OF = re.compile(
     r"\b(Forward|Backward)DerivativeOf\s*\(\s*(?:[\w.:]*[.:])?(\w+)\s*(?:<[^()]*>)?\s*\)"
 )
@@ -38,23 +41,54 @@ class Modes:
 
     forward: bool
     backward: bool
+    custom_backward_only: bool = False
+    """It declares a backward derivative of its own and no forward one: Slang's second derivatives
+    run ``bwd_diff(fwd_diff(f))``, Slang's forward derivative of its body, not the declared one."""
+    forward_derivative: str = ""
+    """The forward derivative declared for it, if any: its second derivatives differentiate that."""
+    forward_derivative_modes: Modes | None = None
+    """The modes in which Slang differentiates :attr:`forward_derivative` in turn."""
 
 
 def derivative_modes(texts: Iterable[str], name: str) -> Modes | None:
     """The modes in which Slang differentiates the module-scope function ``name``, from the
     attributes of its declarations and the derivatives declared for it in ``texts``; None where
     they declare none of Slang's differentiability attributes (reflection then decides)."""
+    texts = tuple(texts)
+    attributes, forward_derivatives = _declared(texts, name)
+    if not attributes & (_FORWARD | _BACKWARD):
+        return None
+    forward_derivative = next((g for g in forward_derivatives if g != name), "")
+    inner = _declared(texts, forward_derivative)[0] if forward_derivative else set()
+    return Modes(
+        forward=bool(attributes & _FORWARD),
+        backward=bool(attributes & _BACKWARD),
+        custom_backward_only="BackwardDerivative" in attributes and "ForwardDerivative" not in attributes,
+        forward_derivative=forward_derivative,
+        forward_derivative_modes=(
+            Modes(forward=bool(inner & _FORWARD), backward=bool(inner & _BACKWARD)) if inner else None
+        ),
+    )
+
+
+def _declared(texts: tuple[str, ...], name: str) -> tuple[set[str], list[str]]:
+    """The differentiability attributes that apply to function ``name`` (``ForwardDerivative`` and
+    ``BackwardDerivative`` for those declared elsewhere with ``...DerivativeOf(name)``), and the
+    names of the forward derivatives declared for it."""
     attributes: set[str] = set()
+    forward_derivatives: list[str] = []
     for text in texts:
         scope = _module_scope(text)
         for block in _declaration_attributes(scope, name):
             attributes |= set(re.findall(r"\w+", re.sub(r"\([^()]*\)", "", block)))
+            forward_derivatives += _FORWARD_DERIVATIVE.findall(block)
         for mode, target in _DERIVATIVE_OF.findall(scope):
             if target == name:
                 attributes.add(f"{mode}Derivative")
-    if not attributes & (_FORWARD | _BACKWARD):
-        return None
-    return Modes(forward=bool(attributes & _FORWARD), backward=bool(attributes & _BACKWARD))
+        for match in _DECLARATION.finditer(scope):
+            if ("Forward", name) in _DERIVATIVE_OF.findall(match.group(1)):
+                forward_derivatives.append(match.group(2))
+    return attributes, forward_derivatives
 
 
 def generic_constraints(texts: Iterable[str], name: str) -> dict[str, str]:

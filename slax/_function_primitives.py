@@ -3,7 +3,11 @@
 ``slang_call_p`` calls the function, ``slang_tangent_p`` runs its ``fwd_diff`` (linear in the
 tangents) and ``slang_cotangent_p`` its ``bwd_diff``. ``slang_call_p``'s JVP emits
 ``slang_tangent_p``, whose transpose emits ``slang_cotangent_p``, so ``jax.jvp`` runs forward mode
-and ``jax.grad`` reverse mode through Slang's own derivatives, as JAX's ``lax`` primitives do. Under
+and ``jax.grad`` reverse mode through Slang's own derivatives, as JAX's ``lax`` primitives do.
+Second derivatives close the same way: the JVPs of those two with respect to the primal inputs are
+``slang_tangent_of_tangent_p`` and ``slang_tangent_of_cotangent_p``, each linear in its outer
+tangents and transposing into the other and a first-order primitive (see "second derivatives"
+below); a derivative of either with respect to its primal inputs, third order, is refused. Under
 ``jax.vmap`` the mapped axis becomes a leading axis of the same grid: one launch. Each lowers to a
 generated kernel (``slax/_codegen.py``) run by ``slang_kernel_p``.
 """
@@ -24,7 +28,7 @@ from slax._config import LaunchRoutes
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._kernel_primitive import run_kernel
 from slax._primitive import check_finite, declare_primitive, result_aval
-from slax._signature import Leaf, Signature
+from slax._signature import Direction, Leaf, Signature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +149,7 @@ def _require_mode(function: FunctionSpec, mode: Mode) -> None:
     """Raises, before any kernel is written, where Slang has no derivative of the function in
     ``mode``: it would fail to compile ``fwd_diff``/``bwd_diff`` with a message about neither."""
     name = function.name
-    if mode is Mode.COTANGENT and not function.signature.backward:
+    if mode in (Mode.COTANGENT, Mode.TANGENT_OF_COTANGENT) and not function.signature.backward:
         raise TypeError(
             f"slax: Slang function {name!r} has forward-mode derivatives only (it is "
             "[ForwardDifferentiable], or has only a custom forward derivative): jax.jvp and "
@@ -153,12 +157,49 @@ def _require_mode(function: FunctionSpec, mode: Mode) -> None:
             f"[Differentiable], or declare a backward derivative for it ([BackwardDerivative(g)] "
             f"on it, or [BackwardDerivativeOf({name})] on g)."
         )
-    if mode is Mode.TANGENT and not function.signature.forward:
+    if mode in (Mode.TANGENT_OF_TANGENT, Mode.TANGENT_OF_COTANGENT):
+        _require_nested(function, mode)
+    if mode in (Mode.TANGENT, Mode.TANGENT_OF_TANGENT) and not function.signature.forward:
         raise TypeError(
             f"slax: Slang function {name!r} has reverse-mode derivatives only (a custom backward "
             "derivative and no forward one): jax.grad, jax.vjp and jax.jacrev work, while jax.jvp "
             "and jax.jacfwd need its fwd_diff. Mark it [Differentiable], or declare a forward "
             f"derivative for it ([ForwardDerivative(g)] on it, or [ForwardDerivativeOf({name})] on g)."
+        )
+
+
+def _require_nested(function: FunctionSpec, mode: Mode) -> None:
+    """Raises where Slang cannot nest ``fwd_diff(fwd_diff(f))``, which both second-order kernels
+    run, or where it would differentiate something other than the derivatives the user declared."""
+    name = function.name
+    if mode is Mode.TANGENT_OF_COTANGENT and function.signature.custom_backward_only:
+        raise TypeError(
+            f"slax: Slang function {name!r} declares a backward derivative and no forward one, so "
+            "Slang cannot take its second derivatives through the declared derivative: jax.hessian, "
+            "jax.jvp of jax.grad and jax.grad of jax.grad run fwd_diff(fwd_diff(f)), which would "
+            "differentiate its body instead. Declare a [Differentiable] forward derivative g for it "
+            f"([ForwardDerivative(g)] on {name}, or [ForwardDerivativeOf({name})] on g), returning "
+            "DifferentialPair(value, derivative)."
+        )
+    inout = [
+        v.name
+        for v in function.signature.params
+        if v.direction is Direction.INOUT and v.differentiable and not v.no_diff
+    ]
+    if inout:
+        raise TypeError(
+            f"slax: second derivatives of Slang function {name!r} are not available: its "
+            f"differentiable parameter(s) {', '.join(map(repr, inout))} are inout, and Slang "
+            "2026.12 cannot nest fwd_diff through an inout parameter (an internal compiler error). "
+            f"Take the value in and give the result out instead (a parameter {inout[0]!r} and an "
+            f"'out' parameter, or the return value), in {name} and in what it calls."
+        )
+    if not function.signature.nested_forward:
+        derivative = function.signature.forward_derivative
+        raise TypeError(
+            f"slax: second derivatives of Slang function {name!r} run fwd_diff({derivative}), of the "
+            f"forward derivative declared for it, and Slang cannot differentiate {derivative!r}: "
+            f"mark {derivative} [Differentiable] (or declare a forward derivative of its own for it)."
         )
 
 
@@ -186,18 +227,18 @@ def _zero_tangent(primal) -> Zero:
 
 def _tangent_transpose(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
     primals, tangents = operands[: _num_primals(function)], operands[_num_primals(function) :]
-    if any(is_undefined_primal(p) for p in primals):
-        raise NotImplementedError(
-            f"slax: cannot transpose the derivative of {function.name!r} with respect to its "
-            "primal inputs (a higher-order derivative that slax does not support)."
-        )
+    _require_linear_only_in(function, Mode.TANGENT, primals)
     cotangents = [instantiate_zeros(ct) for ct in cotangents]
-    grads = slang_cotangent_p.bind(*primals, *cotangents, function=function, routes=routes)
-    check_finite(
-        f"bwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *cotangents], grads
-    )
-    return [None] * len(primals) + [
-        _sum_to_shape(g, t.aval.shape) if is_undefined_primal(t) else None for g, t in zip(grads, tangents)
+    grads = _bind(slang_cotangent_p, function, routes, primals, cotangents)
+    return [None] * len(primals) + _sum_to_shapes(grads, tangents)
+
+
+def _sum_to_shapes(grads, operands) -> list:
+    """Each gradient summed to its linear operand's shape, or None where that operand is not
+    one the transpose is taken with respect to."""
+    return [
+        _sum_to_shape(grad, operand.aval.shape) if is_undefined_primal(operand) else None
+        for grad, operand in zip(grads, operands)
     ]
 
 
@@ -209,36 +250,132 @@ def _sum_to_shape(grad: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return grad.sum(axis=axes, keepdims=True) if axes else grad
 
 
+def _live_tangents(function: FunctionSpec, tangents) -> list | None:
+    """The tangents of the differentiable primal input leaves (instantiated), or None where all
+    are zero: then a first-derivative primitive's own tangent is linear, itself again."""
+    mask = _differentiable_mask(function.signature.inputs)
+    live = [t for t, diff in zip(tangents, mask) if diff]
+    if all(type(t) is Zero for t in live):
+        return None
+    return [instantiate_zeros(t) for t in live]
+
+
 def _tangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
-    what = "forward-over-forward (e.g. jax.jacfwd of jax.jvp)"
-    return _linear_part_jvp(slang_tangent_p, what, primals, tangents, function, routes)
+    """``fwd_diff(f)`` is linear in its tangents, whose own tangents pass through it; a tangent of
+    its primal inputs makes the second tangent ``fwd_diff(fwd_diff(f))`` (forward over forward)."""
+    n = _num_primals(function)
+    outputs = slang_tangent_p.bind(*primals, function=function, routes=routes)
+    outer = _live_tangents(function, tangents[:n])
+    inner = [instantiate_zeros(t) for t in tangents[n:]]
+    if outer is None:
+        return outputs, _bind(slang_tangent_p, function, routes, primals[:n], inner)
+    return outputs, _bind(slang_tangent_of_tangent_p, function, routes, primals, [*outer, *inner])
 
 
 def _cotangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
-    what = "derivatives of its gradient, e.g. jax.hessian or jax.jacrev(jax.grad(f))"
-    return _linear_part_jvp(slang_cotangent_p, what, primals, tangents, function, routes)
+    """``bwd_diff(f)`` is linear in its cotangents, whose tangents pass through it; a tangent of
+    its primal inputs makes ``fwd_diff(bwd_diff(f))`` (forward over reverse: ``jax.hessian``)."""
+    n = _num_primals(function)
+    outputs = slang_cotangent_p.bind(*primals, function=function, routes=routes)
+    outer = _live_tangents(function, tangents[:n])
+    cotangent_tangents = [instantiate_zeros(t) for t in tangents[n:]]
+    if outer is None:
+        return outputs, _bind(slang_cotangent_p, function, routes, primals[:n], cotangent_tangents)
+    both = [*outer, *cotangent_tangents]
+    return outputs, _bind(slang_tangent_of_cotangent_p, function, routes, primals, both)
 
 
-def _linear_part_jvp(primitive, what, primals, tangents, function, routes):
-    """A derivative primitive is linear in its tangent or cotangent operands, whose tangents it
-    passes on; a tangent of its primal operands is a second derivative, which slax refuses."""
-    num_primals = _num_primals(function)
-    if any(type(t) is not Zero for t in tangents[:num_primals]):
+# --- second derivatives -----------------------------------------------------------------------------
+#
+# Both second-order primitives take fixed operands (the primal inputs ``x`` and an inner tangent
+# ``dx`` or cotangent ``ct``) and are linear in the rest, their outer tangents:
+#   fwd_diff(fwd_diff(f))(x, dx; ex, edx)  = f''[dx, ex] + f'[edx]
+#   fwd_diff(bwd_diff(f))(x, ct; dx, dct)  = H(ct) dx + f'^T dct,   H(ct) the Hessian of ct . f
+# so their transposes are first- and second-order kernels again, H(ct) being symmetric:
+#   ex  <- H(w) dx  (fwd_diff(bwd_diff(f)) with cotangent w),  edx <- f'^T w  (bwd_diff(f));
+#   dx  <- H(ct) w  (fwd_diff(bwd_diff(f)) with tangent w),    dct <- f' w    (fwd_diff(f)).
+# The first gives reverse over forward (jax.jacrev(jax.jacfwd(f))), the second reverse over reverse
+# (jax.grad of a function that calls jax.grad).
+
+
+def _num_fixed(function: FunctionSpec, mode: Mode) -> int:
+    """How many leading operands of a second-order primitive it is not linear in."""
+    inner = function.signature.inputs if mode is Mode.TANGENT_OF_TANGENT else function.signature.outputs
+    return _num_primals(function) + sum(_differentiable_mask(inner))
+
+
+def _second_order_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):
+    primitive = _PRIMITIVES[mode]
+    fixed = _num_fixed(function, mode)
+    if any(type(t) is not Zero for t in tangents[:fixed]):
         raise NotImplementedError(
-            f"slax: second derivatives of Slang function {function.name!r} are not supported "
-            f"({what}); slax differentiates Slang functions once, in either mode."
+            f"slax: derivatives of order 3 and beyond of Slang function {function.name!r} are not "
+            f"supported: this one differentiates its second derivative ({_SLANG_FORM[mode]}) "
+            "with respect to its primal inputs (or the cotangents or tangents it is taken along). "
+            "slax takes Slang functions' derivatives up to second order: jax.hessian, "
+            "jax.jacfwd(jax.jacfwd(f)), jax.jvp of jax.grad, jax.grad of a function calling jax.grad."
         )
     outputs = primitive.bind(*primals, function=function, routes=routes)
-    linear = [instantiate_zeros(t) for t in tangents[num_primals:]]
-    return outputs, primitive.bind(*primals[:num_primals], *linear, function=function, routes=routes)
+    linear = [instantiate_zeros(t) for t in tangents[fixed:]]
+    return outputs, _bind(primitive, function, routes, primals[:fixed], linear)
 
 
-def _no_reverse_over_reverse(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
-    raise NotImplementedError(
-        f"slax: second derivatives of Slang function {function.name!r} are not supported "
-        "(reverse-over-reverse, e.g. jax.jacrev(jax.grad(f))); slax differentiates Slang functions "
-        "once, in either mode."
-    )
+def _tangent_of_tangent_transpose(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
+    n, fixed = _num_primals(function), _num_fixed(function, Mode.TANGENT_OF_TANGENT)
+    x, dx = operands[:n], operands[n:fixed]
+    _require_linear_only_in(function, Mode.TANGENT_OF_TANGENT, operands[:fixed])
+    ex, edx = operands[fixed : fixed + len(dx)], operands[fixed + len(dx) :]
+    w = [instantiate_zeros(ct) for ct in cotangents]
+    grads: list = [None] * fixed
+    if any(is_undefined_primal(t) for t in ex):
+        zeros = [jnp.zeros_like(c) for c in w]
+        hessian_dx = _bind(slang_tangent_of_cotangent_p, function, routes, [*x, *w], [*dx, *zeros])
+        grads += _sum_to_shapes(hessian_dx, ex)
+    else:
+        grads += [None] * len(ex)
+    if any(is_undefined_primal(t) for t in edx):
+        grads += _sum_to_shapes(_bind(slang_cotangent_p, function, routes, x, w), edx)
+    else:
+        grads += [None] * len(edx)
+    return grads
+
+
+def _tangent_of_cotangent_transpose(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
+    n, fixed = _num_primals(function), _num_fixed(function, Mode.TANGENT_OF_COTANGENT)
+    x = operands[:n]
+    _require_linear_only_in(function, Mode.TANGENT_OF_COTANGENT, operands[:fixed])
+    dx, dct = operands[fixed : fixed + len(cotangents)], operands[fixed + len(cotangents) :]
+    w = [instantiate_zeros(ct) for ct in cotangents]
+    grads: list = [None] * fixed
+    if any(is_undefined_primal(t) for t in dx):
+        zeros = [jnp.zeros_like(ct) for ct in operands[n:fixed]]
+        hessian_w = _bind(slang_tangent_of_cotangent_p, function, routes, operands[:fixed], [*w, *zeros])
+        grads += _sum_to_shapes(hessian_w, dx)
+    else:
+        grads += [None] * len(dx)
+    if any(is_undefined_primal(t) for t in dct):
+        grads += _sum_to_shapes(_bind(slang_tangent_p, function, routes, x, w), dct)
+    else:
+        grads += [None] * len(dct)
+    return grads
+
+
+def _require_linear_only_in(function: FunctionSpec, mode: Mode, fixed) -> None:
+    """A derivative primitive is transposed only with respect to the operands it is linear in."""
+    if any(is_undefined_primal(p) for p in fixed):
+        raise NotImplementedError(
+            f"slax: cannot transpose the derivative {_SLANG_FORM[mode]} of Slang function "
+            f"{function.name!r} with respect to its primal inputs, in which it is not linear (a "
+            "derivative of order 3 or beyond, which slax does not support)."
+        )
+
+
+def _bind(primitive, function: FunctionSpec, routes: LaunchRoutes, fixed, linear) -> list:
+    """Binds a derivative primitive and checks its results (``slax.config.debug_nans``)."""
+    outputs = primitive.bind(*fixed, *linear, function=function, routes=routes)
+    label = f"{_SLANG_FORM[_MODES[primitive]]} of Slang function {function.name!r} ({function.path})"
+    check_finite(label, [*fixed, *linear], outputs)
+    return outputs
 
 
 def _declare(name: str, mode: Mode, **rules):
@@ -253,7 +390,32 @@ def _declare(name: str, mode: Mode, **rules):
 
 slang_call_p = _declare("slang_call", Mode.PRIMAL, jvp=_call_jvp)
 slang_tangent_p = _declare("slang_tangent", Mode.TANGENT, jvp=_tangent_jvp, transpose=_tangent_transpose)
-slang_cotangent_p = _declare(
-    "slang_cotangent", Mode.COTANGENT, jvp=_cotangent_jvp, transpose=_no_reverse_over_reverse
+slang_cotangent_p = _declare("slang_cotangent", Mode.COTANGENT, jvp=_cotangent_jvp)
+slang_tangent_of_tangent_p = _declare(
+    "slang_tangent_of_tangent",
+    Mode.TANGENT_OF_TANGENT,
+    jvp=functools.partial(_second_order_jvp, mode=Mode.TANGENT_OF_TANGENT),
+    transpose=_tangent_of_tangent_transpose,
 )
-_MODES = {slang_call_p: Mode.PRIMAL, slang_tangent_p: Mode.TANGENT, slang_cotangent_p: Mode.COTANGENT}
+slang_tangent_of_cotangent_p = _declare(
+    "slang_tangent_of_cotangent",
+    Mode.TANGENT_OF_COTANGENT,
+    jvp=functools.partial(_second_order_jvp, mode=Mode.TANGENT_OF_COTANGENT),
+    transpose=_tangent_of_cotangent_transpose,
+)
+_PRIMITIVES = {
+    Mode.PRIMAL: slang_call_p,
+    Mode.TANGENT: slang_tangent_p,
+    Mode.COTANGENT: slang_cotangent_p,
+    Mode.TANGENT_OF_TANGENT: slang_tangent_of_tangent_p,
+    Mode.TANGENT_OF_COTANGENT: slang_tangent_of_cotangent_p,
+}
+_MODES = {primitive: mode for mode, primitive in _PRIMITIVES.items()}
+_SLANG_FORM = {
+    Mode.PRIMAL: "",
+    Mode.TANGENT: "fwd_diff",
+    Mode.COTANGENT: "bwd_diff",
+    Mode.TANGENT_OF_TANGENT: "fwd_diff(fwd_diff)",
+    Mode.TANGENT_OF_COTANGENT: "fwd_diff(bwd_diff)",
+}
+"""How each derivative is written in Slang, for messages."""

@@ -99,6 +99,13 @@ class Signature:
     """Slang has ``fwd_diff`` of the function (``jax.jvp``)."""
     backward: bool
     """Slang has ``bwd_diff`` of the function (``jax.grad``, ``jax.vjp``)."""
+    custom_backward_only: bool = False
+    """It declares a backward derivative and no forward one (:class:`slax._declarations.Modes`)."""
+    forward_derivative: str = ""
+    """The forward derivative declared for it, if any."""
+    nested_forward: bool = True
+    """Slang has ``fwd_diff(fwd_diff(f))``, which its second derivatives run: false where
+    :attr:`forward_derivative` is one Slang cannot differentiate in turn."""
 
     @property
     def differentiable(self) -> bool:
@@ -143,7 +150,17 @@ def read_signature(
         result = _read_value(
             "result", function.return_type, Direction.OUT, not differentiable, function.name, layout
         )
-    return Signature(function.name, tuple(params), result, modes.forward, modes.backward)
+    inner = modes.forward_derivative_modes
+    return Signature(
+        function.name,
+        tuple(params),
+        result,
+        modes.forward,
+        modes.backward,
+        modes.custom_backward_only,
+        modes.forward_derivative,
+        nested_forward=not modes.forward_derivative or (inner is not None and inner.forward),
+    )
 
 
 _IDENTIFIER_NOT_GENERIC_HEAD = re.compile(r"\b[A-Za-z_]\w*\b(?!\s*<)")

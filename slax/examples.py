@@ -31,6 +31,9 @@ class Example:
     name: str
     twin: Callable[..., Any]
     draw: Callable[[np.random.Generator, Any], tuple[Any, ...]]
+    second_order: bool = True
+    """Whether slax takes its second derivatives (Slang cannot nest ``fwd_diff`` through
+    ``inout`` parameters)."""
 
 
 def _uniform(rng: np.random.Generator, dtype, *shape: int, low: float = -1.0, high: float = 1.0):
@@ -77,7 +80,12 @@ EXAMPLES = (
         lambda x, y: (jnp.sqrt(x * x + y * y), jnp.arctan2(y, x)),
         lambda r, d: (_uniform(r, d, 8), _uniform(r, d, 8)),
     ),
-    Example("accumulate", lambda t, x: t * x + x * x, lambda r, d: (_uniform(r, d, 2, 5), _uniform(r, d, 5))),
+    Example(
+        "accumulate",
+        lambda t, x: t * x + x * x,
+        lambda r, d: (_uniform(r, d, 2, 5), _uniform(r, d, 5)),
+        second_order=False,
+    ),
 )
 """The functions of ``shaders/examples.slang`` that the tests and ``experiments/gradcheck.py``
 check, each with its twin and how to draw its arguments."""

@@ -141,6 +141,18 @@ def test_slang_functions_and_their_derivatives_lower_to_their_kernels(report):
 
 
 @needs_tools
+def test_second_derivatives_lower_to_their_kernels(report):
+    names = {x["name"] for x in _launches(report, "poly_grad_of_grad")}
+    assert "slax_tangent_of_cotangent_polynomial" in names, names
+    names = {x["name"] for x in _launches(report, "poly_jacfwd_jacfwd")}
+    assert "slax_tangent_of_tangent_polynomial" in names, names
+    for example in slax.examples.EXAMPLES:
+        if example.second_order:
+            names = {x["name"] for x in _launches(report, f"{example.name}_hvp")}
+            assert f"slax_tangent_of_cotangent_{example.name}" in names, names
+
+
+@needs_tools
 def test_slangpy_style_modules_compile_to_ptx(report):
     """A module that imports SlangPy's Slang module finds it on the C API's search path too."""
     names = [x["name"] for x in _launches(report, "slangpy_style_grad")]

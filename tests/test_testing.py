@@ -106,7 +106,7 @@ def _cube_with_another_curvature(x):
 
 
 def test_order_two_passes_a_true_twin_and_catches_a_wrong_curvature(rng):
-    """Second order runs on pure-JAX functions (slax differentiates Slang functions once): a twin
+    """Second order on pure-JAX functions (tests/test_second_order.py runs it on Slang ones): a twin
     computing x³ another way passes, and one that agrees in value and first derivative but not in
     curvature passes order 1 and fails exactly the Hessian-vector products at order 2."""
     x = jnp.asarray(rng.normal(size=(5,)), jnp.float32)

@@ -124,6 +124,11 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
 
     Returns:
       ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params``.
+
+    Raises:
+      TypeError: as :func:`mlp_apply`, or ``target`` not an array.
+      ValueError: as :func:`mlp_apply`, or ``target`` not of shape ``(batch, out)`` and ``x``'s
+        dtype.
     """
     sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
     _require_kernels_fit("mlp_loss_and_grad", sizes)

@@ -208,6 +208,11 @@ def main() -> None:
         "poly_grad": (jax.grad(lambda v: poly(2.0, 8.0, -1.0, v).sum()), x),
         "poly_jvp": (lambda v: jax.jvp(lambda u: poly(2.0, 8.0, -1.0, u), (v,), (v,)), x),
         "poly_vmap_grid": (jax.vmap(lambda v: poly(2.0, 8.0, -1.0, v)), x.reshape(30, 10)),
+        "poly_grad_of_grad": (
+            jax.grad(lambda v: jnp.sum(jax.grad(lambda u: poly(2.0, 8.0, -1.0, u).sum())(v) ** 2)),
+            x,
+        ),
+        "poly_jacfwd_jacfwd": (jax.jacfwd(jax.jacfwd(lambda v: poly(2.0, 8.0, -1.0, v).sum())), x[:4]),
     }
     slangpy_style = slax.load_module("tests/slang/slangpy_style.slang").hashed_offset_square
     seeds = jnp.arange(300, dtype=jnp.uint32)
@@ -219,6 +224,11 @@ def main() -> None:
             lambda *a, f=function: jax.vjp(f, *a)[1](f(*a)),
             *args,
         )
+        if example.second_order:  # forward over reverse: the tangent of the vjp
+            cases[f"{example.name}_hvp"] = (
+                lambda *a, f=function: jax.jvp(lambda *p: jax.vjp(f, *p)[1](f(*a)), a, a)[1],
+                *args,
+            )
     for dtype in (jnp.float32, jnp.float16):
         params = slax.nn.mlp_init(jax.random.key(0), (4, 16, 16, 4), dtype)
         data = jnp.asarray(rng.uniform(size=(1000, 4)), dtype)
