@@ -13,7 +13,8 @@ import pytest
 from _helpers import ROOT, run_python
 
 import slax
-from slax.testing import RELATIVE_TOLERANCE
+from slax.examples import TENSOR_EXAMPLES, TENSOR_MODULE, bilinear_twin
+from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 TOLERANCE = RELATIVE_TOLERANCE["float32"]
 
@@ -21,6 +22,11 @@ TOLERANCE = RELATIVE_TOLERANCE["float32"]
 @pytest.fixture(scope="module")
 def mod():
     return slax.load_module(ROOT / "tests" / "slang" / "tensors.slang")
+
+
+@pytest.fixture(scope="module")
+def bilinear():
+    return slax.load_module(TENSOR_MODULE).bilinear
 
 
 def close(got, want):
@@ -100,18 +106,6 @@ def test_buffer_read_through_a_custom_derivative(mod):
     close(jax.grad(slang)(params), jax.grad(twin)(params))
 
 
-def bilinear_twin(texture, uv):
-    """The Slang bilinear lookup in plain JAX: a gather, whose gradient is a scatter-add."""
-    height, width = texture.shape[:2]
-    position = jnp.clip(uv, 0.0, 1.0) * jnp.array([width - 1, height - 1])
-    low = jnp.floor(position).astype(jnp.int32)
-    high = jnp.minimum(low + 1, jnp.array([width - 1, height - 1]))
-    t = (position - low)[:, None, :]
-    top = texture[low[:, 1], low[:, 0]] * (1 - t[..., 0]) + texture[low[:, 1], high[:, 0]] * t[..., 0]
-    bottom = texture[high[:, 1], low[:, 0]] * (1 - t[..., 0]) + texture[high[:, 1], high[:, 0]] * t[..., 0]
-    return top * (1 - t[..., 1]) + bottom * t[..., 1]
-
-
 @pytest.fixture(scope="module")
 def texture_and_uv():
     keys = jax.random.split(jax.random.key(5), 3)
@@ -122,11 +116,11 @@ def texture_and_uv():
     )
 
 
-def test_tensor_and_elementwise_arguments_mix(mod, texture_and_uv):
+def test_tensor_and_elementwise_arguments_mix(bilinear, texture_and_uv):
     """A texture (H, W, 3) read whole, uv (N, 2) over the grid: (N, 3); gradients of both."""
     texture, uv, weights = texture_and_uv
-    close(mod.bilinear(texture, uv), bilinear_twin(texture, uv))
-    slang = jax.grad(lambda t, uv: (mod.bilinear(t, uv) * weights).sum(), (0, 1))(texture, uv)
+    close(bilinear(texture, uv), bilinear_twin(texture, uv))
+    slang = jax.grad(lambda t, uv: (bilinear(t, uv) * weights).sum(), (0, 1))(texture, uv)
     twin = jax.grad(lambda t, uv: (bilinear_twin(t, uv) * weights).sum(), (0, 1))(texture, uv)
     for got, want in zip(slang, twin):
         close(got, want)
@@ -148,17 +142,17 @@ def test_vector_elements_vector_call_id_and_plain_tensors(mod):
     close(d_albedo, jnp.zeros_like(albedo))
 
 
-def test_jit_vmap_scan_and_pytrees(mod, texture_and_uv):
+def test_jit_vmap_scan_and_pytrees(mod, bilinear, texture_and_uv):
     """vmap over the tensor and over the element-wise argument (one launch each), lax.scan, and a
     dict of parameters through jax.grad, all under jit."""
     texture, uv, weights = texture_and_uv
     textures = jnp.stack([texture, 1.0 - texture])
-    batched = jax.jit(jax.vmap(mod.bilinear, in_axes=(0, None)))(textures, uv)
+    batched = jax.jit(jax.vmap(bilinear, in_axes=(0, None)))(textures, uv)
     close(batched, jax.vmap(bilinear_twin, in_axes=(0, None))(textures, uv))
-    per_uv = jax.jit(jax.vmap(mod.bilinear, in_axes=(None, 0)))(texture, uv.reshape(5, 10, 2))
+    per_uv = jax.jit(jax.vmap(bilinear, in_axes=(None, 0)))(texture, uv.reshape(5, 10, 2))
     close(per_uv, bilinear_twin(texture, uv).reshape(5, 10, 3))
     # per-example gradients of a shared tensor, and a vmapped written tensor
-    grads = jax.vmap(jax.grad(lambda t, uv: (mod.bilinear(t, uv) * weights[:10]).sum()), (None, 0))(
+    grads = jax.vmap(jax.grad(lambda t, uv: (bilinear(t, uv) * weights[:10]).sum()), (None, 0))(
         texture, uv.reshape(5, 10, 2)
     )
     want = jax.vmap(jax.grad(lambda t, uv: (bilinear_twin(t, uv) * weights[:10]).sum()), (None, 0))(
@@ -169,7 +163,7 @@ def test_jit_vmap_scan_and_pytrees(mod, texture_and_uv):
     close(jax.vmap(lambda x: polynomial(mod, 2.0, 8.0, -1.0, x))(xs), 2 * xs * xs + 8 * xs - 1)
 
     def step(params, uv):
-        loss = lambda p: ((mod.bilinear(p["texture"], uv) - 0.5) ** 2).sum()  # noqa: E731
+        loss = lambda p: ((bilinear(p["texture"], uv) - 0.5) ** 2).sum()  # noqa: E731
         grad = jax.grad(loss)(params)
         return jax.tree.map(lambda p, g: p - 0.1 * g, params, grad), loss(params)
 
@@ -185,11 +179,22 @@ def test_jit_vmap_scan_and_pytrees(mod, texture_and_uv):
     close(got[0]["texture"], want[0]["texture"])
 
 
+def test_check_grads_covers_tensor_examples(rng):
+    """slax.testing.check_grads on each function of shaders/tensor_examples.slang (reverse mode),
+    as experiments/gradcheck.py runs it."""
+    module = slax.load_module(TENSOR_MODULE)
+    for example in TENSOR_EXAMPLES:
+        args = example.draw(rng, jnp.float32)
+        report = check_grads(getattr(module, example.name), example.twin, *args, modes=("rev",))
+        assert report.passed, report
+        assert {row.argument for row in report.rows if row.check == "rev"} == {"texture", "uv"}
+
+
 @pytest.mark.one_device_kind
-def test_forward_mode_through_tensors_is_refused(mod, texture_and_uv):
+def test_forward_mode_through_tensors_is_refused(bilinear, texture_and_uv):
     texture, uv, _ = texture_and_uv
     with pytest.raises(NotImplementedError, match=r"'bilinear' takes tensor parameter\(s\) 'texture'"):
-        jax.jvp(lambda t: mod.bilinear(t, uv), (texture,), (texture,))
+        jax.jvp(lambda t: bilinear(t, uv), (texture,), (texture,))
 
 
 @pytest.mark.one_device_kind
@@ -197,41 +202,41 @@ def test_forward_mode_through_tensors_is_refused(mod, texture_and_uv):
     "call, error, message",
     [
         (
-            lambda m, x: m.bilinear(x[..., None], x[0, :, :2]),
+            lambda m, b, x: b(x[..., None], x[0, :, :2]),
             ValueError,
             r"'texture'.*must have 3 dims \(a tensor",
         ),
         (
-            lambda m, x: m.bilinear(x.astype(jnp.int32), x[0, :, :2]),
+            lambda m, b, x: b(x.astype(jnp.int32), x[0, :, :2]),
             TypeError,
             r"dtype must be float32; got int32",
         ),
-        (lambda m, x: m.bilinear(x[0], x[0, :, :2]), ValueError, r"'texture'.*got shape \(7, 3\)"),
+        (lambda m, b, x: b(x[0], x[0, :, :2]), ValueError, r"'texture'.*got shape \(7, 3\)"),
         (
-            lambda m, x: m.polynomial(slax.grid((4,)), 1.0, 1.0, 1.0, x[0, :4, 0], x[0, :4, 0]),
+            lambda m, b, x: m.polynomial(slax.grid((4,)), 1.0, 1.0, 1.0, x[0, :4, 0], x[0, :4, 0]),
             TypeError,
             "'result'.*pass its shape",
         ),
         (
-            lambda m, x: m.polynomial(slax.grid((4, 2)), 1.0, 1.0, 1.0, x[0, :4, 0], (4,)),
+            lambda m, b, x: m.polynomial(slax.grid((4, 2)), 1.0, 1.0, 1.0, x[0, :4, 0], (4,)),
             TypeError,
             r"'idx'.*slax.grid\(\(4, 2\)\)",
         ),
         (
-            lambda m, x: m.scale_in_place(slax.grid((4,)), x[0, :4, 0]),
+            lambda m, b, x: m.scale_in_place(slax.grid((4,)), x[0, :4, 0]),
             TypeError,
             "'data' of Slang function 'scale_in_place'.*in place",
         ),
         (
-            lambda m, x: m.concrete_tensor(slax.grid((5, 7)), x, (5, 7, 3)),
+            lambda m, b, x: m.concrete_tensor(slax.grid((5, 7)), x, (5, 7, 3)),
             TypeError,
             "'albedo'.*StructuredBuffer",
         ),
     ],
 )
-def test_bad_input_explains_itself(mod, texture_and_uv, call, error, message):
+def test_bad_input_explains_itself(mod, bilinear, texture_and_uv, call, error, message):
     with pytest.raises(error, match=message):
-        call(mod, texture_and_uv[0])
+        call(mod, bilinear, texture_and_uv[0])
 
 
 @pytest.mark.jax_version

@@ -10,10 +10,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import slax
+from slax import examples
 
 assert len(jax.devices()) == 2, jax.devices()
 mesh = Mesh(np.array(jax.devices()), ("data",))
 mod = slax.load_module("tests/slang/tensors.slang")
+bilinear = slax.load_module(examples.TENSOR_MODULE).bilinear
 keys = jax.random.split(jax.random.key(0), 3)
 texture = jax.random.uniform(keys[0], (6, 5, 3))
 uv = jax.random.uniform(keys[1], (64, 2))
@@ -21,10 +23,10 @@ weights = jax.random.normal(keys[2], (64, 3))
 
 
 def loss(texture, uv, weights):
-    return (mod.bilinear(texture, uv) * weights).sum()
+    return (bilinear(texture, uv) * weights).sum()
 
 
-want_value = mod.bilinear(texture, uv)
+want_value = bilinear(texture, uv)
 want_grads = jax.grad(loss, (0, 1))(texture, uv, weights)
 
 
@@ -34,7 +36,7 @@ def check(got_value, got_grads):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
-sharded = jax.shard_map(mod.bilinear, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))
+sharded = jax.shard_map(bilinear, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))
 sharded_grads = jax.jit(jax.grad(lambda t, uv, w: (sharded(t, uv) * w).sum(), (0, 1)))(texture, uv, weights)
 check(jax.jit(sharded)(texture, uv), sharded_grads)
 print("shard_map: ok")
@@ -42,7 +44,7 @@ print("shard_map: ok")
 batch = NamedSharding(mesh, P("data"))
 placed_uv, placed_weights = jax.device_put(uv, batch), jax.device_put(weights, batch)
 replicated = jax.device_put(texture, NamedSharding(mesh, P()))
-value = jax.jit(mod.bilinear)(replicated, placed_uv)
+value = jax.jit(bilinear)(replicated, placed_uv)
 grads = jax.jit(jax.grad(loss, (0, 1)))(replicated, placed_uv, placed_weights)
 check(value, grads)
 assert value.sharding.spec == P("data"), value.sharding
