@@ -190,6 +190,15 @@ def test_check_grads_covers_tensor_examples(rng):
         assert {row.argument for row in report.rows if row.check == "rev"} == {"texture", "uv"}
 
 
+def test_indices_outside_a_tensor_are_clamped(mod):
+    """No route reads outside the array: an index past an axis's end, or negative, reads the last
+    element along that axis."""
+    values = jax.random.normal(jax.random.key(8), (3, 4))
+    at = jnp.array([[1, 2], [7, 1], [-1, 0], [2, 9], [-5, -5]], jnp.int32)  # (x: column, y: row)
+    want = values[jnp.array([2, 1, 0, 2, 2]), jnp.array([1, 3, 3, 2, 3])]
+    close(mod.read_at(values, at), want)
+
+
 @pytest.mark.one_device_kind
 def test_forward_mode_through_tensors_is_refused(bilinear, texture_and_uv):
     texture, uv, _ = texture_and_uv
