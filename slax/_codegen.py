@@ -26,7 +26,7 @@ import itertools
 import math
 from collections.abc import Iterable
 
-from slax._signature import FLOAT_DTYPES, SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
+from slax._signature import FAULT, FLOAT_DTYPES, SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
 
 
 class Mode(enum.Enum):
@@ -90,7 +90,13 @@ def operand_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
     elif mode is Mode.COTANGENT:
         leaves += differentiable_leaves(signature.outputs, output_differentiable)
         leaves += [value.leaves[0] for value in signature.inputs if _diff_tensor(value, written=False)]
+    if _checks_bounds(signature, mode):  # the zeroed fault record, updated in place
+        leaves.append(FAULT)
     return leaves
+
+
+def _checks_bounds(signature: Signature, mode: Mode) -> bool:
+    return signature.bounds_checked and mode is Mode.PRIMAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +124,14 @@ def result_slots(signature: Signature, mode: Mode) -> list[ResultSlot]:
         return first[position[id(value)]]
 
     if mode is Mode.PRIMAL:
-        return [
+        slots = [
             ResultSlot(leaf, operand(value), aliased=True) if value.tensor else ResultSlot(leaf)
             for value in signature.outputs
             for leaf in value.leaves
         ]
+        if _checks_bounds(signature, mode):
+            slots.append(ResultSlot(FAULT, len(operand_leaves(signature, mode)) - 1, aliased=True))
+        return slots
     if mode is Mode.TANGENT:
         return [
             ResultSlot(leaf, operand(value)) if value.tensor else ResultSlot(leaf)
@@ -276,6 +285,11 @@ class _KernelWriter:
         for d in reversed(range(self.rank)):
             grid = self.names.grid(d)
             emit(f"uint {local(f'c{d}')} = {rest} % {grid}; {rest} = {rest} / {grid};")
+        self.fault = "(uint*)0"
+        if _checks_bounds(self.sig, self.mode):
+            k = len(self.operands) - 1
+            self.fault = f"{self.names.operand(k)} + ({self._operand_offset(k)}) * {FAULT.size}"
+        self.tensor_ids = {id(v): k for k, v in enumerate(v for v in self.sig.params if v.tensor)}
         for value in self.sig.inputs:
             self._load_value(value)
         if self.mode is Mode.PRIMAL:
@@ -354,6 +368,8 @@ class _KernelWriter:
         shape = leaf.shape[:rank]
         strides = [0 if scratch else math.prod(shape[d + 1 :]) for d in range(rank)]
         self.lines += [
+            f"{target}._fault = {'(uint*)0' if scratch else self.fault};",
+            f"{target}._id = {self.tensor_ids[id(value)]};",
             f"{target}._data = ({leaf.slang_type}*)({pointer});",
             f"{target}._shape = {{{', '.join(str(n) for n in shape)}}};",
             f"{target}._strides = {{{', '.join(str(n) for n in strides)}}};",

@@ -16,9 +16,9 @@ import numpy as np
 import slangpy as spy
 
 from slax._codegen import Mode, result_leaves
-from slax._config import current_routes
+from slax._config import config, current_routes
 from slax._declarations import derivative_modes, generic_constraints
-from slax._function_primitives import FunctionSpec, slang_call_p
+from slax._function_primitives import FunctionSpec, check_bounds, slang_call_p
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices
 from slax._signature import (
@@ -111,9 +111,13 @@ class SlangFunction:
         spec = FunctionSpec(self.module.path, signature, self.module.content, self.module._names)
         routes = current_routes()
 
+        checked = config.debug_bounds and any(value.tensor for value in signature.params)
+
         def call(axes, *operands):
             del axes  # elementwise over the grid: nothing sums over the batch
             operands = vary_alike(list(operands))
+            if checked:
+                check_bounds(spec, operands, routes)
             flat = slang_call_p.bind(*operands, function=spec, routes=routes)
             check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
             return flat

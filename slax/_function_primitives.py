@@ -34,7 +34,7 @@ from slax._config import LaunchRoutes
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._kernel_primitive import run_kernel
 from slax._primitive import check_finite, declare_primitive, result_aval
-from slax._signature import Leaf, Signature
+from slax._signature import FAULT, Leaf, Signature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +111,36 @@ def _run_function(*operands, function: FunctionSpec, routes: LaunchRoutes, mode:
     )
     spec = _function_kernel(function, mode, tuple(broadcast))
     return run_kernel(spec, operands, results, count, scalars, aliases, routes=routes)
+
+
+def check_bounds(function: FunctionSpec, operands, routes: LaunchRoutes) -> None:
+    """``slax.config.debug_bounds``: runs the function once with every tensor index checked (its
+    results dropped, no derivative) and raises ``IndexError`` when the call runs if an index fell
+    outside its tensor, naming the function, the parameter, its shape and the index."""
+    signature = dataclasses.replace(function.signature, bounds_checked=True)
+    checked = dataclasses.replace(function, signature=signature)
+    fault = jnp.zeros(FAULT.shape, jnp.uint32)
+    record = slang_call_p.bind(
+        *jax.lax.stop_gradient(list(operands)), fault, function=checked, routes=routes
+    )[-1]
+    tensors = [value for value in signature.params if value.tensor is not None]
+    jax.debug.callback(functools.partial(_raise_if_outside, function.name, tensors), record)
+
+
+def _raise_if_outside(name: str, tensors, record) -> None:
+    records = np.asarray(record).reshape(-1, FAULT.size)
+    found = records[records[:, 0] != 0]
+    if not len(found):
+        return
+    position, axis, index = (int(v) for v in found[0])
+    value = tensors[position - 1]
+    shape = value.leaves[0].shape[: value.tensor.rank]
+    raise IndexError(
+        f"slax: Slang function {name!r} indexed its tensor parameter {value.name!r} (shape {shape}) "
+        f"at {index if index < 2**31 else index - 2**32} on axis {axis}, which has {shape[axis]} "
+        f"elements (valid: 0 to {shape[axis] - 1}) (slax.config.debug_bounds; without it the index "
+        "is clamped to the axis's last element)."
+    )
 
 
 def _batch_as_grid_axis(primitive, args, dims, *, function: FunctionSpec, routes: LaunchRoutes):

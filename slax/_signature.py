@@ -147,6 +147,9 @@ class Signature:
     """Slang has ``fwd_diff`` of the function (``jax.jvp``)."""
     backward: bool
     """Slang has ``bwd_diff`` of the function (``jax.grad``, ``jax.vjp``)."""
+    bounds_checked: bool = False
+    """Its primal kernel checks every tensor index and reports the first outside its tensor in one
+    more result (``slax.config.debug_bounds``): :data:`FAULT`."""
 
     @property
     def differentiable(self) -> bool:
@@ -161,6 +164,11 @@ class Signature:
         """The values a call returns: the result, then ``out``/``inout`` parameters in order."""
         head = (self.result,) if self.result is not None else ()
         return head + tuple(p for p in self.params if p.is_output)
+
+
+FAULT = Leaf((), "uint32", (3,), False, "uint")
+"""The fault record of a bounds-checked kernel: (1 + the tensor parameter's position among the
+tensor parameters, axis, index), zero where every index was inside."""
 
 
 def read_signature(

@@ -199,6 +199,23 @@ def test_indices_outside_a_tensor_are_clamped(mod):
     close(mod.read_at(values, at), want)
 
 
+def test_debug_bounds_names_the_parameter_and_the_index(mod, monkeypatch):
+    values = jax.random.normal(jax.random.key(9), (3, 4))
+    inside = jnp.array([[1, 2], [3, 0]], jnp.int32)
+    outside = jnp.array([[1, 2], [3, 5]], jnp.int32)  # row 5 of 3
+    with slax.config.override(debug_bounds=True):
+        close(mod.read_at(values, inside), values[inside[:, 1], inside[:, 0]])
+        with pytest.raises(
+            IndexError,
+            match=r"'read_at' indexed its tensor parameter 'values' \(shape \(3, 4\)\) at 5 on axis 0",
+        ):
+            jax.block_until_ready(mod.read_at(values, outside))
+        message = r"IndexError: slax: Slang function 'read_at'"
+        with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+            jax.block_until_ready(jax.jit(jax.vmap(mod.read_at, (None, 0)))(values, outside[None]))
+    close(mod.read_at(values, outside), values[jnp.array([2, 2]), jnp.array([1, 3])])  # off: clamped
+
+
 @pytest.mark.one_device_kind
 def test_forward_mode_through_tensors_is_refused(bilinear, texture_and_uv):
     texture, uv, _ = texture_and_uv
