@@ -9,6 +9,10 @@ For a function ``f`` slax writes three entry points, each following the calling 
 - ``cotangent``: ``bwd_diff(f)``; takes primal inputs and cotangents of differentiable outputs,
   writes the cotangents of differentiable inputs over the full grid (JAX sums broadcast axes).
 
+A tensor parameter (SlangPy's ``ITensor``, ``IDiffTensor``, ``IWTensor``, ``IWDiffTensor``) is built
+as slax's concrete type over its operand's pointer (``shaders/slax/tensor.slang``); written tensors
+and gradient buffers are results updated in place (:class:`ResultSlot`).
+
 Each thread handles one grid point. Operand ``k`` is read at its row-major offset for that point, its
 broadcast axes (compiled into the kernel) left out, times its element size; results are dense over
 the grid.
@@ -24,7 +28,7 @@ import dataclasses
 import enum
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from slax._signature import FAULT, FLOAT_DTYPES, SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
 
@@ -164,8 +168,9 @@ def result_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
     return [slot.leaf for slot in result_slots(signature, mode)]
 
 
-def differentiable_leaves(values: tuple[Value, ...], takes_part=None) -> list[Leaf]:
-    takes_part = takes_part or _is_diff
+def differentiable_leaves(values: tuple[Value, ...], takes_part: Callable[[Value], bool]) -> list[Leaf]:
+    """The differentiable leaves of the ``values`` that take part in differentiation
+    (:func:`input_differentiable` or :func:`output_differentiable`)."""
     return [leaf for value in values if takes_part(value) for leaf in value.leaves if leaf.differentiable]
 
 

@@ -2,7 +2,8 @@
 
 ``load_module("poly").polynomial`` is a :class:`SlangFunction`: it binds arguments to the Slang
 signature, checks dtypes and shapes at trace time, and binds ``slang_call_p``
-(``slax/_function_primitives.py``) over the broadcast grid of its arguments.
+(``slax/_function_primitives.py``) over the broadcast grid of its arguments. Tensor parameters take
+whole arrays and ``slax.grid`` sets the grid (``slax/_tensors.py``).
 """
 
 from __future__ import annotations
