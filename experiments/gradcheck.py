@@ -3,7 +3,9 @@
 For the example functions (shaders/examples.slang, twins in slax/examples.py) and the tutorial
 polynomial: values, reverse mode, forward mode and second order (Hessian-vector products, forward
 over reverse and reverse over reverse; not for accumulate, whose inout parameter Slang cannot
-differentiate twice). For the MLP (shaders/nn/mlp.slang): values and
+differentiate twice); for the functions with tensor parameters (shaders/tensor_examples.slang):
+values and reverse mode (forward mode through SlangPy's tensors is refused). For the MLP
+(shaders/nn/mlp.slang): values and
 reverse mode of mlp_apply, and the fused mlp_loss_and_grad, on samples away from LeakyReLU's kink
 (slax.testing.away_from_kinks). float32 and float16. Prints one table and writes it to the run
 directory (--out, default runs/gradcheck/<time>) as gradcheck.txt and gradcheck.json; exits 1 if
@@ -71,6 +73,11 @@ def function_rows(dtype: str, rng: np.random.Generator):
     if dtype == "float32":  # polynomial is declared for float only
         args = tuple(jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(), (), (), (3, 4)])
         yield "polynomial", check_grads(poly, lambda a, b, c, x: a * x * x + b * x + c, *args, order=2).rows
+        tensors = slax.load_module(examples.TENSOR_MODULE)
+        for example in examples.TENSOR_EXAMPLES:  # float only; reverse mode only (SlangPy's tensors)
+            args = example.draw(rng, jnp.float32)
+            report = check_grads(getattr(tensors, example.name), example.twin, *args, modes=("rev",))
+            yield example.name, report.rows
 
 
 def network_rows(dtype: str, seed: int):

@@ -123,6 +123,10 @@ def _parse_device(value, name: str):
 
 _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[..., Any]]] = {
     "debug_nans": (lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0"), lambda value, name: value),
+    "debug_bounds": (
+        lambda: os.environ.get("SLAX_DEBUG_BOUNDS", "") not in ("", "0"),
+        lambda value, name: bool(value),
+    ),
     "cuda_launch": (lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "ptx", _parse_cuda_launch),
     "device_kind": (
         lambda: parse_device_kind(os.environ.get(DEVICE_ENV_VAR), source=f"the {DEVICE_ENV_VAR} variable"),
@@ -171,8 +175,8 @@ class Config:
 
     ``cuda_launch``, ``device_kind`` and ``tensor_cores`` are part of what JAX traces (a jitted
     function retraces when one changes);
-    ``debug_nans`` is read when a call is traced (a jitted function already compiled keeps the
-    setting it was compiled with).
+    ``debug_nans`` and ``debug_bounds`` are read when a call is traced (a jitted function already
+    compiled keeps the setting it was compiled with).
 
     An assignment (``slax.config.debug_nans = True``) sets the global value, which every thread
     and asyncio task sees where no override is active. :meth:`override` sets values for a ``with``
@@ -186,6 +190,11 @@ class Config:
         naming the first kernel (and Slang function) that produced a NaN or Inf. Off by default: it
         copies results to the host. Also on when ``SLAX_DEBUG_NANS=1`` or when JAX's own
         ``jax_debug_nans`` is set.
+      debug_bounds: before each call of a Slang function with tensor parameters, run it once more
+        checking every tensor index against the tensor's shape, and raise ``IndexError`` naming the
+        function, the parameter, its shape and the index (inside ``jax.jit``, as XLA's runtime
+        error). Off by default (an index outside is clamped to the axis's last element); it costs
+        a launch and a host copy per call. Also on when ``SLAX_DEBUG_BOUNDS=1``.
       cuda_launch: how kernels run when JAX runs on a CUDA GPU. ``"ptx"`` (the default, the faster
         route as measured on an H100; BENCHMARKS.md): Slang compiles the kernel to PTX and XLA
         launches it through jaxlib's Triton kernel launcher, with no Python per call (see
@@ -220,6 +229,7 @@ class Config:
     """The values ``cuda_launch`` takes."""
 
     debug_nans = _Setting()
+    debug_bounds = _Setting()
     cuda_launch = _Setting()
     device_kind = _Setting()
     tensor_cores = _Setting()

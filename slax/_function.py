@@ -2,7 +2,8 @@
 
 ``load_module("poly").polynomial`` is a :class:`SlangFunction`: it binds arguments to the Slang
 signature, checks dtypes and shapes at trace time, and binds ``slang_call_p``
-(``slax/_function_primitives.py``) over the broadcast grid of its arguments.
+(``slax/_function_primitives.py``) over the broadcast grid of its arguments. Tensor parameters take
+whole arrays and ``slax.grid`` sets the grid (``slax/_tensors.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 import slangpy as spy
 
 from slax._codegen import Mode, result_leaves
-from slax._config import current_routes
+from slax._config import config, current_routes
 from slax._declarations import derivative_modes, generic_constraints
-from slax._function_primitives import FunctionSpec, slang_call_p
+from slax._function_primitives import FunctionSpec, check_bounds, slang_call_p
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices
 from slax._signature import (
@@ -30,8 +31,10 @@ from slax._signature import (
     generic_names,
     read_signature,
     substitute_generics,
+    with_tensor_shapes,
 )
 from slax._sources import texts
+from slax._tensors import Grid, grid_coordinates, tensor_operand
 
 if TYPE_CHECKING:
     from slax._module import SlangModule
@@ -146,16 +149,23 @@ class SlangFunction:
         spec = FunctionSpec(self.module.path, signature, self.module.content, self.module._names)
         routes = current_routes()
 
+        checked = config.debug_bounds and any(value.tensor for value in signature.params)
+
         def call(axes, *operands):
             del axes  # elementwise over the grid: nothing sums over the batch
             operands = vary_alike(list(operands))
+            if checked:
+                check_bounds(spec, operands, routes)
             flat = slang_call_p.bind(*operands, function=spec, routes=routes)
             check_finite(f"Slang function {self.name!r} ({self.module.path})", operands, flat)
             return flat
 
         grid = np.broadcast_shapes(*grids) if grids else ()
-        # The grid's first axis is the batch; an argument broadcast along it is replicated.
+        # The grid's first axis is the batch; an argument broadcast along it is replicated. A call
+        # that writes a tensor runs whole on every device: its grid points may write anywhere in it.
+        writes = any(value.tensor is not None and value.tensor.written for value in signature.params)
         batched = [len(own) == len(grid) and own[0] == grid[0] != 1 for own in grids] if grid else []
+        batched = [False] * len(batched) if writes else batched
         outputs = len(result_leaves(signature, Mode.PRIMAL))
         flat = across_devices(call, operands, batched or [False] * len(operands), [bool(grid)] * outputs)
         return self._unflatten(signature, flat)
@@ -201,10 +211,15 @@ class SlangFunction:
             reflection = self._specialize(key) if self._generic else self._reflection
             signature = read_signature(reflection, self.module._reflection.layout, self._modes)
             self._signatures[cache_key] = signature
-        operands = [
-            operand for value in signature.inputs for operand in self._operands(value, bound[value.name])
-        ]
-        return signature, operands
+        operands: list[jax.Array] = []
+        tensor_shapes = {}
+        for value in signature.inputs:
+            if value.tensor is None:
+                operands += self._operands(value, bound[value.name])
+                continue
+            operands.append(tensor_operand(value, bound[value.name], self.name))
+            tensor_shapes[value.name] = operands[-1].shape[: value.tensor.rank]
+        return with_tensor_shapes(signature, tensor_shapes), operands
 
     def _generic_dtypes(self, bound: dict[str, Any]) -> dict[str, str]:
         """Each generic type parameter's Slang scalar, from the first array argument that uses it.
@@ -279,6 +294,8 @@ class SlangFunction:
     def _operand(self, leaf: Leaf, argument: Any, label: str) -> jax.Array:
         slang_type = leaf.slang_type  # a struct field's own type, not the struct's
         what = f"argument {label!r} of {self.name}() (Slang {slang_type!r})"
+        if isinstance(argument, Grid):
+            return grid_coordinates(argument, leaf, what)
         if argument is None or isinstance(argument, (bool, int, float, complex, np.generic)):
             array = jnp.asarray(exact_number(argument, leaf.dtype, what))
         elif isinstance(argument, jax.Array) and _is_weakly_typed(argument):

@@ -22,13 +22,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from slax._codegen import Broadcast, KernelNames, Mode, kernel_source, operand_leaves, result_leaves
+from slax._codegen import (
+    Broadcast,
+    KernelNames,
+    Mode,
+    ResultSlot,
+    input_differentiable,
+    kernel_source,
+    operand_leaves,
+    output_differentiable,
+    result_slots,
+)
 from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._kernel_primitive import run_kernel
 from slax._primitive import check_finite, declare_primitive, result_aval
-from slax._signature import Direction, Leaf, Signature
+from slax._signature import FAULT, Direction, Leaf, Signature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +68,22 @@ def _grid_of(operands_shapes, leaves: list[Leaf]) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(*grids)) if grids else ()
 
 
+def _result_shapes(operand_shapes, signature: Signature, mode: Mode) -> list[tuple[int, ...]]:
+    """Each result's shape: dense over the grid, or as :class:`ResultSlot` says."""
+    grid = _grid_of(operand_shapes, operand_leaves(signature, mode))
+
+    def shape(slot: ResultSlot) -> tuple[int, ...]:
+        if slot.like_operand is not None:
+            return tuple(operand_shapes[slot.like_operand])
+        return slot.leaf.shape if slot.scratch else grid + slot.leaf.shape
+
+    return [shape(slot) for slot in result_slots(signature, mode)]
+
+
 def _abstract_eval(*operands, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):
-    grid = _grid_of([o.shape for o in operands], operand_leaves(function.signature, mode))
-    return [
-        result_aval(grid + leaf.shape, leaf.dtype, operands)
-        for leaf in result_leaves(function.signature, mode)
-    ]
+    shapes = _result_shapes([o.shape for o in operands], function.signature, mode)
+    slots = result_slots(function.signature, mode)
+    return [result_aval(shape, slot.leaf.dtype, operands) for shape, slot in zip(shapes, slots)]
 
 
 @functools.cache
@@ -85,21 +105,63 @@ def _run_function(*operands, function: FunctionSpec, routes: LaunchRoutes, mode:
     names = function.names
     count = math.prod(grid)
     scalars = ((names.count, count), *((names.grid(d), n) for d, n in enumerate(grid)))
-    results = tuple((grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode))
+    slots = result_slots(function.signature, mode)
+    shapes = _result_shapes([o.shape for o in operands], function.signature, mode)
+    results = tuple((shape, slot.leaf.dtype) for shape, slot in zip(shapes, slots))
+    aliases = tuple(
+        (slot.like_operand, k)
+        for k, slot in enumerate(slots)
+        if slot.like_operand is not None and slot.aliased
+    )
     spec = _function_kernel(function, mode, tuple(broadcast))
-    return run_kernel(spec, operands, results, count, scalars, routes=routes)
+    return run_kernel(spec, operands, results, count, scalars, aliases, routes=routes)
+
+
+def check_bounds(function: FunctionSpec, operands, routes: LaunchRoutes) -> None:
+    """``slax.config.debug_bounds``: runs the function once with every tensor index checked (its
+    results dropped, no derivative) and raises ``IndexError`` when the call runs if an index fell
+    outside its tensor, naming the function, the parameter, its shape and the index."""
+    signature = dataclasses.replace(function.signature, bounds_checked=True)
+    checked = dataclasses.replace(function, signature=signature)
+    fault = jnp.zeros(FAULT.shape, jnp.uint32)
+    record = slang_call_p.bind(
+        *jax.lax.stop_gradient(list(operands)), fault, function=checked, routes=routes
+    )[-1]
+    tensors = [value for value in signature.params if value.tensor is not None]
+    jax.debug.callback(functools.partial(_raise_if_outside, function.name, tensors), record)
+
+
+def _raise_if_outside(name: str, tensors, record) -> None:
+    records = np.asarray(record).reshape(-1, FAULT.size)
+    found = records[records[:, 0] != 0]
+    if not len(found):
+        return
+    position, axis, index = (int(v) for v in found[0])
+    value = tensors[position - 1]
+    shape = value.leaves[0].shape[: value.tensor.rank]
+    raise IndexError(
+        f"slax: Slang function {name!r} indexed its tensor parameter {value.name!r} (shape {shape}) "
+        f"at {index if index < 2**31 else index - 2**32} on axis {axis}, which has {shape[axis]} "
+        f"elements (valid: 0 to {shape[axis] - 1}) (slax.config.debug_bounds; without it the index "
+        "is clamped to the axis's last element)."
+    )
 
 
 def _batch_as_grid_axis(primitive, args, dims, *, function: FunctionSpec, routes: LaunchRoutes):
     """Batches by turning the vmapped axis into a leading grid axis of the same kernel."""
-    leaves = operand_leaves(function.signature, _MODES[primitive])
+    mode = _MODES[primitive]
+    leaves = operand_leaves(function.signature, mode)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     rank = max(
         (a.ndim - (d is not None) - len(leaf.shape) for a, d, leaf in zip(args, dims, leaves)),
         default=0,
     )
+    # A buffer the kernel writes in place (a written tensor, a gradient buffer) is one per example.
+    in_place = {slot.like_operand for slot in result_slots(function.signature, mode) if slot.aliased}
     moved = []
-    for arg, dim, leaf in zip(args, dims, leaves):
+    for k, (arg, dim, leaf) in enumerate(zip(args, dims, leaves)):
+        if dim is None and k in in_place:
+            arg, dim = jnp.broadcast_to(arg, (size, *arg.shape)), 0
         if dim is None:
             moved.append(arg)
             continue
@@ -107,15 +169,29 @@ def _batch_as_grid_axis(primitive, args, dims, *, function: FunctionSpec, routes
         own_rank = arg.ndim - 1 - len(leaf.shape)
         moved.append(arg.reshape((size,) + (1,) * (rank - own_rank) + arg.shape[1:]))
     outputs = primitive.bind(*moved, function=function, routes=routes)
-    return outputs, [0] * len(outputs)
+    slots = result_slots(function.signature, mode)
+    # A result shaped as an operand (a tensor's) is shaped as that operand per example.
+    outputs = [
+        out.reshape((size, *_unbatched_shape(args[slot.like_operand], dims[slot.like_operand])))
+        if slot.like_operand is not None
+        else out
+        for out, slot in zip(outputs, slots)
+    ]
+    return outputs, [None if slot.scratch else 0 for slot in slots]
+
+
+def _unbatched_shape(arg, dim) -> tuple[int, ...]:
+    shape = tuple(arg.shape)
+    return shape if dim is None else shape[:dim] + shape[dim + 1 :]
 
 
 # --- differentiation ------------------------------------------------------------------------------
 
 
-def _differentiable_mask(values) -> list[bool]:
-    """Per leaf of ``values``: does it take part in differentiation (its kernel operand or result)?"""
-    return [not value.no_diff and leaf.differentiable for value in values for leaf in value.leaves]
+def _differentiable_mask(values, takes_part) -> list[bool]:
+    """Per leaf of ``values``: does it take part in differentiation (its kernel operand or result)?
+    ``takes_part``: :func:`input_differentiable` or :func:`output_differentiable`."""
+    return [takes_part(value) and leaf.differentiable for value in values for leaf in value.leaves]
 
 
 def _num_primals(function: FunctionSpec) -> int:
@@ -156,6 +232,16 @@ def _require_mode(function: FunctionSpec, mode: Mode) -> None:
             "jax.jacfwd work, while jax.grad, jax.vjp and jax.jacrev need its bwd_diff. Mark it "
             f"[Differentiable], or declare a backward derivative for it ([BackwardDerivative(g)] "
             f"on it, or [BackwardDerivativeOf({name})] on g)."
+        )
+    tensors = [value.name for value in function.signature.params if value.tensor is not None]
+    if mode in (Mode.TANGENT, Mode.TANGENT_OF_TANGENT, Mode.TANGENT_OF_COTANGENT) and tensors:
+        raise NotImplementedError(
+            f"slax: Slang function {name!r} takes tensor parameter(s) {', '.join(map(repr, tensors))}, "
+            "and forward mode (jax.jvp, jax.jacfwd) and second derivatives (jax.hessian, jax.grad of "
+            "jax.grad) through tensors are not supported: SlangPy's tensor loads and stores have "
+            "backward derivatives only (their fwd_diff carries no tangent), so slax would return "
+            "zeros. jax.grad, jax.vjp and jax.jacrev work; for a Jacobian-vector product, "
+            "differentiate a pure-JAX twin, or pass the values element-wise."
         )
     if mode in (Mode.TANGENT_OF_TANGENT, Mode.TANGENT_OF_COTANGENT):
         _require_nested(function, mode)
@@ -206,9 +292,9 @@ def _require_nested(function: FunctionSpec, mode: Mode) -> None:
 def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
     _require_differentiable(function)
     outputs = slang_call_p.bind(*primals, function=function, routes=routes)
-    mask = _differentiable_mask(function.signature.inputs)
+    mask = _differentiable_mask(function.signature.inputs, input_differentiable)
     live = [t for t, diff in zip(tangents, mask) if diff]
-    out_mask = _differentiable_mask(function.signature.outputs)
+    out_mask = _differentiable_mask(function.signature.outputs, output_differentiable)
     if all(type(t) is Zero for t in live) or not any(out_mask):
         return outputs, [_zero_tangent(o) for o in outputs]
     live = [instantiate_zeros(t) for t in live]
@@ -229,8 +315,20 @@ def _tangent_transpose(cotangents, *operands, function: FunctionSpec, routes: La
     primals, tangents = operands[: _num_primals(function)], operands[_num_primals(function) :]
     _require_linear_only_in(function, Mode.TANGENT, primals)
     cotangents = [instantiate_zeros(ct) for ct in cotangents]
-    grads = _bind(slang_cotangent_p, function, routes, primals, cotangents)
+    buffers = _gradient_buffers(function, primals)
+    grads = _bind(slang_cotangent_p, function, routes, primals, [*cotangents, *buffers])
     return [None] * len(primals) + _sum_to_shapes(grads, tangents)
+
+
+def _gradient_buffers(function: FunctionSpec, primals) -> list[jax.Array]:
+    """A zeroed gradient buffer per differentiable input tensor, shaped as its primal: its loads'
+    backward adds into it (the cotangent kernel's last operands, updated in place)."""
+    buffers, k = [], 0
+    for value in function.signature.inputs:
+        if value.tensor is not None and not value.tensor.written and input_differentiable(value):
+            buffers.append(jnp.zeros_like(primals[k]))
+        k += len(value.leaves)
+    return buffers
 
 
 def _sum_to_shapes(grads, operands) -> list:
@@ -253,7 +351,7 @@ def _sum_to_shape(grad: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 def _live_tangents(function: FunctionSpec, tangents) -> list | None:
     """The tangents of the differentiable primal input leaves (instantiated), or None where all
     are zero: then a first-derivative primitive's own tangent is linear, itself again."""
-    mask = _differentiable_mask(function.signature.inputs)
+    mask = _differentiable_mask(function.signature.inputs, input_differentiable)
     live = [t for t, diff in zip(tangents, mask) if diff]
     if all(type(t) is Zero for t in live):
         return None
@@ -269,6 +367,7 @@ def _tangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRou
     inner = [instantiate_zeros(t) for t in tangents[n:]]
     if outer is None:
         return outputs, _bind(slang_tangent_p, function, routes, primals[:n], inner)
+    _require_mode(function, Mode.TANGENT_OF_TANGENT)  # at trace time, before a kernel is written
     return outputs, _bind(slang_tangent_of_tangent_p, function, routes, primals, [*outer, *inner])
 
 
@@ -281,6 +380,7 @@ def _cotangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchR
     cotangent_tangents = [instantiate_zeros(t) for t in tangents[n:]]
     if outer is None:
         return outputs, _bind(slang_cotangent_p, function, routes, primals[:n], cotangent_tangents)
+    _require_mode(function, Mode.TANGENT_OF_COTANGENT)  # at trace time, before a kernel is written
     both = [*outer, *cotangent_tangents]
     return outputs, _bind(slang_tangent_of_cotangent_p, function, routes, primals, both)
 
@@ -300,8 +400,11 @@ def _cotangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchR
 
 def _num_fixed(function: FunctionSpec, mode: Mode) -> int:
     """How many leading operands of a second-order primitive it is not linear in."""
-    inner = function.signature.inputs if mode is Mode.TANGENT_OF_TANGENT else function.signature.outputs
-    return _num_primals(function) + sum(_differentiable_mask(inner))
+    if mode is Mode.TANGENT_OF_TANGENT:
+        return _num_primals(function) + sum(_differentiable_mask(function.signature.inputs, input_differentiable))
+    return _num_primals(function) + sum(
+        _differentiable_mask(function.signature.outputs, output_differentiable)
+    )
 
 
 def _second_order_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):

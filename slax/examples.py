@@ -16,6 +16,8 @@ import numpy as np
 
 MODULE = "examples"
 """Module name of shaders/examples.slang on slax's include path."""
+TENSOR_MODULE = "tensor_examples"
+"""Module name of shaders/tensor_examples.slang: functions with tensor parameters."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,3 +91,27 @@ EXAMPLES = (
 )
 """The functions of ``shaders/examples.slang`` that the tests and ``experiments/gradcheck.py``
 check, each with its twin and how to draw its arguments."""
+
+
+def bilinear_twin(texture, uv):
+    """``bilinear`` of shaders/tensor_examples.slang in plain JAX: texture ``(H, W, 3)``, uv
+    ``(N, 2)`` (u along W) -> ``(N, 3)``; a gather, whose gradient is a scatter-add."""
+    height, width = texture.shape[:2]
+    position = jnp.clip(uv, 0.0, 1.0) * jnp.array([width - 1, height - 1], uv.dtype)
+    low = jnp.floor(position).astype(jnp.int32)
+    high = jnp.minimum(low + 1, jnp.array([width - 1, height - 1]))
+    t = (position - low)[:, None, :]
+    top = texture[low[:, 1], low[:, 0]] * (1 - t[..., 0]) + texture[low[:, 1], high[:, 0]] * t[..., 0]
+    bottom = texture[high[:, 1], low[:, 0]] * (1 - t[..., 0]) + texture[high[:, 1], high[:, 0]] * t[..., 0]
+    return top * (1 - t[..., 1]) + bottom * t[..., 1]
+
+
+TENSOR_EXAMPLES = (
+    Example(
+        "bilinear",
+        bilinear_twin,
+        lambda r, d: (_uniform(r, d, 5, 7, 3), _uniform(r, d, 40, 2, low=0.0, high=1.0)),
+    ),
+)
+"""Functions of :data:`TENSOR_MODULE`; they differentiate in reverse mode only (SlangPy's tensor
+loads have backward derivatives only)."""

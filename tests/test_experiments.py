@@ -183,6 +183,8 @@ def test_gradcheck_passes_everything(tmp_path):
         r["argument"] for r in table["rows"] if r["function"] == "polynomial" and r["check"] == "rev"
     ]
     assert polynomial == ["a", "b", "c", "x"]  # rows name Slang parameters
+    tensors = [r["argument"] for r in table["rows"] if r["function"] == "bilinear" and r["check"] == "rev"]
+    assert tensors == ["texture", "uv"]  # a function with a tensor parameter, in reverse mode
     assert (tmp_path / "gradcheck.txt").read_text().rstrip().endswith(f"{table['passed']} passed, 0 failed")
 
 

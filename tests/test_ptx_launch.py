@@ -160,6 +160,19 @@ def test_slangpy_style_modules_compile_to_ptx(report):
 
 
 @needs_tools
+def test_tensor_functions_lower_to_their_kernels(report):
+    """Functions with tensor parameters (tests/slang/tensors.slang, shaders/tensor_examples.slang):
+    a written tensor and each tensor's gradient buffer are results updated in place."""
+    names = lambda case: [x["name"].split("_", 1)[1] for x in _launches(report, case)]  # noqa: E731
+    assert names("tensor_polynomial") == ["primal_polynomial"]
+    assert names("tensor_polynomial_grad") == ["cotangent_polynomial"]
+    assert names("bilinear_vjp") == ["primal_bilinear", "cotangent_bilinear"]
+    assert names("custom_activation_grad") == ["cotangent_custom_activation"]
+    for case in ("tensor_polynomial", "tensor_polynomial_grad", "bilinear_vjp", "custom_activation_grad"):
+        assert any(launch["aliases"] for launch in _launches(report, case)), case
+
+
+@needs_tools
 def test_mlp_kernels_lower_in_both_precisions(report):
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")

@@ -1,0 +1,276 @@
+"""Slang functions with tensor parameters (slax/_tensors.py, shaders/slax/tensor.slang): SlangPy's
+differentiable-tensor examples run from JAX with jax.grad equal to pure-JAX twins', under every
+transformation, and bad input explained (tests/slang/tensors.slang)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import ROOT, run_python
+
+import slax
+from slax.examples import TENSOR_EXAMPLES, TENSOR_MODULE, bilinear_twin
+from slax.testing import RELATIVE_TOLERANCE, check_grads
+
+TOLERANCE = RELATIVE_TOLERANCE["float32"]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return slax.load_module(ROOT / "tests" / "slang" / "tensors.slang")
+
+
+@pytest.fixture(scope="module")
+def bilinear():
+    return slax.load_module(TENSOR_MODULE).bilinear
+
+
+def close(got, want):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def polynomial(mod, a, b, c, x):
+    n = x.shape[0]
+    return mod.polynomial(slax.grid((n,)), a, b, c, x, jax.ShapeDtypeStruct((n,), jnp.float32))
+
+
+def test_polynomial_is_slangpys_example(mod):
+    """SlangPy's documented numbers, then random inputs against the JAX twin (values, gradients of
+    the scalars and of the tensor)."""
+    x = jnp.array([1.0, 2.0, 3.0, 4.0])
+    close(polynomial(mod, 2.0, 8.0, -1.0, x), [9.0, 23.0, 41.0, 63.0])
+    close(jax.grad(lambda x: polynomial(mod, 2.0, 8.0, -1.0, x).sum())(x), [12.0, 16.0, 20.0, 24.0])
+    keys = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(keys[0], (37,))
+    a, b, c = jax.random.normal(keys[1], (3,))
+    weights = jax.random.normal(keys[2], (37,))
+
+    def loss(f):
+        return lambda a, b, c, x: (f(a, b, c, x) * weights).sum()
+
+    twin = lambda a, b, c, x: a * x * x + b * x + c  # noqa: E731
+    slang = loss(lambda *args: polynomial(mod, *args))
+    close(slang(a, b, c, x), loss(twin)(a, b, c, x))
+    for got, want in zip(
+        jax.grad(slang, (0, 1, 2, 3))(a, b, c, x), jax.grad(loss(twin), (0, 1, 2, 3))(a, b, c, x)
+    ):
+        close(got, want)
+
+
+def test_linear_layer_is_slangpys_example(mod):
+    keys = jax.random.split(jax.random.key(1), 4)
+    weights, bias = jax.random.normal(keys[0], (6, 9)), jax.random.normal(keys[1], (6,))
+    x, cotangent = jax.random.normal(keys[2], (9,)), jax.random.normal(keys[3], (6,))
+
+    def slang(weights, bias, x):
+        return mod.linear_layer(slax.grid((6,)), weights, bias, x, (6,))
+
+    def twin(weights, bias, x):
+        return jnp.dot(weights, x, precision="highest") + bias
+
+    close(slang(weights, bias, x), twin(weights, bias, x))
+    got = jax.vjp(slang, weights, bias, x)[1](cotangent)
+    want = jax.vjp(twin, weights, bias, x)[1](cotangent)
+    for g, w in zip(got, want):
+        close(g, w)
+
+
+def test_custom_activation_writes_its_gradient_buffer(mod):
+    """SlangPy's custom_activation: a custom backward derivative adding into `input._grad_out`."""
+    x = jax.random.uniform(jax.random.key(2), (64,), minval=-0.5, maxval=1.5)
+    weights = jax.random.normal(jax.random.key(3), (64,))
+
+    def twin(x):
+        return jnp.where(x <= 0, 0.0, jnp.where(x >= 1, 1.0, x * x * (3 - 2 * x)))
+
+    def slang(x):
+        return mod.custom_activation(slax.grid((64,)), x)
+
+    close(slang(x), twin(x))
+    close(jax.grad(lambda x: (slang(x) * weights).sum())(x), jax.grad(lambda x: (twin(x) * weights).sum())(x))
+
+
+def test_buffer_read_through_a_custom_derivative(mod):
+    """Slang's autodiff guide's pattern: parameters read by getParam, whose backward derivative adds
+    into the gradient buffer; every grid point reads the same two parameters."""
+    params = jnp.array([0.7, -1.3])
+    x = jax.random.normal(jax.random.key(4), (100,))
+    target = 3.0 * x - 2.0
+    loss = lambda f: lambda p: ((f(p) - target) ** 2).mean()  # noqa: E731
+    slang, twin = loss(lambda p: mod.fit_line(p, x)), loss(lambda p: p[0] * x + p[1])
+    close(slang(params), twin(params))
+    close(jax.grad(slang)(params), jax.grad(twin)(params))
+
+
+@pytest.fixture(scope="module")
+def texture_and_uv():
+    keys = jax.random.split(jax.random.key(5), 3)
+    return (
+        jax.random.uniform(keys[0], (5, 7, 3)),
+        jax.random.uniform(keys[1], (50, 2)),
+        jax.random.normal(keys[2], (50, 3)),
+    )
+
+
+def test_tensor_and_elementwise_arguments_mix(bilinear, texture_and_uv):
+    """A texture (H, W, 3) read whole, uv (N, 2) over the grid: (N, 3); gradients of both."""
+    texture, uv, weights = texture_and_uv
+    close(bilinear(texture, uv), bilinear_twin(texture, uv))
+    slang = jax.grad(lambda t, uv: (bilinear(t, uv) * weights).sum(), (0, 1))(texture, uv)
+    twin = jax.grad(lambda t, uv: (bilinear_twin(t, uv) * weights).sum(), (0, 1))(texture, uv)
+    for got, want in zip(slang, twin):
+        close(got, want)
+
+
+def test_vector_elements_vector_call_id_and_plain_tensors(mod):
+    """float3 elements ((H, W, 3) arrays), an int2 call id (x is the last axis), and an ITensor
+    input, whose gradient is zero."""
+    keys = jax.random.split(jax.random.key(6), 3)
+    albedo, light = jax.random.uniform(keys[0], (4, 6, 3)), jax.random.uniform(keys[1], (4, 6, 3))
+    weights = jax.random.normal(keys[2], (4, 6, 3))
+
+    def shade(albedo, light):
+        return mod.shade(slax.grid((4, 6)), albedo, light, jax.ShapeDtypeStruct((4, 6, 3), jnp.float32))
+
+    close(shade(albedo, light), albedo * light)
+    d_albedo, d_light = jax.grad(lambda a, b: (shade(a, b) * weights).sum(), (0, 1))(albedo, light)
+    close(d_light, albedo * weights)
+    close(d_albedo, jnp.zeros_like(albedo))
+
+
+def test_jit_vmap_scan_and_pytrees(mod, bilinear, texture_and_uv):
+    """vmap over the tensor and over the element-wise argument (one launch each), lax.scan, and a
+    dict of parameters through jax.grad, all under jit."""
+    texture, uv, weights = texture_and_uv
+    textures = jnp.stack([texture, 1.0 - texture])
+    batched = jax.jit(jax.vmap(bilinear, in_axes=(0, None)))(textures, uv)
+    close(batched, jax.vmap(bilinear_twin, in_axes=(0, None))(textures, uv))
+    per_uv = jax.jit(jax.vmap(bilinear, in_axes=(None, 0)))(texture, uv.reshape(5, 10, 2))
+    close(per_uv, bilinear_twin(texture, uv).reshape(5, 10, 3))
+    # per-example gradients of a shared tensor, and a vmapped written tensor
+    grads = jax.vmap(jax.grad(lambda t, uv: (bilinear(t, uv) * weights[:10]).sum()), (None, 0))(
+        texture, uv.reshape(5, 10, 2)
+    )
+    want = jax.vmap(jax.grad(lambda t, uv: (bilinear_twin(t, uv) * weights[:10]).sum()), (None, 0))(
+        texture, uv.reshape(5, 10, 2)
+    )
+    close(grads, want)
+    xs = jax.random.normal(jax.random.key(7), (3, 8))
+    close(jax.vmap(lambda x: polynomial(mod, 2.0, 8.0, -1.0, x))(xs), 2 * xs * xs + 8 * xs - 1)
+
+    def step(params, uv):
+        loss = lambda p: ((bilinear(p["texture"], uv) - 0.5) ** 2).sum()  # noqa: E731
+        grad = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grad), loss(params)
+
+    def twin_step(params, uv):
+        loss = lambda p: ((bilinear_twin(p["texture"], uv) - 0.5) ** 2).sum()  # noqa: E731
+        grad = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grad), loss(params)
+
+    batches = uv.reshape(5, 10, 2)
+    got = jax.jit(lambda p: jax.lax.scan(step, p, batches))({"texture": texture})
+    want = jax.lax.scan(twin_step, {"texture": texture}, batches)
+    close(got[1], want[1])
+    close(got[0]["texture"], want[0]["texture"])
+
+
+def test_check_grads_covers_tensor_examples(rng):
+    """slax.testing.check_grads on each function of shaders/tensor_examples.slang (reverse mode),
+    as experiments/gradcheck.py runs it."""
+    module = slax.load_module(TENSOR_MODULE)
+    for example in TENSOR_EXAMPLES:
+        args = example.draw(rng, jnp.float32)
+        report = check_grads(getattr(module, example.name), example.twin, *args, modes=("rev",))
+        assert report.passed, report
+        assert {row.argument for row in report.rows if row.check == "rev"} == {"texture", "uv"}
+
+
+def test_indices_outside_a_tensor_are_clamped(mod):
+    """No route reads outside the array: an index past an axis's end, or negative, reads the last
+    element along that axis."""
+    values = jax.random.normal(jax.random.key(8), (3, 4))
+    at = jnp.array([[1, 2], [7, 1], [-1, 0], [2, 9], [-5, -5]], jnp.int32)  # (x: column, y: row)
+    want = values[jnp.array([2, 1, 0, 2, 2]), jnp.array([1, 3, 3, 2, 3])]
+    close(mod.read_at(values, at), want)
+
+
+def test_debug_bounds_names_the_parameter_and_the_index(mod, monkeypatch):
+    values = jax.random.normal(jax.random.key(9), (3, 4))
+    inside = jnp.array([[1, 2], [3, 0]], jnp.int32)
+    outside = jnp.array([[1, 2], [3, 5]], jnp.int32)  # row 5 of 3
+    with slax.config.override(debug_bounds=True):
+        close(mod.read_at(values, inside), values[inside[:, 1], inside[:, 0]])
+        with pytest.raises(
+            IndexError,
+            match=r"'read_at' indexed its tensor parameter 'values' \(shape \(3, 4\)\) at 5 on axis 0",
+        ):
+            jax.block_until_ready(mod.read_at(values, outside))
+        message = r"IndexError: slax: Slang function 'read_at'"
+        with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+            jax.block_until_ready(jax.jit(jax.vmap(mod.read_at, (None, 0)))(values, outside[None]))
+    close(mod.read_at(values, outside), values[jnp.array([2, 2]), jnp.array([1, 3])])  # off: clamped
+
+
+@pytest.mark.one_device_kind
+def test_forward_mode_through_tensors_is_refused(bilinear, texture_and_uv):
+    texture, uv, _ = texture_and_uv
+    with pytest.raises(NotImplementedError, match=r"'bilinear' takes tensor parameter\(s\) 'texture'"):
+        jax.jvp(lambda t: bilinear(t, uv), (texture,), (texture,))
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (
+            lambda m, b, x: b(x[..., None], x[0, :, :2]),
+            ValueError,
+            r"'texture'.*must have 3 dims \(a tensor",
+        ),
+        (
+            lambda m, b, x: b(x.astype(jnp.int32), x[0, :, :2]),
+            TypeError,
+            r"dtype must be float32; got int32",
+        ),
+        (lambda m, b, x: b(x[0], x[0, :, :2]), ValueError, r"'texture'.*got shape \(7, 3\)"),
+        (
+            lambda m, b, x: m.polynomial(slax.grid((4,)), 1.0, 1.0, 1.0, x[0, :4, 0], x[0, :4, 0]),
+            TypeError,
+            "'result'.*pass its shape",
+        ),
+        (
+            lambda m, b, x: m.polynomial(slax.grid((4, 2)), 1.0, 1.0, 1.0, x[0, :4, 0], (4,)),
+            TypeError,
+            r"'idx'.*slax.grid\(\(4, 2\)\)",
+        ),
+        (
+            lambda m, b, x: m.scale_in_place(slax.grid((4,)), x[0, :4, 0]),
+            TypeError,
+            "'data' of Slang function 'scale_in_place'.*in place",
+        ),
+        (
+            lambda m, b, x: m.concrete_tensor(slax.grid((5, 7)), x, (5, 7, 3)),
+            TypeError,
+            "'albedo'.*StructuredBuffer",
+        ),
+    ],
+)
+def test_bad_input_explains_itself(mod, bilinear, texture_and_uv, call, error, message):
+    with pytest.raises(error, match=message):
+        call(mod, bilinear, texture_and_uv[0])
+
+
+@pytest.mark.jax_version
+def test_sharded_calls_replicate_tensors_and_sum_their_gradients_once(cpu_path):
+    """shard_map and plain jit over a batch-sharded array on two host devices
+    (tests/scripts/tensors_sharded.py)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    result = run_python("tests/scripts/tensors_sharded.py", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("shard_map: ok", "batch-sharded jit: ok", "written tensor: ok"):
+        assert line in result.stdout
