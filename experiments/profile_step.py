@@ -25,7 +25,7 @@ import tempfile
 
 import _harness as harness
 import jax
-from benchmark import NETWORKS, step_keys, steps_per_second, training_run
+from benchmark import WORKLOADS, step_keys, steps_per_second, training_run
 from jax.profiler import ProfileData
 
 import slax
@@ -94,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=harness.HelpFormatter, epilog=harness.exit_status_help(None)
     )
     parser.add_argument(
-        "--network", nargs="+", choices=tuple(NETWORKS), default=["polynomial"], help="networks"
+        "--network",
+        nargs="+",
+        choices=WORKLOADS,
+        default=["polynomial"],
+        help="networks (texture: the texture fit)",
     )
     parser.add_argument("--batch", nargs="+", type=int, default=[4096, 1048576], help="batch sizes")
     parser.add_argument(
