@@ -93,6 +93,7 @@ def test_digits_trains_and_writes_outputs(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_texture_fits_a_small_texture_and_writes_outputs(tmp_path):
     """A 32x32 texture (the photograph averaged over 16x16 blocks), 60 steps: both samplers fit it
     alike, from the same gradient at step 0."""
@@ -282,6 +283,7 @@ def test_benchmark_runs(tmp_path):
     assert all(r["steps_per_s"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_benchmark_times_the_texture_fit_against_plain_jax(tmp_path):
     """``--network texture``: slax's row and plain JAX's one row (no float16 rows: the sampler
     reads float), the floor from the batch and Adam's pass over the 512x512x3 texture."""
