@@ -8,6 +8,7 @@ from slax._function import SlangFunction
 from slax._kernel import SlangKernel
 from slax._launch import launch_route
 from slax._module import SlangModule, load_module, load_module_from_source
+from slax._tensors import grid
 from slax.parallel import data_parallel
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "SlangModule",
     "data_parallel",
     "describe_device",
+    "grid",
     "launch_route",
     "load_module",
     "load_module_from_source",

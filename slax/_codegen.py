@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import math
 from collections.abc import Iterable
 
 from slax._signature import FLOAT_DTYPES, SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
@@ -78,30 +79,106 @@ class KernelNames:
 
 
 def operand_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
-    """Leaves of the kernel's operands in order (JAX operands of the matching primitive)."""
+    """Leaves of the kernel's operands in order (JAX operands of the matching primitive): the
+    inputs' (a written tensor's is the zeroed array it is written into), then the tangents of the
+    differentiable inputs (``TANGENT``), or the cotangents of the differentiable outputs and then a
+    zeroed gradient buffer per differentiable input tensor, which its loads' backward adds into
+    (``COTANGENT``)."""
     leaves = [leaf for value in signature.inputs for leaf in value.leaves]
     if mode is Mode.TANGENT:
-        leaves += differentiable_leaves(signature.inputs)
+        leaves += differentiable_leaves(signature.inputs, input_differentiable)
     elif mode is Mode.COTANGENT:
-        leaves += differentiable_leaves(signature.outputs)
+        leaves += differentiable_leaves(signature.outputs, output_differentiable)
+        leaves += [value.leaves[0] for value in signature.inputs if _diff_tensor(value, written=False)]
     return leaves
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultSlot:
+    """A kernel result: its leaf, and where its shape comes from. By default it is dense over the
+    grid (``grid + leaf.shape``); ``like_operand`` shapes it as that operand (a tensor's result);
+    ``aliased`` makes it that operand's buffer, updated in place through the operand's pointer (a
+    written tensor, a gradient buffer); a ``scratch`` result (``leaf.shape``) is where a written
+    tensor's stores go while ``bwd_diff`` replays the function, and is dropped."""
+
+    leaf: Leaf
+    like_operand: int | None = None
+    aliased: bool = False
+    scratch: bool = False
+
+
+def result_slots(signature: Signature, mode: Mode) -> list[ResultSlot]:
+    """The kernel's results in order: the outputs (``PRIMAL``), the tangents of the differentiable
+    outputs (``TANGENT``) or the cotangents of the differentiable inputs and a scratch result per
+    written tensor (``COTANGENT``)."""
+    position = {id(value): k for k, value in enumerate(signature.inputs)}  # tensors have one leaf
+    first = [sum(len(v.leaves) for v in signature.inputs[:k]) for k in range(len(signature.inputs))]
+
+    def operand(value: Value) -> int:
+        return first[position[id(value)]]
+
+    if mode is Mode.PRIMAL:
+        return [
+            ResultSlot(leaf, operand(value), aliased=True) if value.tensor else ResultSlot(leaf)
+            for value in signature.outputs
+            for leaf in value.leaves
+        ]
+    if mode is Mode.TANGENT:
+        return [
+            ResultSlot(leaf, operand(value)) if value.tensor else ResultSlot(leaf)
+            for value in signature.outputs
+            if output_differentiable(value)
+            for leaf in value.leaves
+            if leaf.differentiable
+        ]
+    accumulator = len(operand_leaves(signature, mode)) - sum(
+        _diff_tensor(v, written=False) for v in signature.inputs
+    )
+    slots = []
+    for value in signature.inputs:
+        if not input_differentiable(value):
+            continue
+        if value.tensor:
+            slots.append(ResultSlot(value.leaves[0], accumulator, aliased=True))
+            accumulator += 1
+        else:
+            slots += [ResultSlot(leaf) for leaf in value.leaves if leaf.differentiable]
+    for value in signature.inputs:
+        if value.tensor and value.tensor.written:
+            element = value.tensor.element
+            slots.append(ResultSlot(dataclasses.replace(value.leaves[0], shape=element), scratch=True))
+    return slots
 
 
 def result_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
     """Leaves of the kernel's results in order."""
-    if mode is Mode.PRIMAL:
-        return [leaf for value in signature.outputs for leaf in value.leaves]
-    if mode is Mode.TANGENT:
-        return differentiable_leaves(signature.outputs)
-    return differentiable_leaves(signature.inputs)
+    return [slot.leaf for slot in result_slots(signature, mode)]
 
 
-def differentiable_leaves(values: tuple[Value, ...]) -> list[Leaf]:
-    return [leaf for value in values if _is_diff(value) for leaf in value.leaves if leaf.differentiable]
+def differentiable_leaves(values: tuple[Value, ...], takes_part=None) -> list[Leaf]:
+    takes_part = takes_part or _is_diff
+    return [leaf for value in values if takes_part(value) for leaf in value.leaves if leaf.differentiable]
 
 
 def _is_diff(value: Value) -> bool:
-    return not value.no_diff and value.differentiable
+    """A value (not a tensor) that has a differential of its own: a pair in ``fwd_diff``/``bwd_diff``."""
+    return value.tensor is None and not value.no_diff and value.differentiable
+
+
+def _diff_tensor(value: Value, *, written: bool) -> bool:
+    tensor = value.tensor
+    return tensor is not None and tensor.written == written and not value.no_diff and value.differentiable
+
+
+def input_differentiable(value: Value) -> bool:
+    """Does an input take part in differentiation (a tangent operand, a cotangent result)? A written
+    tensor does not: its input is the zeroed array the call writes into."""
+    return _is_diff(value) or _diff_tensor(value, written=False)
+
+
+def output_differentiable(value: Value) -> bool:
+    """Does an output take part in differentiation (a tangent result, a cotangent operand)?"""
+    return _is_diff(value) or _diff_tensor(value, written=True)
 
 
 Broadcast = tuple[tuple[bool, ...], ...]
@@ -158,7 +235,9 @@ class _KernelWriter:
         self.broadcast = broadcast
         self.rank = len(broadcast[0]) if broadcast else 0
         self.names = names
-        self.results = result_leaves(signature, mode)
+        self.result_slots = result_slots(signature, mode)
+        # A result updated in place through its operand's pointer has no pointer of its own.
+        self.results = [slot.leaf for slot in self.result_slots if not slot.aliased]
         self.slots = {id(value): f"arg{k}" for k, value in enumerate(signature.params)}
         if signature.result is not None:
             self.slots[id(signature.result)] = "result"
@@ -181,8 +260,9 @@ class _KernelWriter:
         body = "\n".join("    " + line for line in self.lines)
         joined = ",\n    ".join(params)
         helpers = "".join(helper + "\n" for helper in self.helpers.values())
+        tensors = "import slax.tensor;\nimport slangpy;\n" if any(v.tensor for v in self.sig.params) else ""
         return (
-            f"import {slang_string(module_path)};\nimport slax.kernel;\n\n{helpers}"
+            f"import {slang_string(module_path)};\nimport slax.kernel;\n{tensors}\n{helpers}"
             '[shader("compute")]\n[numthreads(SLAX_GROUP_SIZE, 1, 1)]\n'
             f"void {names.entry(self.sig, self.mode)}(\n    {joined})\n{{\n{body}\n}}\n"
         )
@@ -237,17 +317,60 @@ class _KernelWriter:
             self.lines.append(f"{self.names.result(k)}[{index} * {leaf.size} + {j}] = {source}{suffix};")
 
     def _declare(self, value: Value, role: str = "") -> str:
-        """Declares a local of ``value``'s type, without an initializer (see the class)."""
+        """Declares a local of ``value``'s type, without an initializer (see the class); a tensor's
+        is the concrete type the kernel builds over its pointers."""
         var = self.local(value, role)
-        self.lines.append(f"{value.slang_type} {var};")
+        tensor = value.tensor
+        kind = value.slang_type
+        if tensor is not None:
+            kind = f"{tensor.kernel_type}<{value.leaves[0].slang_type}, {tensor.rank}>"
+        self.lines.append(f"{kind} {var};")
         return var
 
+    # --- tensors ----------------------------------------------------------------------------------
+
+    def _load_tensor(self, value: Value) -> None:
+        """Builds a tensor parameter's value over its operand (at the thread's grid point: a tensor
+        vmapped over a grid axis is one tensor per index of it). In ``bwd_diff``, which replays the
+        function's stores, a written tensor's primal is a scratch result instead (below)."""
+        var = self._declare(value)
+        assert value.tensor is not None
+        if self.mode is Mode.COTANGENT and value.tensor.written:
+            self.next_operand += 1
+            return
+        self._bind_tensor(var + _primal_field(value), value, self._next_operand_pointer(value.leaves[0]))
+
+    def _next_operand_pointer(self, leaf: Leaf) -> str:
+        k = self.next_operand
+        self.next_operand += 1
+        return f"{self.names.operand(k)} + ({self._operand_offset(k)}) * {leaf.size}"
+
+    def _bind_tensor(self, target: str, value: Value, pointer: str, scratch: bool = False) -> None:
+        """Points the dense tensor ``target`` (a ``SlaxTensor``) at ``pointer``, with the tensor's
+        shape and row-major strides compiled in; a scratch tensor's strides are all 0 (every store
+        lands on its one element)."""
+        assert value.tensor is not None
+        leaf, rank = value.leaves[0], value.tensor.rank
+        shape = leaf.shape[:rank]
+        strides = [0 if scratch else math.prod(shape[d + 1 :]) for d in range(rank)]
+        self.lines += [
+            f"{target}._data = ({leaf.slang_type}*)({pointer});",
+            f"{target}._shape = {{{', '.join(str(n) for n in shape)}}};",
+            f"{target}._strides = {{{', '.join(str(n) for n in strides)}}};",
+            f"{target}._offset = 0;",
+        ]
+
     def _load_value(self, value: Value) -> None:
+        if value.tensor is not None:
+            self._load_tensor(value)
+            return
         var = self._declare(value)
         for leaf in value.leaves:
             self._read_leaf(var + leaf.field_access(), leaf)
 
     def _store_value(self, value: Value) -> None:
+        if value.tensor is not None:
+            return  # written in place
         for leaf in value.leaves:
             self._write_leaf(self.local(value) + leaf.field_access(), leaf)
 
@@ -378,9 +501,23 @@ class _KernelWriter:
         one's holds its output cotangent), a differentiable ``out`` parameter takes its cotangent in
         its place, non-differentiable ``out`` parameters are dropped, and the result's cotangent
         comes last. The pairs then hold the input cotangents."""
-        cotangents = {
-            id(value): self._load_differential(value, "_ct") for value in self.sig.outputs if _is_diff(value)
-        }
+        cotangents = {}
+        for value in self.sig.outputs:
+            if _is_diff(value):
+                cotangents[id(value)] = self._load_differential(value, "_ct")
+            elif output_differentiable(value):  # a written tensor's stores read its cotangent
+                pointer = self._next_operand_pointer(value.leaves[0])
+                self._bind_tensor(self.local(value) + "._grad_in", value, pointer)
+        for value in self.sig.inputs:
+            if _diff_tensor(value, written=False):  # its loads' backward adds into the zeroed buffer
+                pointer = self._next_operand_pointer(value.leaves[0])
+                self._bind_tensor(self.local(value) + "._grad_out._tensor", value, pointer)
+        scratch = sum(not slot.aliased and not slot.scratch for slot in self.result_slots)
+        for value in self.sig.inputs:
+            if value.tensor is not None and value.tensor.written:
+                target = self.local(value) + _primal_field(value)
+                self._bind_tensor(target, value, self.names.result(scratch), scratch=True)
+                scratch += 1
         args = []
         pairs = []
         for value in self.sig.params:
@@ -400,6 +537,12 @@ class _KernelWriter:
         self.lines.append(f"bwd_diff({self.sig.name})({', '.join(args)});")
         for value in pairs:
             self._store_differential(value)
+
+
+def _primal_field(value: Value) -> str:
+    """Where a tensor's values are in its kernel type: a ``SlaxTensor`` holds them itself."""
+    assert value.tensor is not None
+    return "" if value.tensor.kernel_type == "SlaxTensor" else "._primal"
 
 
 def _detach(leaf: Leaf, expression: str) -> str:

@@ -30,8 +30,10 @@ from slax._signature import (
     generic_names,
     read_signature,
     substitute_generics,
+    with_tensor_shapes,
 )
 from slax._sources import texts
+from slax._tensors import Grid, grid_coordinates, tensor_operand
 
 if TYPE_CHECKING:
     from slax._module import SlangModule
@@ -117,8 +119,11 @@ class SlangFunction:
             return flat
 
         grid = np.broadcast_shapes(*grids) if grids else ()
-        # The grid's first axis is the batch; an argument broadcast along it is replicated.
+        # The grid's first axis is the batch; an argument broadcast along it is replicated. A call
+        # that writes a tensor runs whole on every device: its grid points may write anywhere in it.
+        writes = any(value.tensor is not None and value.tensor.written for value in signature.params)
         batched = [len(own) == len(grid) and own[0] == grid[0] != 1 for own in grids] if grid else []
+        batched = [False] * len(batched) if writes else batched
         outputs = len(result_leaves(signature, Mode.PRIMAL))
         flat = across_devices(call, operands, batched or [False] * len(operands), [bool(grid)] * outputs)
         return self._unflatten(signature, flat)
@@ -164,10 +169,15 @@ class SlangFunction:
             reflection = self._specialize(key) if self._generic else self._reflection
             signature = read_signature(reflection, self.module._reflection.layout, self._modes)
             self._signatures[cache_key] = signature
-        operands = [
-            operand for value in signature.inputs for operand in self._operands(value, bound[value.name])
-        ]
-        return signature, operands
+        operands: list[jax.Array] = []
+        tensor_shapes = {}
+        for value in signature.inputs:
+            if value.tensor is None:
+                operands += self._operands(value, bound[value.name])
+                continue
+            operands.append(tensor_operand(value, bound[value.name], self.name))
+            tensor_shapes[value.name] = operands[-1].shape[: value.tensor.rank]
+        return with_tensor_shapes(signature, tensor_shapes), operands
 
     def _generic_dtypes(self, bound: dict[str, Any]) -> dict[str, str]:
         """Each generic type parameter's Slang scalar, from the first array argument that uses it.
@@ -242,6 +252,8 @@ class SlangFunction:
     def _operand(self, leaf: Leaf, argument: Any, label: str) -> jax.Array:
         slang_type = leaf.slang_type  # a struct field's own type, not the struct's
         what = f"argument {label!r} of {self.name}() (Slang {slang_type!r})"
+        if isinstance(argument, Grid):
+            return grid_coordinates(argument, leaf, what)
         if argument is None or isinstance(argument, (bool, int, float, complex, np.generic)):
             array = jnp.asarray(exact_number(argument, leaf.dtype, what))
         elif isinstance(argument, jax.Array) and _is_weakly_typed(argument):

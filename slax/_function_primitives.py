@@ -18,7 +18,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from slax._codegen import Broadcast, KernelNames, Mode, kernel_source, operand_leaves, result_leaves
+from slax._codegen import (
+    Broadcast,
+    KernelNames,
+    Mode,
+    ResultSlot,
+    input_differentiable,
+    kernel_source,
+    operand_leaves,
+    output_differentiable,
+    result_slots,
+)
 from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
@@ -54,12 +64,22 @@ def _grid_of(operands_shapes, leaves: list[Leaf]) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(*grids)) if grids else ()
 
 
+def _result_shapes(operand_shapes, signature: Signature, mode: Mode) -> list[tuple[int, ...]]:
+    """Each result's shape: dense over the grid, or as :class:`ResultSlot` says."""
+    grid = _grid_of(operand_shapes, operand_leaves(signature, mode))
+
+    def shape(slot: ResultSlot) -> tuple[int, ...]:
+        if slot.like_operand is not None:
+            return tuple(operand_shapes[slot.like_operand])
+        return slot.leaf.shape if slot.scratch else grid + slot.leaf.shape
+
+    return [shape(slot) for slot in result_slots(signature, mode)]
+
+
 def _abstract_eval(*operands, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):
-    grid = _grid_of([o.shape for o in operands], operand_leaves(function.signature, mode))
-    return [
-        result_aval(grid + leaf.shape, leaf.dtype, operands)
-        for leaf in result_leaves(function.signature, mode)
-    ]
+    shapes = _result_shapes([o.shape for o in operands], function.signature, mode)
+    slots = result_slots(function.signature, mode)
+    return [result_aval(shape, slot.leaf.dtype, operands) for shape, slot in zip(shapes, slots)]
 
 
 @functools.cache
@@ -81,21 +101,33 @@ def _run_function(*operands, function: FunctionSpec, routes: LaunchRoutes, mode:
     names = function.names
     count = math.prod(grid)
     scalars = ((names.count, count), *((names.grid(d), n) for d, n in enumerate(grid)))
-    results = tuple((grid + leaf.shape, leaf.dtype) for leaf in result_leaves(function.signature, mode))
+    slots = result_slots(function.signature, mode)
+    shapes = _result_shapes([o.shape for o in operands], function.signature, mode)
+    results = tuple((shape, slot.leaf.dtype) for shape, slot in zip(shapes, slots))
+    aliases = tuple(
+        (slot.like_operand, k)
+        for k, slot in enumerate(slots)
+        if slot.like_operand is not None and slot.aliased
+    )
     spec = _function_kernel(function, mode, tuple(broadcast))
-    return run_kernel(spec, operands, results, count, scalars, routes=routes)
+    return run_kernel(spec, operands, results, count, scalars, aliases, routes=routes)
 
 
 def _batch_as_grid_axis(primitive, args, dims, *, function: FunctionSpec, routes: LaunchRoutes):
     """Batches by turning the vmapped axis into a leading grid axis of the same kernel."""
-    leaves = operand_leaves(function.signature, _MODES[primitive])
+    mode = _MODES[primitive]
+    leaves = operand_leaves(function.signature, mode)
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     rank = max(
         (a.ndim - (d is not None) - len(leaf.shape) for a, d, leaf in zip(args, dims, leaves)),
         default=0,
     )
+    # A buffer the kernel writes in place (a written tensor, a gradient buffer) is one per example.
+    in_place = {slot.like_operand for slot in result_slots(function.signature, mode) if slot.aliased}
     moved = []
-    for arg, dim, leaf in zip(args, dims, leaves):
+    for k, (arg, dim, leaf) in enumerate(zip(args, dims, leaves)):
+        if dim is None and k in in_place:
+            arg, dim = jnp.broadcast_to(arg, (size, *arg.shape)), 0
         if dim is None:
             moved.append(arg)
             continue
@@ -103,15 +135,16 @@ def _batch_as_grid_axis(primitive, args, dims, *, function: FunctionSpec, routes
         own_rank = arg.ndim - 1 - len(leaf.shape)
         moved.append(arg.reshape((size,) + (1,) * (rank - own_rank) + arg.shape[1:]))
     outputs = primitive.bind(*moved, function=function, routes=routes)
-    return outputs, [0] * len(outputs)
+    return outputs, [None if slot.scratch else 0 for slot in result_slots(function.signature, mode)]
 
 
 # --- differentiation ------------------------------------------------------------------------------
 
 
-def _differentiable_mask(values) -> list[bool]:
-    """Per leaf of ``values``: does it take part in differentiation (its kernel operand or result)?"""
-    return [not value.no_diff and leaf.differentiable for value in values for leaf in value.leaves]
+def _differentiable_mask(values, takes_part) -> list[bool]:
+    """Per leaf of ``values``: does it take part in differentiation (its kernel operand or result)?
+    ``takes_part``: :func:`input_differentiable` or :func:`output_differentiable`."""
+    return [takes_part(value) and leaf.differentiable for value in values for leaf in value.leaves]
 
 
 def _num_primals(function: FunctionSpec) -> int:
@@ -153,6 +186,15 @@ def _require_mode(function: FunctionSpec, mode: Mode) -> None:
             f"[Differentiable], or declare a backward derivative for it ([BackwardDerivative(g)] "
             f"on it, or [BackwardDerivativeOf({name})] on g)."
         )
+    tensors = [value.name for value in function.signature.params if value.tensor is not None]
+    if mode is Mode.TANGENT and tensors:
+        raise NotImplementedError(
+            f"slax: Slang function {name!r} takes tensor parameter(s) {', '.join(map(repr, tensors))}, "
+            "and forward mode (jax.jvp, jax.jacfwd) through tensors is not supported: SlangPy's tensor "
+            "loads and stores have backward derivatives only (their fwd_diff carries no tangent), so "
+            "slax would return zeros. jax.grad, jax.vjp and jax.jacrev work; for a Jacobian-vector "
+            "product, differentiate a pure-JAX twin, or pass the values element-wise."
+        )
     if mode is Mode.TANGENT and not function.signature.forward:
         raise TypeError(
             f"slax: Slang function {name!r} has reverse-mode derivatives only (a custom backward "
@@ -165,9 +207,9 @@ def _require_mode(function: FunctionSpec, mode: Mode) -> None:
 def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
     _require_differentiable(function)
     outputs = slang_call_p.bind(*primals, function=function, routes=routes)
-    mask = _differentiable_mask(function.signature.inputs)
+    mask = _differentiable_mask(function.signature.inputs, input_differentiable)
     live = [t for t, diff in zip(tangents, mask) if diff]
-    out_mask = _differentiable_mask(function.signature.outputs)
+    out_mask = _differentiable_mask(function.signature.outputs, output_differentiable)
     if all(type(t) is Zero for t in live) or not any(out_mask):
         return outputs, [_zero_tangent(o) for o in outputs]
     live = [instantiate_zeros(t) for t in live]
@@ -192,13 +234,25 @@ def _tangent_transpose(cotangents, *operands, function: FunctionSpec, routes: La
             "primal inputs (a higher-order derivative that slax does not support)."
         )
     cotangents = [instantiate_zeros(ct) for ct in cotangents]
-    grads = slang_cotangent_p.bind(*primals, *cotangents, function=function, routes=routes)
+    buffers = _gradient_buffers(function, primals)
+    grads = slang_cotangent_p.bind(*primals, *cotangents, *buffers, function=function, routes=routes)
     check_finite(
         f"bwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *cotangents], grads
     )
     return [None] * len(primals) + [
         _sum_to_shape(g, t.aval.shape) if is_undefined_primal(t) else None for g, t in zip(grads, tangents)
     ]
+
+
+def _gradient_buffers(function: FunctionSpec, primals) -> list[jax.Array]:
+    """A zeroed gradient buffer per differentiable input tensor, shaped as its primal: its loads'
+    backward adds into it (the cotangent kernel's last operands, updated in place)."""
+    buffers, k = [], 0
+    for value in function.signature.inputs:
+        if value.tensor is not None and not value.tensor.written and input_differentiable(value):
+            buffers.append(jnp.zeros_like(primals[k]))
+        k += len(value.leaves)
+    return buffers
 
 
 def _sum_to_shape(grad: jax.Array, shape: tuple[int, ...]) -> jax.Array:

@@ -3,6 +3,10 @@
 A Slang value becomes one or more arrays ("leaves"): a scalar, vector, matrix or fixed-size array is
 one leaf whose trailing dims are the type's own (``float3`` -> ``(3,)``, ``float3x3`` -> ``(3, 3)``);
 a struct becomes a dict of its fields' leaves. Leading dims of an argument are the call grid.
+
+A parameter of one of SlangPy's tensor types (:class:`TensorType`) is one leaf holding the whole
+tensor: its dims are the tensor's ``D`` dims and then its element's, known only from the argument
+(:func:`with_tensor_shapes`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,48 @@ class Leaf:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorType:
+    """A parameter of SlangPy's tensor types: a whole array the function reads (``ITensor``,
+    ``IDiffTensor``) or writes (``IWTensor``, ``IWDiffTensor``) at indices of its choosing.
+
+    ``kernel_type`` is the concrete type a generated kernel builds for it over its pointers
+    (``shaders/slax/tensor.slang``): SlangPy's own concrete types hold ``StructuredBuffer``s,
+    which no kernel can make from a pointer.
+    """
+
+    written: bool
+    differentiable: bool
+    rank: int
+    kernel_type: str
+    element: tuple[int, ...] = ()
+    """The element type's own dims (``float3`` -> ``(3,)``)."""
+
+
+_TENSOR_TYPES = {
+    "ITensor": TensorType(False, False, 0, "SlaxTensor"),
+    "SlaxTensor": TensorType(False, False, 0, "SlaxTensor"),
+    "IWTensor": TensorType(True, False, 0, "SlaxTensor"),
+    "IDiffTensor": TensorType(False, True, 0, "SlaxDiffTensor"),
+    "SlaxDiffTensor": TensorType(False, True, 0, "SlaxDiffTensor"),
+    "IWDiffTensor": TensorType(True, True, 0, "SlaxWDiffTensor"),
+    "SlaxWDiffTensor": TensorType(True, True, 0, "SlaxWDiffTensor"),
+}
+_REFUSED_TENSOR_TYPES = {
+    "IRWTensor": "a read-write tensor updated in place",
+    "IRWDiffTensor": "a read-write tensor updated in place",
+    "RWTensor": "a read-write tensor updated in place",
+    "RWDiffTensor": "a read-write tensor updated in place",
+    "AtomicTensor": "a read-write tensor updated in place",
+    "Tensor": "SlangPy's concrete tensor, which holds a StructuredBuffer",
+    "WTensor": "SlangPy's concrete tensor, which holds a StructuredBuffer",
+    "DiffTensor": "SlangPy's concrete tensor, which holds StructuredBuffers",
+    "WDiffTensor": "SlangPy's concrete tensor, which holds StructuredBuffers",
+    "PrimalTensor": "SlangPy's concrete tensor, which holds a StructuredBuffer",
+}
+_TENSOR_ARGUMENTS = re.compile(r"^\w+<(.+),\s*(\d+)>$")
+
+
+@dataclasses.dataclass(frozen=True)
 class Value:
     """A parameter or the return value of a Slang function."""
 
@@ -74,6 +120,8 @@ class Value:
     """Where the struct's ``Differential`` holds members that no differentiable field maps to (JAX's
     tangent of a struct is a dict of its fields, so they would be lost): which, for the error that
     refuses its derivatives; else empty."""
+    tensor: TensorType | None = None
+    """For a parameter of SlangPy's tensor types: which (its one leaf is the whole tensor)."""
 
     @property
     def differentiable(self) -> bool:
@@ -136,7 +184,9 @@ def read_signature(
             direction = Direction.OUT
         else:
             direction = Direction.IN
-        no_diff = param.has_modifier(spy.ModifierID.nodiff) or not differentiable
+        # Slang marks a parameter of a type that is not IDifferentiable (a tensor) no_diff itself.
+        declared = param.has_modifier(spy.ModifierID.nodiff) and not _is_tensor(param.type)
+        no_diff = declared or not differentiable
         params.append(_read_value(param.name, param.type, direction, no_diff, function.name, layout))
     result = None
     if function.return_type is not None and function.return_type.full_name != "void":
@@ -174,6 +224,8 @@ def _read_value(
     function: str,
     layout: spy.ProgramLayout,
 ) -> Value:
+    if _is_tensor(slang_type):
+        return _read_tensor(name, slang_type, no_diff, function, layout)
     if slang_type.kind != Kind.struct:
         leaf = _leaf(slang_type, (), no_diff, function, name)
         return Value(name, slang_type.full_name, direction, (leaf,), False, no_diff)
@@ -183,6 +235,50 @@ def _read_value(
     leaves = tuple(_struct_leaves(slang_type, (), no_diff, function, name))
     unmapped = "" if no_diff else _unmapped_differential(differential, leaves, function, name)
     return Value(name, slang_type.full_name, direction, leaves, True, no_diff, unmapped)
+
+
+def _is_tensor(slang_type: spy.TypeReflection) -> bool:
+    return slang_type.name in _TENSOR_TYPES or slang_type.name in _REFUSED_TENSOR_TYPES
+
+
+def _read_tensor(name, slang_type, no_diff, function, layout) -> Value:
+    """A tensor parameter: one leaf of the element's type, whose shape :func:`with_tensor_shapes`
+    completes with the tensor's dims. A written tensor is ``inout``: its operand is the zeroed
+    array the kernel writes into, which the call returns."""
+    base = slang_type.name
+    if base in _REFUSED_TENSOR_TYPES:
+        raise TypeError(
+            f"slax: parameter {name!r} of Slang function {function!r} has type "
+            f"{slang_type.full_name!r}, {_REFUSED_TENSOR_TYPES[base]}, which slax does not pass. "
+            "Declare inputs as ITensor<T, D> or IDiffTensor<T, D> and outputs as IWTensor<T, D> or "
+            "IWDiffTensor<T, D> (a function that updates a tensor in place reads one and writes "
+            "another); where a custom derivative needs the gradient buffers, declare "
+            "SlaxDiffTensor<T, D> or SlaxWDiffTensor<T, D> (`import slax.tensor;`), whose `_primal`, "
+            "`_grad_out` and `_grad_in` are SlangPy's DiffTensor's."
+        )
+    found = _TENSOR_ARGUMENTS.match(slang_type.full_name)
+    element = layout.find_type_by_name(found.group(1)) if found else None
+    if found is None or element is None:
+        raise TypeError(
+            f"slax: cannot read the element type and rank of parameter {name!r} of Slang function "
+            f"{function!r} (type {slang_type.full_name!r})."
+        )
+    leaf = _leaf(element, (), no_diff or not _TENSOR_TYPES[base].differentiable, function, name)
+    kind = dataclasses.replace(_TENSOR_TYPES[base], rank=int(found.group(2)), element=leaf.shape)
+    direction = Direction.INOUT if kind.written else Direction.IN
+    return Value(name, slang_type.full_name, direction, (leaf,), False, no_diff, tensor=kind)
+
+
+def with_tensor_shapes(signature: Signature, shapes: dict[str, tuple[int, ...]]) -> Signature:
+    """``signature`` with each tensor parameter's leaf shaped as its argument: ``shapes[name]`` is
+    the tensor's ``D`` dims, followed in the leaf by its element's."""
+    params = []
+    for value in signature.params:
+        if value.tensor is not None:
+            shape = tuple(shapes[value.name]) + value.tensor.element
+            value = dataclasses.replace(value, leaves=(dataclasses.replace(value.leaves[0], shape=shape),))
+        params.append(value)
+    return dataclasses.replace(signature, params=tuple(params))
 
 
 def _unmapped_differential(differential, leaves, function, name) -> str:
