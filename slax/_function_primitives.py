@@ -135,7 +135,20 @@ def _batch_as_grid_axis(primitive, args, dims, *, function: FunctionSpec, routes
         own_rank = arg.ndim - 1 - len(leaf.shape)
         moved.append(arg.reshape((size,) + (1,) * (rank - own_rank) + arg.shape[1:]))
     outputs = primitive.bind(*moved, function=function, routes=routes)
-    return outputs, [None if slot.scratch else 0 for slot in result_slots(function.signature, mode)]
+    slots = result_slots(function.signature, mode)
+    # A result shaped as an operand (a tensor's) is shaped as that operand per example.
+    outputs = [
+        out.reshape((size, *_unbatched_shape(args[slot.like_operand], dims[slot.like_operand])))
+        if slot.like_operand is not None
+        else out
+        for out, slot in zip(outputs, slots)
+    ]
+    return outputs, [None if slot.scratch else 0 for slot in slots]
+
+
+def _unbatched_shape(arg, dim) -> tuple[int, ...]:
+    shape = tuple(arg.shape)
+    return shape if dim is None else shape[:dim] + shape[dim + 1 :]
 
 
 # --- differentiation ------------------------------------------------------------------------------

@@ -1,0 +1,245 @@
+"""Slang functions with tensor parameters (slax/_tensors.py, shaders/slax/tensor.slang): SlangPy's
+differentiable-tensor examples run from JAX with jax.grad equal to pure-JAX twins', under every
+transformation, and bad input explained (tests/slang/tensors.slang)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import ROOT, run_python
+
+import slax
+from slax.testing import RELATIVE_TOLERANCE
+
+TOLERANCE = RELATIVE_TOLERANCE["float32"]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return slax.load_module(ROOT / "tests" / "slang" / "tensors.slang")
+
+
+def close(got, want):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def polynomial(mod, a, b, c, x):
+    n = x.shape[0]
+    return mod.polynomial(slax.grid((n,)), a, b, c, x, jax.ShapeDtypeStruct((n,), jnp.float32))
+
+
+def test_polynomial_is_slangpys_example(mod):
+    """SlangPy's documented numbers, then random inputs against the JAX twin (values, gradients of
+    the scalars and of the tensor)."""
+    x = jnp.array([1.0, 2.0, 3.0, 4.0])
+    close(polynomial(mod, 2.0, 8.0, -1.0, x), [9.0, 23.0, 41.0, 63.0])
+    close(jax.grad(lambda x: polynomial(mod, 2.0, 8.0, -1.0, x).sum())(x), [12.0, 16.0, 20.0, 24.0])
+    keys = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(keys[0], (37,))
+    a, b, c = jax.random.normal(keys[1], (3,))
+    weights = jax.random.normal(keys[2], (37,))
+
+    def loss(f):
+        return lambda a, b, c, x: (f(a, b, c, x) * weights).sum()
+
+    twin = lambda a, b, c, x: a * x * x + b * x + c  # noqa: E731
+    slang = loss(lambda *args: polynomial(mod, *args))
+    close(slang(a, b, c, x), loss(twin)(a, b, c, x))
+    for got, want in zip(
+        jax.grad(slang, (0, 1, 2, 3))(a, b, c, x), jax.grad(loss(twin), (0, 1, 2, 3))(a, b, c, x)
+    ):
+        close(got, want)
+
+
+def test_linear_layer_is_slangpys_example(mod):
+    keys = jax.random.split(jax.random.key(1), 4)
+    weights, bias = jax.random.normal(keys[0], (6, 9)), jax.random.normal(keys[1], (6,))
+    x, cotangent = jax.random.normal(keys[2], (9,)), jax.random.normal(keys[3], (6,))
+
+    def slang(weights, bias, x):
+        return mod.linear_layer(slax.grid((6,)), weights, bias, x, (6,))
+
+    def twin(weights, bias, x):
+        return jnp.dot(weights, x, precision="highest") + bias
+
+    close(slang(weights, bias, x), twin(weights, bias, x))
+    got = jax.vjp(slang, weights, bias, x)[1](cotangent)
+    want = jax.vjp(twin, weights, bias, x)[1](cotangent)
+    for g, w in zip(got, want):
+        close(g, w)
+
+
+def test_custom_activation_writes_its_gradient_buffer(mod):
+    """SlangPy's custom_activation: a custom backward derivative adding into `input._grad_out`."""
+    x = jax.random.uniform(jax.random.key(2), (64,), minval=-0.5, maxval=1.5)
+    weights = jax.random.normal(jax.random.key(3), (64,))
+
+    def twin(x):
+        return jnp.where(x <= 0, 0.0, jnp.where(x >= 1, 1.0, x * x * (3 - 2 * x)))
+
+    def slang(x):
+        return mod.custom_activation(slax.grid((64,)), x)
+
+    close(slang(x), twin(x))
+    close(jax.grad(lambda x: (slang(x) * weights).sum())(x), jax.grad(lambda x: (twin(x) * weights).sum())(x))
+
+
+def test_buffer_read_through_a_custom_derivative(mod):
+    """Slang's autodiff guide's pattern: parameters read by getParam, whose backward derivative adds
+    into the gradient buffer; every grid point reads the same two parameters."""
+    params = jnp.array([0.7, -1.3])
+    x = jax.random.normal(jax.random.key(4), (100,))
+    target = 3.0 * x - 2.0
+    loss = lambda f: lambda p: ((f(p) - target) ** 2).mean()  # noqa: E731
+    slang, twin = loss(lambda p: mod.fit_line(p, x)), loss(lambda p: p[0] * x + p[1])
+    close(slang(params), twin(params))
+    close(jax.grad(slang)(params), jax.grad(twin)(params))
+
+
+def bilinear_twin(texture, uv):
+    """The Slang bilinear lookup in plain JAX: a gather, whose gradient is a scatter-add."""
+    height, width = texture.shape[:2]
+    position = jnp.clip(uv, 0.0, 1.0) * jnp.array([width - 1, height - 1])
+    low = jnp.floor(position).astype(jnp.int32)
+    high = jnp.minimum(low + 1, jnp.array([width - 1, height - 1]))
+    t = (position - low)[:, None, :]
+    top = texture[low[:, 1], low[:, 0]] * (1 - t[..., 0]) + texture[low[:, 1], high[:, 0]] * t[..., 0]
+    bottom = texture[high[:, 1], low[:, 0]] * (1 - t[..., 0]) + texture[high[:, 1], high[:, 0]] * t[..., 0]
+    return top * (1 - t[..., 1]) + bottom * t[..., 1]
+
+
+@pytest.fixture(scope="module")
+def texture_and_uv():
+    keys = jax.random.split(jax.random.key(5), 3)
+    return (
+        jax.random.uniform(keys[0], (5, 7, 3)),
+        jax.random.uniform(keys[1], (50, 2)),
+        jax.random.normal(keys[2], (50, 3)),
+    )
+
+
+def test_tensor_and_elementwise_arguments_mix(mod, texture_and_uv):
+    """A texture (H, W, 3) read whole, uv (N, 2) over the grid: (N, 3); gradients of both."""
+    texture, uv, weights = texture_and_uv
+    close(mod.bilinear(texture, uv), bilinear_twin(texture, uv))
+    slang = jax.grad(lambda t, uv: (mod.bilinear(t, uv) * weights).sum(), (0, 1))(texture, uv)
+    twin = jax.grad(lambda t, uv: (bilinear_twin(t, uv) * weights).sum(), (0, 1))(texture, uv)
+    for got, want in zip(slang, twin):
+        close(got, want)
+
+
+def test_vector_elements_vector_call_id_and_plain_tensors(mod):
+    """float3 elements ((H, W, 3) arrays), an int2 call id (x is the last axis), and an ITensor
+    input, whose gradient is zero."""
+    keys = jax.random.split(jax.random.key(6), 3)
+    albedo, light = jax.random.uniform(keys[0], (4, 6, 3)), jax.random.uniform(keys[1], (4, 6, 3))
+    weights = jax.random.normal(keys[2], (4, 6, 3))
+
+    def shade(albedo, light):
+        return mod.shade(slax.grid((4, 6)), albedo, light, jax.ShapeDtypeStruct((4, 6, 3), jnp.float32))
+
+    close(shade(albedo, light), albedo * light)
+    d_albedo, d_light = jax.grad(lambda a, b: (shade(a, b) * weights).sum(), (0, 1))(albedo, light)
+    close(d_light, albedo * weights)
+    close(d_albedo, jnp.zeros_like(albedo))
+
+
+def test_jit_vmap_scan_and_pytrees(mod, texture_and_uv):
+    """vmap over the tensor and over the element-wise argument (one launch each), lax.scan, and a
+    dict of parameters through jax.grad, all under jit."""
+    texture, uv, weights = texture_and_uv
+    textures = jnp.stack([texture, 1.0 - texture])
+    batched = jax.jit(jax.vmap(mod.bilinear, in_axes=(0, None)))(textures, uv)
+    close(batched, jax.vmap(bilinear_twin, in_axes=(0, None))(textures, uv))
+    per_uv = jax.jit(jax.vmap(mod.bilinear, in_axes=(None, 0)))(texture, uv.reshape(5, 10, 2))
+    close(per_uv, bilinear_twin(texture, uv).reshape(5, 10, 3))
+    # per-example gradients of a shared tensor, and a vmapped written tensor
+    grads = jax.vmap(jax.grad(lambda t, uv: (mod.bilinear(t, uv) * weights[:10]).sum()), (None, 0))(
+        texture, uv.reshape(5, 10, 2)
+    )
+    want = jax.vmap(jax.grad(lambda t, uv: (bilinear_twin(t, uv) * weights[:10]).sum()), (None, 0))(
+        texture, uv.reshape(5, 10, 2)
+    )
+    close(grads, want)
+    xs = jax.random.normal(jax.random.key(7), (3, 8))
+    close(jax.vmap(lambda x: polynomial(mod, 2.0, 8.0, -1.0, x))(xs), 2 * xs * xs + 8 * xs - 1)
+
+    def step(params, uv):
+        loss = lambda p: ((mod.bilinear(p["texture"], uv) - 0.5) ** 2).sum()  # noqa: E731
+        grad = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grad), loss(params)
+
+    def twin_step(params, uv):
+        loss = lambda p: ((bilinear_twin(p["texture"], uv) - 0.5) ** 2).sum()  # noqa: E731
+        grad = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grad), loss(params)
+
+    batches = uv.reshape(5, 10, 2)
+    got = jax.jit(lambda p: jax.lax.scan(step, p, batches))({"texture": texture})
+    want = jax.lax.scan(twin_step, {"texture": texture}, batches)
+    close(got[1], want[1])
+    close(got[0]["texture"], want[0]["texture"])
+
+
+@pytest.mark.one_device_kind
+def test_forward_mode_through_tensors_is_refused(mod, texture_and_uv):
+    texture, uv, _ = texture_and_uv
+    with pytest.raises(NotImplementedError, match=r"'bilinear' takes tensor parameter\(s\) 'texture'"):
+        jax.jvp(lambda t: mod.bilinear(t, uv), (texture,), (texture,))
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (
+            lambda m, x: m.bilinear(x[..., None], x[0, :, :2]),
+            ValueError,
+            r"'texture'.*must have 3 dims \(a tensor",
+        ),
+        (
+            lambda m, x: m.bilinear(x.astype(jnp.int32), x[0, :, :2]),
+            TypeError,
+            r"dtype must be float32; got int32",
+        ),
+        (lambda m, x: m.bilinear(x[0], x[0, :, :2]), ValueError, r"'texture'.*got shape \(7, 3\)"),
+        (
+            lambda m, x: m.polynomial(slax.grid((4,)), 1.0, 1.0, 1.0, x[0, :4, 0], x[0, :4, 0]),
+            TypeError,
+            "'result'.*pass its shape",
+        ),
+        (
+            lambda m, x: m.polynomial(slax.grid((4, 2)), 1.0, 1.0, 1.0, x[0, :4, 0], (4,)),
+            TypeError,
+            r"'idx'.*slax.grid\(\(4, 2\)\)",
+        ),
+        (
+            lambda m, x: m.scale_in_place(slax.grid((4,)), x[0, :4, 0]),
+            TypeError,
+            "'data' of Slang function 'scale_in_place'.*in place",
+        ),
+        (
+            lambda m, x: m.concrete_tensor(slax.grid((5, 7)), x, (5, 7, 3)),
+            TypeError,
+            "'albedo'.*StructuredBuffer",
+        ),
+    ],
+)
+def test_bad_input_explains_itself(mod, texture_and_uv, call, error, message):
+    with pytest.raises(error, match=message):
+        call(mod, texture_and_uv[0])
+
+
+@pytest.mark.jax_version
+def test_sharded_calls_replicate_tensors_and_sum_their_gradients_once(cpu_path):
+    """shard_map and plain jit over a batch-sharded array on two host devices
+    (tests/scripts/tensors_sharded.py)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    result = run_python("tests/scripts/tensors_sharded.py", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("shard_map: ok", "batch-sharded jit: ok", "written tensor: ok"):
+        assert line in result.stdout
