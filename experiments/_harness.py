@@ -25,6 +25,8 @@ from typing import Any
 NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10), "sdf": (3, 64, 64, 64, 1)}
 """The experiments' networks by name, as layer widths: polynomial.py's, digits.py's and sdf.py's,
 which benchmark.py, profile_step.py and soak.py time."""
+WORKLOADS = (*NETWORKS, "texture")
+"""What benchmark.py and profile_step.py time: the networks, and texture.py's texture fit."""
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 """``slax.config.CUDA_LAUNCHES``, for flags parsed before slax is imported (tests pin the two equal)."""

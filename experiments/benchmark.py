@@ -32,6 +32,13 @@ bandwidth: the sampled batch written once and read once. Peaks are known for H10
 (``PEAKS``) or given with --peak-tflops/--peak-gbps; the table shows each step time as a multiple of
 its floor (over N devices, a Nth of one device's).
 
+``--network texture`` (not run unless named) times experiments/texture.py's step instead: a
+512x512x3 texture fitted through a bilinear sampler at ``--batch`` random points a step, the
+target sampled from a fixed random image by the same sampler; slax's sampler reads the texture as a
+SlangPy ``IDiffTensor`` and adds its gradient with atomic adds, plain JAX's (row ``jax``, the only
+plain-JAX row: it has no matmuls and no layers) gathers and scatter-adds. Its floor counts no
+FLOPs: the batch (uv and targets) written and read, and Adam's pass over the texture.
+
     python experiments/benchmark.py --batch 4096 65536 --dtype float32 float16 --json runs/bench.json
 """
 
@@ -56,9 +63,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--network",
         nargs="+",
-        choices=tuple(harness.NETWORKS),
+        choices=harness.WORKLOADS,
         default=["polynomial", "digits"],
-        help="networks to time",
+        help="networks to time (sdf: the eikonal step; texture: the texture fit, float32 only; "
+        "default: the polynomial and digits MLPs)",
     )
     parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096], help="batch sizes to time")
     parser.add_argument(
@@ -146,6 +154,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import sdf
+import texture
 from _training import (
     batch_sharding,
     cast,
@@ -159,6 +168,8 @@ import slax
 from slax import nn
 
 NETWORKS = harness.NETWORKS
+TEXTURE_SHAPE = (512, 512, 3)
+"""The ``texture`` workload's texture: the issue's size, that of experiments/texture.py."""
 PEAKS = {
     "H100 80GB HBM3": (67e12, 3.35e12),  # H100 SXM5: FP32 (non-tensor) FLOP/s, HBM3 bytes/s
     "H100 PCIe": (51e12, 2.0e12),
@@ -172,7 +183,13 @@ def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
     """(FLOPs, bytes) a training step cannot do without: forward 2*B*n_in*n_out per layer, backward
     twice that except no input gradient for the first layer (sdf: the forward pass, the input
     gradient, and the backward pass of each, twice their products); the batch (inputs and targets
-    or int32 labels) written by the sampler and read by the model."""
+    or int32 labels) written by the sampler and read by the model. The texture fit: no FLOPs to
+    speak of; its batch (uv and three-channel targets) written and read, and Adam's pass over the
+    texture (its gradient, the texture and both moments read, the texture and both moments
+    written)."""
+    if network == "texture":
+        texels = TEXTURE_SHAPE[0] * TEXTURE_SHAPE[1] * TEXTURE_SHAPE[2]
+        return 0.0, float(2 * batch * (2 + 3) * jnp.dtype(dtype).itemsize + 7 * texels * 4)
     sizes = NETWORKS[network]
     pairs = list(zip(sizes[:-1], sizes[1:]))
     products = batch * sum(a * b for a, b in pairs)
@@ -194,9 +211,11 @@ JAX_PRECISIONS = {"jax": None, "jax-f32": jax.lax.Precision.HIGHEST}
 """The plain-JAX models: JAX's default matmul precision (what a JAX program gets; TF32 on GPUs with
 tensor cores) and full float32, the arithmetic slax's kernels do."""
 JAX_ROWS = (("jax", "jax", False), ("jax/flat", "jax", True), ("jax-f32", "jax-f32", False))
-"""The plain-JAX rows after slax's, as (row, model, parameters kept flat): the default precision with
-per-layer arrays and kept as one vector (each row's ratio is to the faster of these two), then full
-float32 with per-layer arrays."""
+"""The plain-JAX rows of an MLP after slax's, as (row, model, parameters kept flat): the default
+precision with per-layer arrays and kept as one vector (each row's ratio is to the faster of these
+two), then full float32 with per-layer arrays."""
+TEXTURE_JAX_ROWS = (("jax", "jax", False),)
+"""The texture fit's plain-JAX row: its one array has no layers to keep flat, and no matmuls."""
 
 
 def loss_and_grad(network: str, model: str, dtype):
@@ -205,6 +224,8 @@ def loss_and_grad(network: str, model: str, dtype):
 
     if model == "harness":
         return functools.partial(harness_loss_and_grad, dtype=dtype)
+    if network == "texture":
+        return texture.loss_and_grad(texture.sampler(model))
     precision = JAX_PRECISIONS.get(model)
     if network == "polynomial":
         if model == "slax":
@@ -263,14 +284,23 @@ def training_run(
     step per key (sample a batch, forward, backward, Adam update), from the initial ``state``; with
     ``devices``, each batch is split over a mesh of that many devices (:func:`batch_sharding`).
     ``flat``: keep the parameters as one vector (``_training.parameter_state``; default:
-    ``_training.keeps_parameters_flat``). ``unroll``: steps per iteration of the scan's loop
-    (``lax.scan(unroll=)``)."""
-    params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
+    ``_training.keeps_parameters_flat``; the texture fit keeps its one array). ``unroll``: steps per
+    iteration of the scan's loop (``lax.scan(unroll=)``)."""
+    if network == "texture":
+        # The image the targets are sampled from is random: a step's cost does not depend on the
+        # texels' values (experiments/texture.py fits a photograph).
+        params = jax.random.uniform(jax.random.key(0), TEXTURE_SHAPE)
+        image = jax.random.uniform(jax.random.key(2), TEXTURE_SHAPE)
+        draw_batch = texture.batch_drawer(texture.sampler("slax" if model == "slax" else "jax"), image, batch)
+        flat = False  # one array already
+    else:
+        params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
+        draw_batch = functools.partial(make_batch, network, batch=batch)
     optimizer = optax.adam(1e-3)
     flat = keeps_parameters_flat(model) if flat is None else flat
     stored, fn, _ = parameter_state(params, loss_and_grad(network, model, jnp.dtype(dtype)), flat)
     sharding = batch_sharding(devices)
-    step = training_step(fn, optimizer, lambda key: make_batch(network, key, batch), sharding)
+    step = training_step(fn, optimizer, draw_batch, sharding)
     run = jax.jit(lambda state, keys: jax.lax.scan(step, state, keys, unroll=unroll))
     return run, on_every_device((stored, optimizer.init(stored)), sharding)
 
@@ -340,17 +370,26 @@ def main(argv: list[str] | None = None) -> int:
             (f"slax/{route_of(device)}", slax.config.cuda_launch, tensor_cores, device)
             for device in args.device or [kind]
         ]
+
     # (row, model, parameters kept flat, CUDA launch route, tensor cores, device kind for CPU-placed
     # JAX): slax once per route, tensor-core setting and device, then plain JAX.
-    table = [
-        (row, "slax", keeps_parameters_flat("slax"), launch, cores, device)
-        for row, launch, cores, device in slax_rows
-    ]
-    table += [
-        (row, model, flat, slax.config.cuda_launch, tensor_cores, kind) for row, model, flat in JAX_ROWS
-    ]
-    if args.harness:  # its parameters one vector, as slax's: Adam's cheapest form (two fusions)
-        table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores, kind))
+    def table_of(network: str) -> list[tuple[str, str, bool, str, bool, str | None]]:
+        table = [
+            (row, "slax", keeps_parameters_flat("slax"), launch, cores, device)
+            for row, launch, cores, device in slax_rows
+        ]
+        jax_rows = TEXTURE_JAX_ROWS if network == "texture" else JAX_ROWS
+        table += [
+            (row, model, flat, slax.config.cuda_launch, tensor_cores, kind) for row, model, flat in jax_rows
+        ]
+        if args.harness:  # its parameters one vector, as slax's: Adam's cheapest form (two fusions)
+            table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores, kind))
+        return table
+
+    if "texture" in args.network and set(args.dtype) != {"float32"}:
+        print(
+            "the texture fit runs in float32 only (its sampler reads IDiffTensor<float, 3>): no float16 rows"
+        )
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform(args.device))
     if args.unroll > 1:
@@ -368,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     for round_index, network, dtype, batch, devices in itertools.product(
         range(1, args.rounds + 1), args.network, args.dtype, args.batch, args.devices
     ):
+        if network == "texture" and dtype != "float32":
+            continue
+        table = table_of(network)
         flops, nbytes = step_floor(network, dtype, batch)
         floor = max(flops / peaks[0], nbytes / peaks[1]) / (devices or 1) if peaks else None
         time_steps = functools.partial(
@@ -384,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         for row, model, flat, launch, cores, device in table:
             with slax.config.override(cuda_launch=launch, tensor_cores=cores, device_kind=device):
                 rates[row] = time_steps(model=model, flat=flat)
-        jax_rate = max(rates["jax"], rates["jax/flat"])
+        jax_rate = max(rates[row] for row in ("jax", "jax/flat") if row in rates)
         for model, _, flat, _, _, _ in table:
             rate = rates[model]
             row = {

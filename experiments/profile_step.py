@@ -31,7 +31,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=harness.HelpFormatter, epilog=harness.exit_status_help(None)
     )
     parser.add_argument(
-        "--network", nargs="+", choices=tuple(harness.NETWORKS), default=["polynomial"], help="networks"
+        "--network",
+        nargs="+",
+        choices=harness.WORKLOADS,
+        default=["polynomial"],
+        help="networks (texture: the texture fit)",
     )
     parser.add_argument("--batch", nargs="+", type=int, default=[4096, 1048576], help="batch sizes")
     parser.add_argument(

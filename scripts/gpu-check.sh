@@ -84,6 +84,11 @@ step benchmark-unrolled 240 "$PY" experiments/benchmark.py --network polynomial 
   --dtype float32 float16 --steps 100 --repeats 7 --unroll 2 --launch ptx --json "$out/bench-unrolled.json"
 step benchmark-digits 240 "$PY" experiments/benchmark.py --network digits --batch 4096 65536 \
   --dtype float32 float16 --steps 100 --repeats 5 --launch ptx slangpy --json "$out/bench-digits.json"
+# Issue 39: the texture fit (512x512x3, bilinear, Adam) at 2^16 and 2^20 samples a step, slax's
+# atomic-add backward against plain JAX's scatter-add; target: slax at least 3x plain JAX's steps/s
+# at 2^20 and no slower at 2^16.
+step benchmark-texture 300 "$PY" experiments/benchmark.py --network texture --batch 65536 1048576 \
+  --steps 100 --repeats 7 --launch ptx slangpy --json "$out/bench-texture.json"
 # Issue 16: where a step's time goes, kernel by kernel (JAX's profiler), slax on each route and plain JAX.
 step profile 300 "$PY" experiments/profile_step.py --batch 4096 1048576 --launch ptx slangpy --json "$out/profile.json"
 # Issue 7: 10,000 steps hold host and device memory, on each route.
@@ -97,6 +102,8 @@ for launch in slangpy ptx; do
     --target-mse 1e-3 --out "$out/polynomial-float16-$launch"
   step "digits-$launch" 300 "$PY" experiments/digits.py --launch "$launch" --target-accuracy 0.96 \
     --out "$out/digits-$launch"
+  step "texture-$launch" 300 "$PY" experiments/texture.py --launch "$launch" --target-psnr 40 \
+    --out "$out/texture-$launch"
 done
 step polynomial-mesh1 600 "$PY" experiments/polynomial.py --devices 1 --batch 65536 --steps 500 \
   --target-mse 1e-3 --out "$out/polynomial-mesh1"

@@ -401,10 +401,10 @@ def _cotangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchR
 def _num_fixed(function: FunctionSpec, mode: Mode) -> int:
     """How many leading operands of a second-order primitive it is not linear in."""
     if mode is Mode.TANGENT_OF_TANGENT:
-        return _num_primals(function) + sum(_differentiable_mask(function.signature.inputs, input_differentiable))
-    return _num_primals(function) + sum(
-        _differentiable_mask(function.signature.outputs, output_differentiable)
-    )
+        inner = _differentiable_mask(function.signature.inputs, input_differentiable)
+    else:
+        inner = _differentiable_mask(function.signature.outputs, output_differentiable)
+    return _num_primals(function) + sum(inner)
 
 
 def _second_order_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes, mode: Mode):

@@ -136,6 +136,31 @@ def test_sdf_trains_and_writes_outputs(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_texture_fits_a_small_texture_and_writes_outputs(tmp_path):
+    """A 32x32 texture (the photograph averaged over 16x16 blocks), 60 steps: both samplers fit it
+    alike, from the same gradient at step 0."""
+    flags = ["--size", "32", "--batch", "2048", "--steps", "60", "--chunk", "30", "--target-psnr", "20"]
+    result = run_python("experiments/texture.py", *flags, "--out", str(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"outputs in {tmp_path}: loss.png, metrics.json, texture.png" in result.stdout
+    assert "met: slax texture PSNR (dB)" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
+    assert metrics["slax"]["texture_psnr_db"] >= 20
+    assert metrics["slax"]["texture_psnr_db"] == pytest.approx(metrics["jax"]["texture_psnr_db"], abs=0.1)
+    for model in ("slax", "jax"):
+        assert metrics[model]["timed_steps"] == 60 and metrics[model]["samples_per_s"] > 0
+    for name in ("loss.png", "texture.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_texture_refuses_a_size_that_does_not_divide_the_photograph(tmp_path):
+    result = run_python("experiments/texture.py", "--size", "48", "--out", str(tmp_path), timeout=120)
+    assert result.returncode == 2
+    assert "--size must divide 512 (the photograph's crop); got 48." in result.stderr
+
+
 def _run_without_extras(script: str, *flags: str) -> subprocess.CompletedProcess:
     """Runs an experiment as on a machine with JAX but without the experiments extra (tqdm,
     matplotlib, scikit-learn), like the GPU machine: those imports fail."""
@@ -324,6 +349,32 @@ def test_benchmark_runs(tmp_path):
     assert (polynomial["flops"], polynomial["bytes"]) == (40960, 4096)
     assert polynomial["floor_us"] == pytest.approx(0.4096)
     assert polynomial["times_floor"] == pytest.approx(polynomial["step_us"] / 0.4096)
+    assert all(r["steps_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_benchmark_times_the_texture_fit_against_plain_jax(tmp_path):
+    """``--network texture``: slax's row and plain JAX's one row (no float16 rows: the sampler
+    reads float), the floor from the batch and Adam's pass over the 512x512x3 texture."""
+    arguments = ["--network", "texture", "--batch", "256", "--dtype", "float32", "float16", "--steps", "2"]
+    arguments += [
+        "--repeats",
+        "1",
+        "--peak-tflops",
+        "1",
+        "--peak-gbps",
+        "10",
+        "--json",
+        str(tmp_path / "b.json"),
+    ]
+    assert benchmark.main(arguments) == 0
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [(r["network"], r["dtype"], r["model"]) for r in rows] == [
+        ("texture", "float32", f"slax/{slax.launch_route()}"),
+        ("texture", "float32", "jax"),
+    ]
+    assert rows[1]["speedup_vs_jax"] == pytest.approx(1.0)
+    assert (rows[0]["flops"], rows[0]["bytes"]) == (0, 2 * 256 * 5 * 4 + 7 * 512 * 512 * 3 * 4)
     assert all(r["steps_per_s"] > 0 for r in rows)
 
 
