@@ -38,6 +38,13 @@ def grid(shape: int | tuple[int, ...]) -> Grid:
     Example: ``mod.polynomial(slax.grid((4,)), 2.0, 8.0, -1.0, x, jax.ShapeDtypeStruct((4,), jnp.float32))``
     runs ``polynomial(int idx, ...)`` at ``idx = 0, 1, 2, 3``.
 
+    Args:
+      shape: the grid's shape, an int or a tuple of ints (one per axis).
+
+    Returns:
+      A :class:`Grid` to pass for the call-id parameter (``int idx``, ``int2``, ``int[2]``, ...):
+      each grid point gets its coordinates, a vector's x being the last axis.
+
     Raises:
       ValueError: ``shape`` holds a negative or non-integer size.
     """
