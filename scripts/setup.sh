@@ -100,7 +100,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.slax-installed${SLAX_JAX_VERSION:+-jax-$SLAX_JAX_VERSION}"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+  echo "setup: installing slax[test,experiments,dev] and its dependencies into $venv with pip" \
+    "(quiet: a minute or two with pip's cache warm, several minutes without) ..."
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q -e "${root}[test,experiments,dev]" "${jax_pin[@]}"
   touch "$stamp"
+  echo "setup: installed"
 fi

@@ -161,7 +161,7 @@ def test_slangpy_style_modules_compile_to_ptx(report):
 
 @needs_tools
 def test_tensor_functions_lower_to_their_kernels(report):
-    """Functions with tensor parameters (tests/slang/tensors.slang, shaders/tensor_examples.slang):
+    """Functions with tensor parameters (shaders/slangpy_examples.slang, shaders/tensor_examples.slang):
     a written tensor and each tensor's gradient buffer are results updated in place."""
     names = lambda case: [x["name"].split("_", 1)[1] for x in _launches(report, case)]  # noqa: E731
     assert names("tensor_polynomial") == ["primal_polynomial"]

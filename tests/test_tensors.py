@@ -1,6 +1,6 @@
 """Slang functions with tensor parameters (slax/_tensors.py, shaders/slax/tensor.slang): SlangPy's
 differentiable-tensor examples run from JAX with jax.grad equal to pure-JAX twins', under every
-transformation, and bad input explained (tests/slang/tensors.slang)."""
+transformation, and bad input explained (shaders/slangpy_examples.slang)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import ROOT, run_python
+from _helpers import run_python
 
 import slax
 from slax.examples import TENSOR_EXAMPLES, TENSOR_MODULE, bilinear_twin
@@ -21,7 +21,7 @@ TOLERANCE = RELATIVE_TOLERANCE["float32"]
 
 @pytest.fixture(scope="module")
 def mod():
-    return slax.load_module(ROOT / "tests" / "slang" / "tensors.slang")
+    return slax.load_module("slangpy_examples")
 
 
 @pytest.fixture(scope="module")

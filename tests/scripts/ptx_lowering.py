@@ -217,7 +217,7 @@ def main() -> None:
     slangpy_style = slax.load_module("tests/slang/slangpy_style.slang").hashed_offset_square
     seeds = jnp.arange(300, dtype=jnp.uint32)
     cases["slangpy_style_grad"] = (jax.grad(lambda v: slangpy_style(v, seeds).sum()), x)
-    tensors = slax.load_module("tests/slang/tensors.slang")
+    tensors = slax.load_module("slangpy_examples")
     bilinear = slax.load_module(slax.examples.TENSOR_MODULE).bilinear
     texture, uv = jnp.asarray(rng.uniform(size=(5, 7, 3)), jnp.float32), jnp.full((40, 2), 0.3, jnp.float32)
     tensor_polynomial = lambda v: tensors.polynomial(slax.grid((300,)), 2.0, 8.0, -1.0, v, (300,))  # noqa: E731

@@ -14,7 +14,7 @@ from slax import examples
 
 assert len(jax.devices()) == 2, jax.devices()
 mesh = Mesh(np.array(jax.devices()), ("data",))
-mod = slax.load_module("tests/slang/tensors.slang")
+mod = slax.load_module("slangpy_examples")
 bilinear = slax.load_module(examples.TENSOR_MODULE).bilinear
 keys = jax.random.split(jax.random.key(0), 3)
 texture = jax.random.uniform(keys[0], (6, 5, 3))
