@@ -84,6 +84,9 @@ step benchmark-unrolled 240 "$PY" experiments/benchmark.py --network polynomial 
   --dtype float32 float16 --steps 100 --repeats 7 --unroll 2 --launch ptx --json "$out/bench-unrolled.json"
 step benchmark-digits 240 "$PY" experiments/benchmark.py --network digits --batch 4096 65536 \
   --dtype float32 float16 --steps 100 --repeats 5 --launch ptx slangpy --json "$out/bench-digits.json"
+# Issue 41: the eikonal step of experiments/sdf.py (second derivatives of the MLP) against plain JAX.
+step benchmark-sdf 300 "$PY" experiments/benchmark.py --network sdf --batch 65536 262144 \
+  --dtype float32 float16 --steps 50 --repeats 5 --launch ptx --json "$out/bench-sdf.json"
 # Issue 39: the texture fit (512x512x3, bilinear, Adam) at 2^16 and 2^20 samples a step, slax's
 # atomic-add backward against plain JAX's scatter-add; target: slax at least 3x plain JAX's steps/s
 # at 2^20 and no slower at 2^16.
