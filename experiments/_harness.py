@@ -20,7 +20,7 @@ import logging
 import pathlib
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10), "sdf": (3, 64, 64, 64, 1)}
 """The experiments' networks by name, as layer widths: polynomial.py's, digits.py's and sdf.py's,
@@ -283,6 +283,13 @@ def validate_arguments(name: str, args: argparse.Namespace) -> None:
         from _checkpoints import check_resume
 
         check_resume(name, args)
+
+
+def refuse_flags(name: str, problem: str) -> NoReturn:
+    """Ends a run over flags found bad only once JAX is imported (a --devices count above the
+    devices present) as argparse ends one over bad flags: the problem on stderr, exit status 2."""
+    print(f"{name}: error: {problem}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def device_count_problem(devices: int | None) -> str | None:

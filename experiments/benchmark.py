@@ -352,7 +352,7 @@ def steps_per_second(
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     for problem in filter(None, map(harness.device_count_problem, args.devices)):
-        raise SystemExit(f"benchmark: {problem}")
+        harness.refuse_flags("benchmark", problem)
     # slax's rows: one per CUDA launch route and tensor-core setting on a GPU; elsewhere the one
     # route there is, by its name, as slax.config has it.
     tensor_cores, kind = slax.config.tensor_cores, slax.config.device_kind

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     problem = harness.device_count_problem(args.devices)
     if problem:
-        raise SystemExit(f"profile_step: {problem}")
+        harness.refuse_flags("profile_step", problem)
     if not harness.on_cuda():
         raise SystemExit("profile_step: needs JAX on a CUDA GPU")
     print(harness.describe_platform())
