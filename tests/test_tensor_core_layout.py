@@ -197,13 +197,13 @@ def test_weight_fragments_are_where_the_layout_and_the_kernels_read_them(dtype):
 )
 def test_networks_within_the_limits_take_tensor_cores(sizes, dtype):
     """With tensor cores on, a wide network whose tile fits 48 KiB of group-shared memory and whose
-    gradient sums fit a thread's registers takes their layout: tiles of TENSOR_CORE_SAMPLES samples,
+    gradient sums fit a thread's registers takes their layout: tiles of tile_samples samples,
     each width's row padded to 8 plus 4 floats (so 400-10 fits in float16's tiles of 16, not in
     float32's of 32), then a float per thread for the losses."""
     layout = kernel_layout(sizes, tensor_cores=True, dtype=dtype)
     assert layout.tensor_cores and not layout.thread_sums
     assert layout.tile == tc.tensor_core_layout(sizes, dtype)
-    samples = tc.TENSOR_CORE_SAMPLES[dtype]
+    samples = tc.tile_samples(sizes, dtype)
     assert layout.tile.samples == samples
     rows = [8 * math.ceil(width / 8) + 4 for width in sizes]
     assert layout.tile.strides == tuple(rows)
@@ -320,3 +320,22 @@ def test_grad_passes_the_kept_hidden_activations_to_the_backward_kernel(sizes, h
     else:
         assert len(forward.outvars) == 1
         assert len(backward.invars) == 2 + 2 * (len(sizes) - 1)  # x, dy, every bias and weight
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dtype", "samples"),
+    [
+        ((32, 16, 16, 16), "float16", 32),
+        ((32, 32, 32, 32, 32, 16), "float16", 32),
+        ((32, 64, 64, 16), "float16", 16),
+        ((32, 16, 16, 16), "float32", 32),
+        ((32, 64, 64, 16), "float32", 32),
+    ],
+    ids=str,
+)
+def test_narrow_float16_networks_take_two_block_tiles(sizes, dtype, samples):
+    """A float16 network at most NARROW_FLOAT16_WIDTH wide runs tiles of two mma blocks (32
+    samples), as float32 networks do; wider float16 ones one block (16): each measured faster."""
+    assert tc.tile_samples(sizes, dtype) == samples
+    layout = tc.tensor_core_layout(sizes, dtype)
+    assert layout is not None and layout.samples == samples

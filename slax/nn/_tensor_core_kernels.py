@@ -2,7 +2,7 @@
 (``shaders/nn/tensor_cores.slang``), for JAX on CUDA.
 
 The entry points, launches and partial sums are those of the tiled kernels
-(slax/nn/_tiled_kernels.py), tiles of ``TENSOR_CORE_SAMPLES`` samples, with one difference in the
+(slax/nn/_tiled_kernels.py), tiles of :func:`tile_samples` samples, with one difference in the
 operands: where the tiled kernels take the weights transposed, these take them as B fragments
 (:func:`weight_fragments`), each layer's weight for the forward pass and its transpose for the
 backward pass, which XLA lays out once per step.
@@ -29,7 +29,13 @@ TENSOR_CORE_SAMPLES = {"float32": 32, "float16": 16}
 weight fragment a warp loads serve both and halve the barriers per sample; in float32, whose
 fragments are twice as large, that was faster (digits, 2^16 samples, H100: 277 against 292 us a
 training step), in float16 one block was (227 against 238 us), its gradient kernel spilling fewer
-registers (BENCHMARKS.md)."""
+registers (BENCHMARKS.md); narrow networks excepted (:func:`tile_samples`)."""
+NARROW_FLOAT16_WIDTH = 32
+"""Widest layer of a float16 network whose tiles take two blocks (32 samples) all the same: its
+fragments are few, and with one block its barriers per sample cost most of a step. Measured on an
+H100 (32 inputs, 16 outputs, training steps at 2^18 samples, against plain JAX): 16 wide with 2
+hidden layers 0.76x with 16-sample tiles, 1.13x with 32; 32 wide with 4, 1.39x and 1.58x; but 64
+wide with 4, 1.53x and 1.46x (BENCHMARKS.md, wide networks)."""
 TENSOR_CORE_SCRATCH_FLOATS = 12288
 """Group-shared floats a tensor-core kernel may use: 48 KiB, the most CUDA gives a kernel's static
 group-shared memory."""
@@ -101,7 +107,7 @@ class TensorCoreLayout:
     how many gradient sums a thread holds.
 
     Attributes:
-      samples: samples per tile (``TENSOR_CORE_SAMPLES`` of the network's dtype).
+      samples: samples per tile (:func:`tile_samples`).
       offsets, strides: each tile of activations, from the input's to the output's (floats from the
         start of group-shared memory; row stride).
       losses: TILE_THREADS floats, one per thread, for the loss's partial sums.
@@ -132,11 +138,19 @@ class TensorCoreLayout:
         return 4 * sum(shape.blocks for shape in self.gradients) + sum(self.bias_sums)
 
 
+def tile_samples(sizes: tuple[int, ...], dtype: str) -> int:
+    """Samples per tile of the tensor-core kernels of ``sizes`` in ``dtype``: TENSOR_CORE_SAMPLES,
+    but two blocks for a float16 network at most NARROW_FLOAT16_WIDTH wide."""
+    if dtype == "float16" and max(sizes) <= NARROW_FLOAT16_WIDTH:
+        return 32
+    return TENSOR_CORE_SAMPLES[dtype]
+
+
 @functools.cache
 def tensor_core_layout(sizes: tuple[int, ...], dtype: str) -> TensorCoreLayout | None:
     """The layout of the tensor-core kernels of ``sizes`` in ``dtype``, or None where they cannot
     run it (a tile over the group-shared memory budget, or gradient sums over ``MAX_REGISTER_SUMS``)."""
-    samples = TENSOR_CORE_SAMPLES[dtype]
+    samples = tile_samples(sizes, dtype)
     layers = list(zip(sizes[:-1], sizes[1:]))
     strides = tuple(_stride(width) for width in sizes)
     offsets, total = [], 0
