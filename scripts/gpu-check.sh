@@ -98,12 +98,13 @@ step benchmark-texture 300 "$PY" experiments/benchmark.py --network texture --ba
 # two JSON files; `python scripts/benchmark_table.py FILE...` renders them as a table per width.
 for dtype in float16 float32; do
   # shellcheck disable=SC2016  # expanded by the inner shell
-  step "benchmark-wide-${dtype/float/f}" 540 bash -c '
-    for layers in "16 32 64 128:2 4" "64:8"; do
-      "$PY" experiments/benchmark.py --network wide --width ${layers%:*} --hidden-layers ${layers#*:} \
-        --wide-input 32 --wide-output 16 --batch 16384 262144 1048576 --dtype "$1" --steps 20 \
-        --repeats 3 --launch ptx --json "$2/bench-wide-$1-${layers#*:}.json" || exit
-    done' _ "$dtype" "$out"
+  step "benchmark-wide-${dtype/float/f}" 540 env DTYPE="$dtype" OUTDIR="$out" bash -c '
+    wide() {  # wide NAME WIDTHS LAYERS
+      "$PY" experiments/benchmark.py --network wide --width $2 --hidden-layers $3 --wide-input 32 \
+        --wide-output 16 --batch 16384 262144 1048576 --dtype "$DTYPE" --steps 20 --repeats 3 \
+        --launch ptx --json "$OUTDIR/bench-wide-$DTYPE-$1.json"
+    }
+    wide shallow "16 32 64 128" "2 4" && wide deep 64 8'
 done
 # Issue 16: where a step's time goes, kernel by kernel (JAX's profiler), slax on each route and plain JAX.
 step profile 300 "$PY" experiments/profile_step.py --batch 4096 1048576 --launch ptx slangpy --json "$out/profile.json"
