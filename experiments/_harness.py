@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import logging
 import pathlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -25,8 +27,14 @@ from typing import Any, NoReturn
 NETWORKS = {"polynomial": (4, 16, 4), "digits": (64, 128, 64, 10), "sdf": (3, 64, 64, 64, 1)}
 """The experiments' networks by name, as layer widths: polynomial.py's, digits.py's and sdf.py's,
 which benchmark.py, profile_step.py and soak.py time."""
-WORKLOADS = (*NETWORKS, "texture")
-"""What benchmark.py and profile_step.py time: the networks, and texture.py's texture fit."""
+WIDE = "wide"
+"""benchmark.py's and profile_step.py's family of wide networks, tiny-cuda-nn's FullyFusedMLP class
+(widths 16-128, 2-8 hidden layers, inputs 16-64, outputs 1-16): ``--network wide`` stands for one
+architecture per ``--width`` and ``--hidden-layers`` (:func:`workloads`), each named as
+:func:`wide_name` names it."""
+WORKLOADS = (*NETWORKS, WIDE, "texture")
+"""What benchmark.py and profile_step.py time: the networks, the wide family, and texture.py's
+texture fit."""
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 """``slax.config.CUDA_LAUNCHES``, for flags parsed before slax is imported (tests pin the two equal)."""
@@ -109,6 +117,74 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
         help="split each batch over a mesh of this many JAX devices (data parallel, under plain jax.jit; "
         "1 is a one-device mesh); default: no mesh",
     )
+
+
+def add_wide_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose the architectures ``--network wide`` stands for (:func:`workloads`)."""
+    parser.add_argument(
+        "--width", nargs="+", type=int, default=[64], help="--network wide: hidden-layer widths to time"
+    )
+    parser.add_argument(
+        "--hidden-layers",
+        nargs="+",
+        type=int,
+        default=[2],
+        help="--network wide: hidden-layer counts to time, each with every --width",
+    )
+    parser.add_argument("--wide-input", type=int, default=32, help="--network wide: input width")
+    parser.add_argument("--wide-output", type=int, default=16, help="--network wide: output width")
+
+
+def check_wide_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses widths and counts the wide family cannot have (argparse's error: exit 2)."""
+    for flag, values in (
+        ("width", args.width),
+        ("hidden-layers", args.hidden_layers),
+        ("wide-input", [args.wide_input]),
+        ("wide-output", [args.wide_output]),
+    ):
+        bad = [value for value in values if value < 1]
+        if bad:
+            parser.error(f"--{flag} takes positive integers; got {' '.join(map(str, bad))}.")
+
+
+def wide_name(inputs: int, width: int, hidden_layers: int, outputs: int) -> str:
+    """A wide architecture's workload name, ``"wide-32-64x4-16"``: 32 inputs, four hidden layers of
+    64, 16 outputs (tiny-cuda-nn's ``n_neurons`` and ``n_hidden_layers``)."""
+    return f"{WIDE}-{inputs}-{width}x{hidden_layers}-{outputs}"
+
+
+def wide_architecture(workload: str) -> dict[str, int] | None:
+    """``{"inputs", "width", "hidden_layers", "outputs"}`` of a :func:`wide_name`; None for any other
+    workload."""
+    match = re.fullmatch(rf"{WIDE}-(\d+)-(\d+)x(\d+)-(\d+)", workload)
+    if match is None:
+        return None
+    return dict(zip(("inputs", "width", "hidden_layers", "outputs"), map(int, match.groups())))
+
+
+def network_sizes(workload: str) -> tuple[int, ...] | None:
+    """A workload's layer widths, input first (:data:`NETWORKS`, or a :func:`wide_name`'s); None for
+    the texture fit, which has no network."""
+    if workload in NETWORKS:
+        return NETWORKS[workload]
+    wide = wide_architecture(workload)
+    if wide is None:
+        return None
+    return (wide["inputs"], *[wide["width"]] * wide["hidden_layers"], wide["outputs"])
+
+
+def workloads(args: argparse.Namespace) -> list[str]:
+    """``--network`` as the workloads to time: each name as given, ``wide`` as one
+    :func:`wide_name` per ``--width`` and ``--hidden-layers`` (widths outer)."""
+    named = []
+    for network in args.network:
+        if network != WIDE:
+            named.append(network)
+            continue
+        for width, hidden_layers in itertools.product(args.width, args.hidden_layers):
+            named.append(wide_name(args.wide_input, width, hidden_layers, args.wide_output))
+    return named
 
 
 def add_launch_argument(parser: argparse.ArgumentParser) -> None:

@@ -101,3 +101,26 @@ def plot_loss_curves(
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return save(fig, out / "loss.png", dpi=120)
+
+
+def plot_image_fits(
+    path: pathlib.Path, target: np.ndarray, fits: dict[str, np.ndarray], what: str, title: str
+) -> pathlib.Path:
+    """The target image (H, W, 3) in [0, 1], each model's fit of it (keys of :data:`MODEL_STYLES`,
+    panels titled ``"<model> <what>"``, clipped to [0, 1]) and slax's absolute error, mean over the
+    channels, on a colour scale of its own."""
+    panels = {"photograph (target)": target}
+    panels.update({f"{name} {what}": np.clip(fit, 0, 1) for name, fit in fits.items()})
+    fig, axes = pyplot().subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 4.6))
+    for ax, (label, values) in zip(axes, panels.items()):
+        ax.imshow(values, interpolation="nearest")
+        ax.set_title(label, fontsize=10)
+        ax.axis("off")
+    error = np.abs(fits["slax"] - target).mean(axis=-1)
+    shown = axes[-1].imshow(error, cmap="magma", interpolation="nearest")
+    axes[-1].set_title("|slax - photograph|, mean over RGB", fontsize=10)
+    axes[-1].axis("off")
+    fig.colorbar(shown, ax=axes[-1], fraction=0.046)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save(fig, path, dpi=100)

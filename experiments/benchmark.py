@@ -32,6 +32,17 @@ bandwidth: the sampled batch written once and read once. Peaks are known for H10
 (``PEAKS``) or given with --peak-tflops/--peak-gbps; the table shows each step time as a multiple of
 its floor (over N devices, a Nth of one device's).
 
+``--network wide`` times tiny-cuda-nn's class of networks, trained as its benchmarks train them:
+one architecture per ``--width`` and ``--hidden-layers`` (``--wide-input`` inputs, as many hidden
+layers of that width, ``--wide-output`` outputs; rows name it ``wide-<in>-<width>x<layers>-<out>``
+and record its ``sizes``), fitted by squared error to random targets of the output width on random
+inputs, slax through the fused ``mlp_loss_and_grad`` and plain JAX through ``jax.value_and_grad``
+of ``mlp_loss_reference``, as the polynomial network is. scripts/benchmark_table.py renders its
+rows as a table per width and dtype:
+
+    python experiments/benchmark.py --network wide --width 16 32 64 128 --hidden-layers 2 4 \
+        --batch 16384 262144 1048576 --dtype float16 float32 --json runs/bench-wide.json
+
 ``--network texture`` (not run unless named) times experiments/texture.py's step instead: a
 512x512x3 texture fitted through a bilinear sampler at ``--batch`` random points a step, the
 target sampled from a fixed random image by the same sampler; slax's sampler reads the texture as a
@@ -65,9 +76,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=harness.WORKLOADS,
         default=["polynomial", "digits"],
-        help="networks to time (sdf: the eikonal step; texture: the texture fit, float32 only; "
-        "default: the polynomial and digits MLPs)",
+        help="networks to time (sdf: the eikonal step; wide: the architectures --width and "
+        "--hidden-layers name; texture: the texture fit, float32 only; default: the polynomial and "
+        "digits MLPs)",
     )
+    harness.add_wide_arguments(parser)
     parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096], help="batch sizes to time")
     parser.add_argument(
         "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="kernel precisions"
@@ -143,6 +156,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1; got {args.rounds}.")
+    harness.check_wide_arguments(parser, args)
     return args
 
 
@@ -167,7 +181,6 @@ from _training import (
 import slax
 from slax import nn
 
-NETWORKS = harness.NETWORKS
 TEXTURE_SHAPE = (512, 512, 3)
 """The ``texture`` workload's texture: the issue's size, that of experiments/texture.py."""
 PEAKS = {
@@ -190,7 +203,7 @@ def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
     if network == "texture":
         texels = TEXTURE_SHAPE[0] * TEXTURE_SHAPE[1] * TEXTURE_SHAPE[2]
         return 0.0, float(2 * batch * (2 + 3) * jnp.dtype(dtype).itemsize + 7 * texels * 4)
-    sizes = NETWORKS[network]
+    sizes = harness.network_sizes(network)
     pairs = list(zip(sizes[:-1], sizes[1:]))
     products = batch * sum(a * b for a, b in pairs)
     flops = 12 * products if network == "sdf" else 6 * products - 2 * batch * pairs[0][0] * pairs[0][1]
@@ -227,7 +240,7 @@ def loss_and_grad(network: str, model: str, dtype):
     if network == "texture":
         return texture.loss_and_grad(texture.sampler(model))
     precision = JAX_PRECISIONS.get(model)
-    if network == "polynomial":
+    if network == "polynomial" or harness.wide_architecture(network):  # squared error
         if model == "slax":
             return lambda p, x, t: nn.mlp_loss_and_grad(*cast((p, x, t), dtype))
         return jax.value_and_grad(
@@ -262,9 +275,15 @@ def harness_loss_and_grad(params, x, labels_or_targets, dtype):
 
 
 def make_batch(network, key, batch):
+    """``(inputs, targets or labels)`` of one step: for the wide family, random targets of the
+    output width, as tiny-cuda-nn's benchmarks fit."""
     if network == "sdf":
         return sdf.sample(key, batch)
-    sizes = NETWORKS[network]
+    sizes = harness.network_sizes(network)
+    if harness.wide_architecture(network):
+        input_key, target_key = jax.random.split(key)
+        x = jax.random.uniform(input_key, (batch, sizes[0]), minval=-1.0, maxval=1.0)
+        return x, jax.random.uniform(target_key, (batch, sizes[-1]), minval=-1.0, maxval=1.0)
     x = jax.random.uniform(key, (batch, sizes[0]), minval=-1.0, maxval=1.0)
     if network == "polynomial":
         return x, jnp.stack([x[:, 0] + x[:, 1], 2 * x[:, 0], x[:, 2], x[:, 3] * 0.5], axis=-1)
@@ -294,7 +313,7 @@ def training_run(
         draw_batch = texture.batch_drawer(texture.sampler("slax" if model == "slax" else "jax"), image, batch)
         flat = False  # one array already
     else:
-        params = nn.mlp_init(jax.random.key(0), NETWORKS[network])
+        params = nn.mlp_init(jax.random.key(0), harness.network_sizes(network))
         draw_batch = functools.partial(make_batch, network, batch=batch)
     optimizer = optax.adam(1e-3)
     flat = keeps_parameters_flat(model) if flat is None else flat
@@ -386,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores, kind))
         return table
 
-    if "texture" in args.network and set(args.dtype) != {"float32"}:
+    networks = harness.workloads(args)
+    if "texture" in networks and set(args.dtype) != {"float32"}:
         print(
             "the texture fit runs in float32 only (its sampler reads IDiffTensor<float, 3>): no float16 rows"
         )
@@ -398,14 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"floor at {peaks[0] / 1e12:.3g} TFLOP/s FP32 and {peaks[1] / 1e9:.4g} GB/s")
     round_column = f"{'round':>5} " if args.rounds > 1 else ""
     header = (
-        f"{round_column}{'network':<11} {'dtype':<8} {'batch':>8} {'devices':>7} {'model':<12} "
+        f"{round_column}{'network':<16} {'dtype':<8} {'batch':>8} {'devices':>7} {'model':<12} "
         f"{'steps/s':>10} {'samples/s':>10} {'us/step':>10} {'x floor':>8} {'vs jax':>7}"
     )
     print(header)
     print("-" * len(header))
     rows = []
     for round_index, network, dtype, batch, devices in itertools.product(
-        range(1, args.rounds + 1), args.network, args.dtype, args.batch, args.devices
+        range(1, args.rounds + 1), networks, args.dtype, args.batch, args.devices
     ):
         if network == "texture" and dtype != "float32":
             continue
@@ -432,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             row = {
                 "round": round_index,
                 "network": network,
+                "sizes": harness.network_sizes(network),
+                **(harness.wide_architecture(network) or {}),
                 "dtype": dtype,
                 "batch": batch,
                 "devices": devices,
@@ -453,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             speedup = f"{speedup:>6.2f}x" if speedup is not None else f"{'-':>7}"
             round_cell = f"{round_index:>5} " if args.rounds > 1 else ""
             print(
-                f"{round_cell}{network:<11} {dtype:<8} {batch:>8} {devices or '-':>7} {model:<12} "
+                f"{round_cell}{network:<16} {dtype:<8} {batch:>8} {devices or '-':>7} {model:<12} "
                 f"{rate:>10.1f} {rate * batch:>10.3g} {row['step_us']:>10.1f} {times_floor} {speedup}",
                 flush=True,
             )

@@ -5,9 +5,10 @@ polynomial: values, reverse mode, forward mode and second order (Hessian-vector 
 over reverse and reverse over reverse; not for accumulate, whose inout parameter Slang cannot
 differentiate twice); for the functions with tensor parameters (shaders/tensor_examples.slang):
 values and reverse mode (forward mode through SlangPy's tensors is refused). For the MLP
-(shaders/nn/mlp.slang): values and
-reverse mode of mlp_apply, and the fused mlp_loss_and_grad, on samples away from LeakyReLU's kink
-(slax.testing.away_from_kinks). float32 and float16. Prints one table and writes it to the run
+(shaders/nn/mlp.slang): values, reverse mode, forward mode and second order of mlp_apply in its
+parameters and inputs together (the Hessian-vector products an eikonal loss's gradient takes), and
+the fused mlp_loss_and_grad, on samples away from LeakyReLU's kink (slax.testing.away_from_kinks).
+float32 and float16. Prints one table and writes it to the run
 directory (--out, default runs/gradcheck/<time>) as gradcheck.txt and gradcheck.json; exits 1 if
 any check fails.
 
@@ -90,7 +91,7 @@ def network_rows(dtype: str, seed: int):
         label = "mlp " + "-".join(map(str, sizes))
         # The twin runs in float32 but stores activations as the kernels do, so LeakyReLU kinks agree.
         reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
-        yield label, check_grads(nn.mlp_apply, reference, params, x, modes=("rev",)).rows
+        yield label, check_grads(nn.mlp_apply, reference, params, x, order=2).rows
         loss, grads = nn.mlp_loss_and_grad(params, x, target)
         upcast = cast((params, x, target), jnp.float32)
         loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(*upcast, storage_dtype=dtype)

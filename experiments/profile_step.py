@@ -8,6 +8,8 @@ sum against the wall time per step: the difference is time the GPU waits between
 latency, the loop's host round trips, Python callbacks).
 
     python experiments/profile_step.py --batch 4096 1048576 --launch ptx --json runs/profile.json
+    python experiments/profile_step.py --network wide --width 64 --hidden-layers 4 --dtype float16 \
+        --batch 262144 --json runs/profile-wide.json
 
 With ``--devices N`` the batch is split over N GPUs: each kernel is listed per GPU, with the streams
 each GPU's kernels ran on (each GPU running its own shard, on its own stream).
@@ -35,8 +37,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=harness.WORKLOADS,
         default=["polynomial"],
-        help="networks (texture: the texture fit)",
+        help="networks (wide: the architectures --width and --hidden-layers name, as in benchmark.py; "
+        "texture: the texture fit)",
     )
+    harness.add_wide_arguments(parser)
     parser.add_argument("--batch", nargs="+", type=int, default=[4096, 1048576], help="batch sizes")
     parser.add_argument(
         "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="dtypes"
@@ -58,6 +62,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timed calls for the wall time (median)")
     parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
     args = parser.parse_args(argv)
+    harness.check_wide_arguments(parser, args)
     return args
 
 
@@ -139,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("profile_step: needs JAX on a CUDA GPU")
     print(harness.describe_platform())
     results = []
-    for network in args.network:
+    for network in harness.workloads(args):
         for dtype in args.dtype:
             for batch in args.batch:
                 for model in args.model:
                     for launch in args.launch if model == "slax" else [None]:
                         config = dict(network=network, dtype=dtype, batch=batch, model=model, launch=launch)
-                        config.update(steps=args.steps, devices=args.devices)
+                        config.update(
+                            steps=args.steps, devices=args.devices, sizes=harness.network_sizes(network)
+                        )
                         with slax.config.override(cuda_launch=launch or slax.config.cuda_launch):
                             rate = steps_per_second(
                                 network, model, dtype, batch, args.steps, args.repeats, args.devices

@@ -164,25 +164,6 @@ def grad_disagreement(texture, photograph, key, batch) -> dict[str, float]:
     }
 
 
-def plot_textures(out, photograph, textures, title) -> None:
-    """The photograph, each model's texture and slax's absolute error (mean over the channels)."""
-    panels = {"photograph (target)": photograph}
-    panels.update({f"{name} texture": np.clip(texture, 0, 1) for name, texture in textures.items()})
-    fig, axes = plots.pyplot().subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 4.6))
-    for ax, (label, values) in zip(axes, panels.items()):
-        ax.imshow(values, interpolation="nearest")
-        ax.set_title(label, fontsize=10)
-        ax.axis("off")
-    error = np.abs(textures["slax"] - photograph).mean(axis=-1)
-    shown = axes[-1].imshow(error, cmap="magma", interpolation="nearest")
-    axes[-1].set_title("|slax - photograph|, mean over RGB", fontsize=10)
-    axes[-1].axis("off")
-    fig.colorbar(shown, ax=axes[-1], fraction=0.046)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    plots.save(fig, out / "texture.png", dpi=100)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     out, device = harness.prepare_run("texture", args)
@@ -250,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         plots.announce("texture", out, ["loss.png", "texture.png"])
         title = plots.plot_title("texture", args, device)
         plots.plot_loss_curves(out, curves, "training loss (squared error)", title)
-        plot_textures(out, np.asarray(photograph), fitted, title)
+        plots.plot_image_fits(out / "texture.png", np.asarray(photograph), fitted, "texture", title)
     harness.report_outputs(out)
     met = harness.met_target(
         "slax texture PSNR (dB)", results["slax"]["texture_psnr_db"], args.target_psnr, at_least=True

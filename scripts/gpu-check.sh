@@ -92,6 +92,20 @@ step benchmark-sdf 300 "$PY" experiments/benchmark.py --network sdf --batch 6553
 # at 2^20 and no slower at 2^16.
 step benchmark-texture 300 "$PY" experiments/benchmark.py --network texture --batch 65536 1048576 \
   --steps 100 --repeats 7 --launch ptx slangpy --json "$out/bench-texture.json"
+# Issue 40: tiny-cuda-nn's class of networks (32 inputs, 16 outputs; widths 16, 32, 64 and 128 with
+# 2 and 4 hidden layers, and 8 at width 64) at 2^14, 2^18 and 2^20 samples a step against plain JAX,
+# one dtype a step: both dtypes' grid takes longer than one device command may run. Each step writes
+# two JSON files; `python scripts/benchmark_table.py FILE...` renders them as a table per width.
+for dtype in float16 float32; do
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  step "benchmark-wide-${dtype/float/f}" 540 env DTYPE="$dtype" OUTDIR="$out" bash -c '
+    wide() {  # wide NAME WIDTHS LAYERS
+      "$PY" experiments/benchmark.py --network wide --width $2 --hidden-layers $3 --wide-input 32 \
+        --wide-output 16 --batch 16384 262144 1048576 --dtype "$DTYPE" --steps 20 --repeats 3 \
+        --launch ptx --json "$OUTDIR/bench-wide-$DTYPE-$1.json"
+    }
+    wide shallow "16 32 64 128" "2 4" && wide deep 64 8'
+done
 # Issue 16: where a step's time goes, kernel by kernel (JAX's profiler), slax on each route and plain JAX.
 step profile 300 "$PY" experiments/profile_step.py --batch 4096 1048576 --launch ptx slangpy --json "$out/profile.json"
 # Issue 7: 10,000 steps hold host and device memory, on each route.
@@ -108,6 +122,10 @@ for launch in slangpy ptx; do
   step "texture-$launch" 300 "$PY" experiments/texture.py --launch "$launch" --target-psnr 40 \
     --out "$out/texture-$launch"
 done
+# Issue 40: a 512x512 photograph learnt through a frequency encoding by a 64-wide MLP in float16,
+# slax beside plain JAX.
+step image 300 "$PY" experiments/image.py --launch ptx --dtype float16 --steps 2000 --batch 65536 \
+  --chunk 250 --target-psnr 20 --out "$out/image"
 step polynomial-mesh1 600 "$PY" experiments/polynomial.py --devices 1 --batch 65536 --steps 500 \
   --target-mse 1e-3 --out "$out/polynomial-mesh1"
 # Issues 9 and 20: data parallel over two GPUs (plain jax.jit over a batch split across them), at the

@@ -162,7 +162,7 @@ def check_grads(
                 jax_fn,
                 reference_args,
                 jax.tree.map(_upcast, tangents),
-                jax.tree.map(_upcast, cotangents),
+                jax.tree.map(_cotangent_for, cotangents, out_ref),
                 mode,
             )
             rows += _compare(f"hvp {mode}", hvp, hvp_ref, names, tolerance, only_float=args)

@@ -155,6 +155,26 @@ def test_texture_fits_a_small_texture_and_writes_outputs(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_image_learns_a_small_photograph_and_writes_outputs(tmp_path):
+    """A 32x32 photograph through the frequency encoding and the 64-wide MLP, 40 steps: slax's
+    fused loss gradient is plain JAX's at step 0, both fits end alike, and the outputs are written."""
+    flags = ["--size", "32", "--batch", "1024", "--steps", "40", "--chunk", "20", "--target-psnr", "12"]
+    result = run_python("experiments/image.py", *flags, "--out", str(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"outputs in {tmp_path}: image.png, loss.png, metrics.json" in result.stdout
+    assert "met: slax image PSNR (dB)" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["sizes"] == [40, 64, 64, 64, 64, 3]
+    assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
+    assert metrics["slax"]["image_psnr_db"] == pytest.approx(metrics["jax"]["image_psnr_db"], abs=0.1)
+    assert metrics["device"]["route"] == slax.launch_route()
+    for model in ("slax", "jax"):
+        assert metrics[model]["timed_steps"] == 40 and metrics[model]["samples_per_s"] > 0
+    for name in ("loss.png", "image.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
 def test_texture_refuses_a_size_that_does_not_divide_the_photograph(tmp_path):
     result = run_python("experiments/texture.py", "--size", "48", "--out", str(tmp_path), timeout=120)
     assert result.returncode == 2
@@ -210,6 +230,11 @@ def test_gradcheck_passes_everything(tmp_path):
     assert polynomial == ["a", "b", "c", "x"]  # rows name Slang parameters
     tensors = [r["argument"] for r in table["rows"] if r["function"] == "bilinear" and r["check"] == "rev"]
     assert tensors == ["texture", "uv"]  # a function with a tensor parameter, in reverse mode
+    # The MLP's second order: Hessian-vector products in its parameters and inputs, both networks.
+    second_order = {(r["function"], r["dtype"], r["check"]) for r in table["rows"] if "hvp" in r["check"]}
+    for network in ("mlp 4-16-4", "mlp 64-128-64-10"):
+        for dtype in ("float32", "float16"):
+            assert {(network, dtype, "hvp fwd"), (network, dtype, "hvp rev")} <= second_order
     assert (tmp_path / "gradcheck.txt").read_text().rstrip().endswith(f"{table['passed']} passed, 0 failed")
 
 
@@ -310,6 +335,48 @@ def test_benchmark_times_the_sdf_step_beside_plain_jax(tmp_path):
     assert rows[0]["flops"] == 12 * 64 * (3 * 64 + 64 * 64 + 64 * 64 + 64)
     assert rows[0]["bytes"] == 2 * 64 * (3 + 1) * 4
     assert all(r["steps_per_s"] > 0 for r in rows)
+
+
+def test_benchmark_times_a_wide_network_beside_plain_jax(tmp_path):
+    """``--network wide``: an architecture of --width and --hidden-layers, fitted by squared error to
+    random targets of its output width, its rows naming it and recording its sizes; its floor as
+    the other MLPs' (no input gradient for the first layer)."""
+    arguments = ["--network", "wide", "--width", "16", "--hidden-layers", "2", "--wide-input", "8"]
+    arguments += ["--wide-output", "2", "--batch", "64", "--steps", "2", "--repeats", "1"]
+    arguments += ["--peak-tflops", "1", "--peak-gbps", "10", "--json", str(tmp_path / "bench.json")]
+    assert benchmark.main(arguments) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    models = [f"slax/{slax.launch_route()}", "jax", "jax/flat", "jax-f32"]
+    assert [(r["network"], r["model"]) for r in rows] == [("wide-8-16x2-2", model) for model in models]
+    assert {(tuple(r["sizes"]), r["width"], r["hidden_layers"]) for r in rows} == {((8, 16, 16, 2), 16, 2)}
+    assert rows[0]["flops"] == 6 * 64 * (8 * 16 + 16 * 16 + 16 * 2) - 2 * 64 * 8 * 16
+    assert rows[0]["bytes"] == 2 * 64 * (8 + 2) * 4
+    x, targets = benchmark.make_batch("wide-8-16x2-2", jax.random.key(0), 64)
+    assert x.shape == (64, 8) and targets.shape == (64, 2) and len(np.unique(targets)) == 128
+    assert all(r["steps_per_s"] > 0 for r in rows)
+
+
+def test_benchmark_table_shows_the_wide_family_per_width_and_dtype():
+    """scripts/benchmark_table.py: the wide rows as one table per width and dtype (float16 first),
+    a line per architecture and batch, in millions of samples/s with slax's ratio to plain JAX."""
+    steps_us = {"slax/ptx": 262.144, "jax": 1048.576, "jax/flat": 2000.0, "jax-f32": 4194.304}
+    rows = [
+        {"network": name, "sizes": sizes, "width": sizes[1], "hidden_layers": len(sizes) - 2}
+        | {"dtype": dtype, "batch": 1 << 20, "devices": None, "model": model, "step_us": us}
+        for name, sizes in (("wide-32-64x2-16", [32, 64, 64, 16]), ("wide-32-128x2-16", [32, 128, 128, 16]))
+        for dtype in ("float32", "float16")
+        for model, us in steps_us.items()
+    ]
+    lines = _benchmark_table().wide_tables({"rows": rows})
+    headings = [line for line in lines if line.startswith("**")]
+    assert headings == [
+        "**Width 64, float16**",
+        "**Width 64, float32**",
+        "**Width 128, float16**",
+        "**Width 128, float32**",
+    ]
+    assert lines[2].startswith("| architecture | batch | devices | plain JAX M samples/s | jax-f32")
+    assert lines[4] == "| 32-64-64-16 | 2^20 | 1 | 1e+03 | 250 | 4e+03 (4.00x) |"
 
 
 @pytest.mark.slow
@@ -436,9 +503,7 @@ def test_compare_devices_holds_each_split_run_to_its_one_device_run(tmp_path):
 def test_benchmark_table_shows_each_models_median_over_the_rounds():
     """scripts/benchmark_table.py: a run timed in several rounds (``--rounds``) is shown as each
     model's median step, and slax's ratio to the faster plain-JAX median."""
-    spec = importlib.util.spec_from_file_location("benchmark_table", ROOT / "scripts" / "benchmark_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = _benchmark_table()
     times = {"slax/host-pointer": [400.0, 100.0, 300.0], "jax": [50.0, 90.0, 60.0], "jax/flat": [80.0] * 3}
     rows = [
         {
@@ -454,3 +519,11 @@ def test_benchmark_table_shows_each_models_median_over_the_rounds():
     ]
     lines = table.training_table({"rows": rows})
     assert lines[2] == "| digits | float32 | 2^7 | 1 | 60.0 | 300.0 (0.20x) |"
+
+
+def _benchmark_table():
+    """scripts/benchmark_table.py as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("benchmark_table", ROOT / "scripts" / "benchmark_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    return table

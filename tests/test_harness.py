@@ -305,3 +305,19 @@ def test_checkpoint_interval_rounded_to_whole_chunks_says_so(tmp_path, capsys):
     assert "--checkpoint-every 15 is rounded up to 20" in capsys.readouterr().out
     harness.validate_arguments("test", _parse("--checkpoint-every", "20", "--chunk", "10"))
     assert capsys.readouterr().out == ""
+
+
+def test_wide_network_names_every_width_with_every_depth():
+    """``--network wide`` stands for one architecture per --width and --hidden-layers, widths outer,
+    each name giving back its sizes; the named networks pass through as they are."""
+    args = argparse.Namespace(
+        network=["polynomial", "wide"], width=[16, 128], hidden_layers=[2, 8], wide_input=32, wide_output=4
+    )
+    names = harness.workloads(args)
+    assert names == ["polynomial", "wide-32-16x2-4", "wide-32-16x8-4", "wide-32-128x2-4", "wide-32-128x8-4"]
+    assert harness.network_sizes("wide-32-128x2-4") == (32, 128, 128, 4)
+    wide = harness.wide_architecture("wide-32-16x8-4")
+    assert wide == dict(inputs=32, width=16, hidden_layers=8, outputs=4)
+    assert harness.network_sizes("polynomial") == (4, 16, 4)
+    assert harness.wide_architecture("polynomial") is None
+    assert harness.network_sizes("texture") is None

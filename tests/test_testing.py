@@ -119,6 +119,16 @@ def test_order_two_passes_a_true_twin_and_catches_a_wrong_curvature(rng):
     assert failing == [("hvp fwd", "arg[0]"), ("hvp rev", "arg[0]")], str(wrong)
 
 
+def test_order_two_takes_a_twin_that_keeps_float16_results(rng):
+    """A twin that rounds its results to float16 as the kernels do (slax.nn.mlp_apply_reference
+    with storage_dtype) gets its Hessian-vector products' cotangents in float16, as its
+    reverse-mode check does: JAX refuses a float32 cotangent for a float16 output."""
+    x = jnp.asarray(rng.normal(size=(5,)), jnp.float16)
+    report = check_grads(_cube, lambda x: _cube_by_power(x).astype(jnp.float16), x, order=2)
+    assert report.passed, str(report)
+    assert [row.check for row in report.rows] == ["value", "rev", "fwd", "hvp fwd", "hvp rev"]
+
+
 def test_twins_are_traced_at_full_float32_precision(poly, rng):
     """On GPUs with tensor cores JAX's default precision multiplies float32 matrices in TF32; the
     twin is the reference, so check_grads traces it at 'highest' in every mode."""
