@@ -135,15 +135,16 @@ def test_layers_too_wide_for_the_kernels_run_on_xla_and_forcing_a_kernel_is_refu
     assert nn.describe(params, x, "cpu")["mlp_apply"].startswith("xla: 3-4000-4000 float32 on CPU")
     assert "tiled: layers 3-4000-4000 are too wide" in nn.describe(params, x, "cpu")["mlp_apply"]
     jax.jit(nn.mlp_apply).trace(shapes, x)
+    # the setting is read when the call is traced: functions JAX has not traced yet
     monkeypatch.setattr(slax.config, "mlp_backend", "tiled")
     too_wide = (
         r"the 'tiled' backend \(slax.config.mlp_backend\) cannot run the network 3-4000-4000 float32 on "
         r".*: layers 3-4000-4000 are too wide for the kernels: .* 12263 floats, in 8192 floats \(32 KiB\)"
     )
     with pytest.raises(ValueError, match=too_wide):
-        jax.jit(nn.mlp_loss_and_grad).trace(shapes, x, jnp.ones((4, 4000)))
+        jax.jit(lambda *args: nn.mlp_loss_and_grad(*args)).trace(shapes, x, jnp.ones((4, 4000)))
     with pytest.raises(ValueError, match=too_wide):
-        jax.jit(nn.mlp_apply).trace(shapes, x)
+        jax.jit(lambda *args: nn.mlp_apply(*args)).trace(shapes, x)
     with pytest.raises(ValueError, match=too_wide):
         jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(shapes)
 

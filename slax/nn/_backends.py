@@ -180,14 +180,11 @@ class KernelBackend(Backend):
 
     @abc.abstractmethod
     def on_tensor_cores(self, arch: Architecture, platform: Platform) -> bool:
-        """Which specialisation of the family's source runs ``arch`` on ``platform``: that on
-        tensor cores, or the one every device runs."""
-
-    def source(self, arch: Architecture, platform: Platform) -> str:
-        """The Slang source of its kernels for ``arch`` on ``platform``."""
-        return mlp_source(arch.sizes, arch.dtype, self.on_tensor_cores(arch, platform))
+        """Its Slang specialisation for ``arch`` on ``platform``: the source on tensor cores, or
+        the one every device runs (slax/nn/_kernels.py, ``mlp_source``)."""
 
     def kernel(self, arch: Architecture, platform: Platform, entry: str) -> KernelSpec:
+        """Kernel ``entry`` of its specialisation for ``arch`` on ``platform``."""
         return kernel(arch, entry, self.on_tensor_cores(arch, platform))
 
     def forward(self, arch, platform, x, params, keep_hidden, routes):
@@ -255,7 +252,9 @@ class KernelBackend(Backend):
 
 @functools.cache
 def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
-    """Kernel ``entry`` of ``arch``'s kernels, specialised for tensor cores or not."""
+    """Kernel ``entry`` of ``arch``'s Slang source, specialised for tensor cores or not: one
+    source per specialisation, whichever family asks (each family's entry points are
+    the source's)."""
     return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores))
 
 
@@ -420,10 +419,12 @@ class TensorCores(_Tiles):
 
 
 XLA_PRECISION = {"float32": FULL_PRECISION, "float16": jax.lax.Precision.DEFAULT}
-"""The ``xla`` backend's matrix products by the network's dtype: float32 networks' at full float32
-precision, as the kernels' (JAX's default would take TF32 on tensor cores); float16 networks' at
-XLA's default, which on tensor cores is TF32, exact for half values (a half's 11-bit significand
-and exponent fit TF32's), with float32 sums: the kernels' precision policy either way."""
+"""The ``xla`` backend's matrix products by the network's dtype. float32 networks': full float32
+precision, as the kernels' (JAX's default takes TF32 on tensor cores, 5e-4 relative). float16
+networks': XLA's default, TF32 on tensor cores, which holds half values exactly (11-bit
+significands, and an exponent range past half's), so the forward products are the kernels'
+(exact products, float32 sums); the backward products round their float32 gradients to TF32,
+2^-11 relative as half's own rounding, within float16's tolerance."""
 
 
 class Xla(Backend):
