@@ -6,11 +6,12 @@ The kernel backends' values: tests/test_nn.py, test_tensor_cores.py, test_warp_m
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 import pytest
-from _helpers import draw_uniform, mlp_inputs, relative_error
+from _helpers import draw_uniform, mlp_inputs, relative_error, run_python
 from _training import cast
 
 import slax
@@ -240,6 +241,21 @@ def test_the_registry_holds_the_backends_the_setting_names():
     with pytest.raises(ValueError, match=r"mlp_backend must be one of \('auto', 'thread_sums'.*; got 'fast'"):
         slax.config.mlp_backend = "fast"
     assert slax.config.mlp_backend == "auto"
+
+
+@pytest.mark.one_device_kind
+def test_the_environment_variable_is_read_at_import():
+    """``SLAX_MLP_BACKEND`` sets the setting when slax is imported; a name no backend has stops the
+    import, listing the names."""
+    show = (
+        "import slax, slax.nn._backends as b; "
+        "print(slax.config.mlp_backend, b.BackendRequest.current().backend)"
+    )
+    result = run_python("-c", show, env={**os.environ, "SLAX_MLP_BACKEND": "xla"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["xla", "xla"]
+    result = run_python("-c", "import slax", env={**os.environ, "SLAX_MLP_BACKEND": "cuda"}, timeout=300)
+    assert result.returncode != 0 and "mlp_backend must be one of ('auto'" in result.stderr
 
 
 @pytest.fixture(scope="module")
