@@ -534,7 +534,7 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
             BACKENDS["xla"],
             where,
             f"networks whose widest hidden layer is {row.widest_hidden} or wider train faster on "
-            f"XLA's products than on the fused kernels on {platform} (BENCHMARKS.md)",
+            f"XLA's products than on the fused kernels on {where.name.upper()} (BENCHMARKS.md)",
         )
     skipped: list[str] = []
     for name in AUTO_ORDER:

@@ -58,7 +58,6 @@ from slax.nn._tiled_kernels import (
     Network,
     TiledProducts,
     TileLayout,
-    tile_error,
     tile_kernels_source,
     tile_layout,
 )
@@ -117,7 +116,7 @@ class KernelLayout:
       scratch: group-shared floats for the thread sums' group sum (narrow networks), or the warp
         tiles' rows of sums, one a warp (``warp_mma``).
       tile: the tiles' layout (wide networks; None for narrow ones, or where even one sample's
-        tile does not fit: see :func:`too_wide_error`): a :class:`TensorCoreLayout` where the
+        tile does not fit: slax/nn/_tiled_kernels.py, ``tile_error``): a :class:`TensorCoreLayout` where the
         kernels run on tensor cores, else a :class:`TileLayout`.
       warp_mma: a narrow float16 network's loss-and-gradient kernel runs on tensor cores, a warp
         per tile of 16 samples (``shaders/nn/warp_mma.slang``; :func:`warp_mma_fits`); its other
@@ -137,8 +136,8 @@ class KernelLayout:
 
     @property
     def wide_tile(self) -> TileLayout | TensorCoreLayout:
-        """``tile``, of a wide network the kernels can run: the entry points refuse the others
-        when traced (:func:`too_wide_error`), before any launch asks for it."""
+        """``tile``, of a wide network the kernels can run: no backend that needs it takes the
+        others (slax/nn/_backends.py), so no launch asks for it."""
         if self.tile is None:
             raise ValueError(f"slax: no tile layout: {'narrow network' if self.thread_sums else 'too wide'}.")
         return self.tile
@@ -181,12 +180,6 @@ def hidden_width(sizes: tuple[int, ...]) -> int:
     whose backward kernel recomputes its few activations per sample in registers, cheaper than
     writing and reading them."""
     return 0 if kernel_layout(sizes).thread_sums else sum(sizes[1:-1])
-
-
-def too_wide_error(sizes: tuple[int, ...]) -> str | None:
-    """Why the kernels cannot run ``sizes``, or None: a wide network's tile of one sample must fit
-    in group-shared memory (narrow networks always fit)."""
-    return None if kernel_layout(sizes).thread_sums else tile_error(sizes)
 
 
 def _chunk(layout: KernelLayout, values: int) -> int:
