@@ -14,6 +14,9 @@ from typing import Any, ClassVar
 from slax._jax_api import TraceState, trace_state_unset
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
+MLP_BACKENDS = ("auto", "thread_sums", "tiled", "tensor_cores", "xla")
+"""The values ``slax.config.mlp_backend`` takes: ``"auto"``, or the name of one of the MLP's backends
+(slax/nn/_backends.py, whose registry holds these names)."""
 DEVICE_ENV_VAR = "SLAX_DEVICE"
 REFLECTION_ENV_VAR = "SLAX_REFLECTION_DEVICE"
 
@@ -63,13 +66,14 @@ class LaunchRoutes:
       cpu: the SlangPy device kind that runs kernels of CPU-placed JAX (``slax.config.device_kind``);
         ``None``: Vulkan where a GPU's Vulkan driver exists, else SlangPy's CPU device (the faster
         CPU route), or lavapipe where no C++ compiler exists.
-      tensor_cores: on CUDA GPUs, whether MLP kernels may run on tensor cores: wide networks', and
-        narrow float16 networks' fused loss and gradient (``slax.config.tensor_cores``).
+
+    What kernels an MLP runs is no launch route: the MLP's primitives carry their own request
+    (slax/nn/_backends.py, ``BackendRequest``), so switching it leaves every other function's
+    trace alone.
     """
 
     cuda: str = "slangpy"
     cpu: DeviceKind | None = None
-    tensor_cores: bool = True
 
 
 _traced_routes = TraceState(
@@ -117,6 +121,15 @@ def _parse_tensor_cores(value, name: str = "tensor_cores"):
     return value
 
 
+def _parse_mlp_backend(value, name: str = "mlp_backend"):
+    if value not in MLP_BACKENDS:
+        raise ValueError(
+            f"slax: mlp_backend must be one of {MLP_BACKENDS} (slax.config.mlp_backend or "
+            f"SLAX_MLP_BACKEND); got {value!r}."
+        )
+    return value
+
+
 def _parse_device(value, name: str):
     return parse_device_kind(value, source=f"slax.config.{name}")
 
@@ -136,6 +149,10 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[..., Any]]] = {
         lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES"), "SLAX_TENSOR_CORES", True),
         _parse_tensor_cores,
     ),
+    "mlp_backend": (
+        lambda: _parse_mlp_backend(os.environ.get("SLAX_MLP_BACKEND") or "auto"),
+        _parse_mlp_backend,
+    ),
     "reflection_device": (
         lambda: parse_device_kind(
             os.environ.get(REFLECTION_ENV_VAR), source=f"the {REFLECTION_ENV_VAR} variable"
@@ -145,7 +162,7 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[..., Any]]] = {
 }
 """Each setting of :class:`Config`: (its value from the environment, its check of a value given)."""
 
-_TRACED = ("cuda_launch", "device_kind", "tensor_cores")
+_TRACED = ("cuda_launch", "device_kind")
 """The settings :class:`LaunchRoutes` carries into what JAX traces."""
 
 _NO_OVERRIDES: Mapping[str, Any] = types.MappingProxyType({})
@@ -173,10 +190,11 @@ class _Setting:
 class Config:
     """Switches of slax.
 
-    ``cuda_launch``, ``device_kind`` and ``tensor_cores`` are part of what JAX traces (a jitted
-    function retraces when one changes);
-    ``debug_nans`` and ``debug_bounds`` are read when a call is traced (a jitted function already
-    compiled keeps the setting it was compiled with).
+    ``cuda_launch`` and ``device_kind`` are part of what JAX traces (a jitted function retraces
+    when one changes); ``debug_nans``, ``debug_bounds``, ``tensor_cores`` and ``mlp_backend`` are
+    read when a call is traced (a jitted function already compiled keeps the setting it was
+    compiled with: set them before jitting, or jit afresh), so switching the MLP's kernels retraces
+    no other function.
 
     An assignment (``slax.config.debug_nans = True``) sets the global value, which every thread
     and asyncio task sees where no override is active. :meth:`override` sets values for a ``with``
@@ -207,13 +225,20 @@ class Config:
         where a GPU's Vulkan driver exists, else the CPU device, the faster CPU route (Vulkan over
         lavapipe where no C++ compiler exists, saying so once). Also set by ``SLAX_DEVICE`` and
         :func:`set_device_kind`; JAX placed on a CUDA GPU always uses that GPU's CUDA device.
-      tensor_cores: on CUDA GPUs (sm_80 and newer), run wide MLPs (``slax.nn``) on tensor cores,
-        each product split into TF32 pieces so that float32 networks keep float32's accuracy
-        (``shaders/nn/tensor_cores.slang``); True by default. False runs them on the tiled kernels
-        every device runs, whose rounding is the CPU routes' (the per-sample layer's). Also runs
-        the fused loss and gradient of narrow float16 networks (layers at most 16 wide) on tensor
-        cores, a warp per tile of 16 samples (``shaders/nn/warp_mma.slang``); False runs it a
-        sample per thread. Also set by ``SLAX_TENSOR_CORES=0``.
+      tensor_cores: on CUDA GPUs (sm_80 and newer), let the MLP (``slax.nn``) run on tensor cores:
+        wide networks on the ``tensor_cores`` backend, each product split into TF32 pieces so
+        that float32 networks keep float32's accuracy (``shaders/nn/tensor_cores.slang``), and the
+        fused loss and gradient of narrow float16 networks (layers at most 16 wide) a warp per
+        tile of 16 samples (``shaders/nn/warp_mma.slang``); True by default. False runs them on
+        the tiled and per-sample kernels every device runs, whose rounding is the CPU routes'.
+        Read when ``mlp_apply`` or ``mlp_loss_and_grad`` is traced. Also set by
+        ``SLAX_TENSOR_CORES=0``.
+      mlp_backend: which backend runs the MLP's operations (``slax.nn.describe`` says which each
+        takes, and why): ``"auto"``, the default, the fused Slang kernels where they fit, except
+        where they are known to lose to XLA's own matrix products; or one of ``"thread_sums"``,
+        ``"tiled"``, ``"tensor_cores"``, ``"xla"`` to force it (a backend that cannot run the
+        network on its platform raises ``ValueError`` saying why). Read when ``mlp_apply`` or
+        ``mlp_loss_and_grad`` is traced. Also set by ``SLAX_MLP_BACKEND``.
       reflection_device: the SlangPy device whose Slang reflection describes modules (their types,
         functions and entry points' parameters) for slax: ``None``, the default, the device of JAX's
         default platform; ``"cpu"``, ``"vulkan"`` or ``"cuda"`` another. On a CUDA GPU with the PTX route,
@@ -233,6 +258,7 @@ class Config:
     cuda_launch = _Setting()
     device_kind = _Setting()
     tensor_cores = _Setting()
+    mlp_backend = _Setting()
     reflection_device = _Setting()
 
     def __init__(self, trace_state=None) -> None:
@@ -268,9 +294,7 @@ class Config:
 
     @staticmethod
     def _routes(values) -> LaunchRoutes:
-        return LaunchRoutes(
-            cuda=values["cuda_launch"], cpu=values["device_kind"], tensor_cores=values["tensor_cores"]
-        )
+        return LaunchRoutes(cuda=values["cuda_launch"], cpu=values["device_kind"])
 
     def _follow_overrides(self) -> None:
         """Sets this thread's value of the JAX state to the routes of this context's overrides, or

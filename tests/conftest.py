@@ -157,18 +157,27 @@ def cpu_path():
 
 
 @pytest.fixture
-def lowered(monkeypatch):
-    """The MLP kernels lowered while the test runs: (sizes, dtype, entry point, tensor cores)."""
-    from slax.nn import _primitives as nn_primitives
+def fused_kernels(monkeypatch):
+    """For a test about the MLP's Slang kernels: ``"auto"`` takes them wherever they fit, sending
+    none of the networks that XLA_WINS sends to XLA on a GPU there."""
+    from slax.nn import _backends
+
+    monkeypatch.setattr(_backends, "XLA_WINS", ())
+
+
+@pytest.fixture
+def lowered(monkeypatch, fused_kernels):
+    """The MLP kernels lowered while the test runs: (architecture, entry point, tensor cores)."""
+    from slax.nn import _backends
 
     kernels = []
-    make = nn_primitives._kernel
+    make = _backends.kernel
 
     def recorded(*key):
         kernels.append(key)
         return make(*key)
 
-    monkeypatch.setattr(nn_primitives, "_kernel", recorded)
+    monkeypatch.setattr(_backends, "kernel", recorded)
     return kernels
 
 

@@ -17,6 +17,7 @@ import slangpy as spy
 import slax
 from slax._config import DeviceKind, current_routes
 from slax._device import reflection_device
+from slax.nn._backends import BackendRequest
 
 
 @pytest.fixture
@@ -189,7 +190,7 @@ def test_overlapping_overrides_in_two_threads_each_see_their_own():
 
     def look(name):
         seen.setdefault(name, []).append((slax.config.cuda_launch, slax.config.tensor_cores))
-        assert (current_routes().cuda, current_routes().tensor_cores) == values[name]
+        assert (current_routes().cuda, BackendRequest.current().tensor_cores) == values[name]
 
     def thread_a():
         with slax.config.override(cuda_launch=values["A"][0], tensor_cores=values["A"][1]):
@@ -259,7 +260,7 @@ def test_overlapping_overrides_in_two_asyncio_tasks_each_see_their_own():
             with slax.config.override(debug_nans=False, tensor_cores=True):
                 b_entered.set()
                 await a_left.wait()
-                return slax.config.debug_nans, slax.config.tensor_cores, current_routes().tensor_cores
+                return slax.config.debug_nans, slax.config.tensor_cores, BackendRequest.current().tensor_cores
 
         return await asyncio.gather(task_a(), task_b())
 

@@ -76,9 +76,7 @@ def test_every_slax_primitive_is_traced_with_the_route(poly, scale_shift, route)
         jaxpr = jax.make_jaxpr(program)(jnp.linspace(-1, 1, 8))
     equations = list(_slax_equations(jaxpr.jaxpr))
     assert {e.primitive.name for e in equations} == SLAX_PRIMITIVES
-    assert {e.params["routes"] for e in equations} == {
-        LaunchRoutes(cuda=route, cpu=slax.config.device_kind, tensor_cores=slax.config.tensor_cores)
-    }
+    assert {e.params["routes"] for e in equations} == {LaunchRoutes(cuda=route, cpu=slax.config.device_kind)}
 
 
 def test_changing_cuda_launch_retraces_a_jitted_function(poly):
@@ -101,9 +99,7 @@ def test_changing_cuda_launch_retraces_a_jitted_function(poly):
         routes = [e.params["routes"] for e in _slax_equations(f.trace(x).jaxpr.jaxpr)]
     f(x)
     assert traced == [first, other]
-    assert routes == [
-        LaunchRoutes(cuda=other, cpu=slax.config.device_kind, tensor_cores=slax.config.tensor_cores)
-    ]
+    assert routes == [LaunchRoutes(cuda=other, cpu=slax.config.device_kind)]
 
 
 def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind):

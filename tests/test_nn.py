@@ -15,10 +15,11 @@ from jax.flatten_util import ravel_pytree
 
 import slax
 from slax import nn
+from slax.nn import _backends as nn_backends
 from slax.nn import _kernels as nn_kernels
 from slax.nn import _mlp as nn_mlp
-from slax.nn import _primitives as nn_primitives
 from slax.nn import _tiled_kernels as nn_tiled
+from slax.nn._architecture import Architecture
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 pytestmark = pytest.mark.jax_version
@@ -59,7 +60,7 @@ def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtyp
         return lambda params, x: jnp.sum(jnp.sin(apply(params, x).astype(jnp.float32) * 1.3))
 
     def backward_kernels():
-        return [key[2] for key in lowered if key[2].startswith("mlp_backward")]
+        return [key[1] for key in lowered if key[1].startswith("mlp_backward")]
 
     def assert_close(got, want):
         for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -122,20 +123,30 @@ def test_depth_is_not_capped_by_push_constants():
         assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
 
 
-def test_layers_too_wide_for_group_shared_memory_are_refused_at_trace_time():
+def test_layers_too_wide_for_the_kernels_run_on_xla_and_forcing_a_kernel_is_refused(monkeypatch):
     """A wide network runs a tile of samples per thread group with every layer's activations in
     group-shared memory: when even one sample's do not fit (3-4000-4000: 12,263 floats in 8192),
-    every entry point refuses it when traced, naming the widths and the limit, rather than launch
-    a kernel that cannot run."""
-    params = nn.mlp_init(jax.random.key(0), (3, 4000, 4000))
+    no fused kernel runs it, and "auto" takes XLA's products (describe says why); forcing the
+    tiled kernels is refused when traced, naming the backend, the network, the widths and the
+    limit, rather than launching a kernel that cannot run."""
+    shapes = jax.eval_shape(lambda: nn.mlp_init(jax.random.key(0), (3, 4000, 4000)))
+    params = jax.tree.map(lambda s: np.broadcast_to(np.zeros((), s.dtype), s.shape), shapes)  # no memory
     x = jnp.ones((4, 3))
-    too_wide = r"layers 3-4000-4000 are too wide for the kernels: .* 12263 floats, in 8192 floats \(32 KiB\)"
-    with pytest.raises(ValueError, match=r"mlp_loss_and_grad: " + too_wide):
-        jax.jit(nn.mlp_loss_and_grad).trace(params, x, jnp.ones((4, 4000)))
-    with pytest.raises(ValueError, match=r"mlp_apply: " + too_wide):
-        jax.jit(nn.mlp_apply).trace(params, x)
-    with pytest.raises(ValueError, match=r"mlp_apply: layers 3-4000-4000"):
-        jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(params)
+    assert nn.describe(params, x, "cpu")["mlp_apply"].startswith("xla: 3-4000-4000 float32 on CPU")
+    assert "tiled: layers 3-4000-4000 are too wide" in nn.describe(params, x, "cpu")["mlp_apply"]
+    jax.jit(nn.mlp_apply).trace(shapes, x)
+    # the setting is read when the call is traced: functions JAX has not traced yet
+    monkeypatch.setattr(slax.config, "mlp_backend", "tiled")
+    too_wide = (
+        r"the 'tiled' backend \(slax.config.mlp_backend\) cannot run the network 3-4000-4000 float32 on "
+        r".*: layers 3-4000-4000 are too wide for the kernels: .* 12263 floats, in 8192 floats \(32 KiB\)"
+    )
+    with pytest.raises(ValueError, match=too_wide):
+        jax.jit(lambda *args: nn.mlp_loss_and_grad(*args)).trace(shapes, x, jnp.ones((4, 4000)))
+    with pytest.raises(ValueError, match=too_wide):
+        jax.jit(lambda *args: nn.mlp_apply(*args)).trace(shapes, x)
+    with pytest.raises(ValueError, match=too_wide):
+        jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(shapes)
 
 
 def test_batches_past_uint_indices_are_refused_before_they_run():
@@ -175,7 +186,7 @@ def test_gradient_thread_groups_past_uint_sample_positions_are_refused():
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize(("sizes", "batch"), [((4, 16, 4), 1 << 16), ((64, 128, 64, 10), 1 << 12)])
-def test_large_batch_gradients_are_race_free(sizes, batch, dtype):
+def test_large_batch_gradients_are_race_free(sizes, batch, dtype, fused_kernels):
     """Many samples' gradients summed in thread groups (narrow: per thread, then per group; wide:
     per tile, then over a group's tiles): every run matches the reference, bit for bit."""
     keys = jax.random.split(jax.random.key(3), 4)
@@ -233,27 +244,35 @@ def test_samples_per_thread_follow_the_batch_and_the_group():
     """Narrow networks: one sample a thread until a launch would exceed THREADS_WANTED threads, then
     more, up to MAX_SAMPLES_PER_THREAD, but never more than a thread group needs for its vmapped
     group (per-example gradients of single samples run one sample a thread)."""
-    narrow = nn_kernels.kernel_layout((4, 16, 4))
+    per_thread = nn_backends.samples_per_thread
     wanted = nn_kernels.THREADS_WANTED
-    assert narrow.thread_sums
-    assert narrow.samples_per_thread(4096, 4096) == 1
-    assert narrow.samples_per_thread(32 * wanted, 32 * wanted) == 32
-    assert narrow.samples_per_thread(1 << 30, 1 << 30) == nn_kernels.MAX_SAMPLES_PER_THREAD
-    assert narrow.samples_per_thread(1 << 20, 1) == 1
-    assert narrow.samples_per_thread(1 << 20, 200) == 4  # 200 samples: a thread group of 4 each
+    assert per_thread(4096, 4096) == 1
+    assert per_thread(32 * wanted, 32 * wanted) == 32
+    assert per_thread(1 << 30, 1 << 30) == nn_kernels.MAX_SAMPLES_PER_THREAD
+    assert per_thread(1 << 20, 1) == 1
+    assert per_thread(1 << 20, 200) == 4  # 200 samples: a thread group of 4 each
 
 
 def test_tiles_per_thread_group_follow_the_batch_and_the_group():
     """Wide networks: a tile (16 samples of the digits network) per thread group until a launch
     would exceed BLOCKS_WANTED thread groups, then more, but never more than a vmapped group has."""
-    wide = nn_kernels.kernel_layout((64, 128, 64, 10))
-    assert not wide.thread_sums and wide.tile.samples == 16
+    arch, tiled, cpu = (
+        Architecture((64, 128, 64, 10), "float32"),
+        nn_backends.Tiled(),
+        nn_backends.Platform("cpu"),
+    )
+    assert tiled.unfit(arch, cpu) is None and tiled.layout(arch).samples == 16
+
+    def launch(samples, per_group):
+        found = tiled.gradient_launch(arch, cpu, "mlp_loss_grad", samples, per_group)
+        return found.threads, found.blocks, found.share
+
     blocks = nn_tiled.BLOCKS_WANTED
-    assert wide.gradient_launch(4096, 4096) == (nn_tiled.TILE_THREADS, 256, ("tiles_per_block", 1))
-    assert wide.gradient_launch(16 * blocks * 4, 16 * blocks * 4) == (256, blocks, ("tiles_per_block", 4))
-    assert wide.gradient_launch(1 << 20, 1)[1:] == (1, ("tiles_per_block", 1))
-    assert wide.gradient_launch(1 << 20, 40)[1:] == (1, ("tiles_per_block", 3))  # 40 samples: 3 tiles
-    assert wide.forward_threads(17) == 2 * nn_tiled.TILE_THREADS
+    assert launch(4096, 4096) == (nn_tiled.TILE_THREADS, 256, ("tiles_per_block", 1))
+    assert launch(16 * blocks * 4, 16 * blocks * 4) == (256, blocks, ("tiles_per_block", 4))
+    assert launch(1 << 20, 1)[1:] == (1, ("tiles_per_block", 1))
+    assert launch(1 << 20, 40)[1:] == (1, ("tiles_per_block", 3))  # 40 samples: 3 tiles
+    assert tiled.forward_threads(arch, cpu, 17) == 2 * nn_tiled.TILE_THREADS
 
 
 @pytest.mark.parametrize(("tile_samples", "blocks_wanted"), [(16, 1 << 20), (16, 1), (5, 3)])
@@ -265,12 +284,12 @@ def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks
     mlp_loss_and_grad and mlp_apply's backward pass."""
     monkeypatch.setattr(nn_tiled, "MAX_TILE_SAMPLES", tile_samples)
     monkeypatch.setattr(nn_tiled, "BLOCKS_WANTED", blocks_wanted)
-    caches = (nn_tiled.tile_layout, nn_kernels.kernel_layout, nn_primitives._kernel)
+    caches = (nn_tiled.tile_layout, nn_kernels.kernel_layout, nn_backends.kernel)
     for cached in caches:  # layouts and kernels made with the defaults; cleared again at the end
         cached.cache_clear()
     try:
         sizes = (5, 20, 6)
-        assert nn_kernels.kernel_layout(sizes).tile.samples == tile_samples
+        assert nn_backends.Tiled().layout(Architecture(sizes, dtype)).samples == tile_samples
         keys = jax.random.split(jax.random.key(14), 4)
         params = nn.mlp_init(keys[0], sizes, dtype)
         x = mlp_inputs(params, keys[1], 1000, dtype).reshape(2, 500, 5)
@@ -354,7 +373,7 @@ def test_ravelled_parameters_are_the_kernels_layout():
     keys = jax.random.split(jax.random.key(9), 3)
     params = nn.mlp_init(keys[0], (4, 16, 4))
     x, target = mlp_inputs(params, keys[1], 300, jnp.float32), draw_uniform(keys[2], (300, 4), jnp.float32)
-    np.testing.assert_array_equal(nn_primitives._packed(nn_mlp._flat(params)), ravel_pytree(params)[0])
+    np.testing.assert_array_equal(nn_backends.packed(nn_mlp._flat(params)), ravel_pytree(params)[0])
 
     def loss_around_apply(params, x, target):
         return jnp.mean(jnp.sum((nn.mlp_apply(params, x) - target) ** 2, axis=-1))

@@ -31,7 +31,9 @@ from slax._device import SHADER_DIR
 from slax._errors import SlangCompileError
 from slax._ptx_launch import PtxLauncher, PtxLaunchError, launch_plan, ptx_entry_parameter_types
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
-from slax.nn._kernels import kernel_layout, mlp_source
+from slax.nn._architecture import Architecture
+from slax.nn._backends import Platform, TensorCores, ThreadSums
+from slax.nn._kernels import mlp_source
 
 # It lowers for CUDA (the CPU routes are not involved), through jaxlib's Triton launcher; it
 # compiles every kind of kernel to PTX and assembles it, which takes minutes.
@@ -41,6 +43,8 @@ TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cu
 NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
 PTXAS = TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
 PTX_TYPE = {"array": "u64", "u32": "u32", "i32": "u32", "fp32": "f32"}
+SM_90 = Platform("cuda", tensor_cores=True, capability=90)
+"""Where the report's programs lower (``SLAX_CUDA_COMPUTE_CAPABILITY=90``), tensor cores on."""
 
 needs_tools = pytest.mark.skipif(
     not (NVRTC.exists() and PTXAS.exists()),
@@ -179,9 +183,9 @@ def test_mlp_kernels_lower_in_both_precisions(report):
         assert fused["name"] == "mlp_loss_grad"
         # 4-16-16-4 (420 parameters) is wide and lowered for CUDA on tensor cores: its thread groups
         # of 256 threads (8 warps), as many as the tensor-core layout's launch has for 1000 samples
-        layout = kernel_layout((4, 16, 16, 4), tensor_cores=True, dtype=dtype)
-        threads, groups, _ = layout.gradient_launch(1000, 1000)
-        assert (fused["grid"], fused["num_warps"]) == ([groups, 1, 1], threads // 32)
+        arch = Architecture((4, 16, 16, 4), dtype)
+        launch = TensorCores().gradient_launch(arch, SM_90, "mlp_loss_grad", 1000, 1000)
+        assert (fused["grid"], fused["num_warps"]) == ([launch.blocks, 1, 1], launch.threads // 32)
         # the forward pass keeps the hidden activations, which the backward pass reads; the
         # gradient of the parameters alone computes no input gradient
         forward, backward = _launches(report, f"mlp_apply_grad_{dtype}")
@@ -200,13 +204,13 @@ def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, 
     kernel (shaders/nn/warp_mma.slang): mma.sync on halves, movmatrix, no per-sample fence; the
     float32 network's runs a sample per thread. Each launches as its layout says."""
     (launch,) = _launches(report, f"narrow_loss_and_grad_{'-'.join(map(str, sizes))}_{dtype}")
-    layout = kernel_layout(sizes, tensor_cores=True, dtype=dtype)
-    assert layout.warp_mma == tensor_cores
-    threads, groups, _ = layout.gradient_launch(1000, 1000, "mlp_loss_grad")
+    arch, thread_sums = Architecture(sizes, dtype), ThreadSums()
+    assert thread_sums.on_tensor_cores(arch, SM_90) == tensor_cores
+    want = thread_sums.gradient_launch(arch, SM_90, "mlp_loss_grad", 1000, 1000)
     assert (launch["name"], launch["grid"], launch["num_warps"]) == (
         "mlp_loss_grad",
-        [groups, 1, 1],
-        threads // 32,
+        [want.blocks, 1, 1],
+        want.threads // 32,
     )
     ptx = launch["ptx"]
     assert ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx) == tensor_cores

@@ -16,8 +16,9 @@ from _training import cast
 
 import slax
 from slax import nn
-from slax._config import _parse_switch, current_routes
+from slax._config import _parse_switch
 from slax.nn import _primitives as nn_primitives
+from slax.nn._backends import BackendRequest, Platform
 from slax.nn._kernels import hidden_width, kernel_layout
 
 DTYPES = ["float32", "float16"]
@@ -60,9 +61,12 @@ def test_switch_values(value, on):
 
 @pytest.mark.one_device_kind
 def test_the_environment_variable_is_read_at_import():
-    """``SLAX_TENSOR_CORES`` sets the switch and the routes traced with it when slax is imported; a
-    value that is no switch stops the import, naming the variable."""
-    show = "import slax, slax._config as c; print(slax.config.tensor_cores, c.current_routes().tensor_cores)"
+    """``SLAX_TENSOR_CORES`` sets the switch and the MLP's request when slax is imported; a value
+    that is no switch stops the import, naming the variable."""
+    show = (
+        "import slax, slax.nn._backends as b; "
+        "print(slax.config.tensor_cores, b.BackendRequest.current().tensor_cores)"
+    )
     result = run_python("-c", show, env={**os.environ, "SLAX_TENSOR_CORES": " Off "}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["False", "False"]
@@ -78,30 +82,23 @@ def test_the_switch_takes_only_booleans():
         match=r"tensor_cores must be True or False \(slax.config.tensor_cores or SLAX_TENSOR_CORES\); got 0",
     ):
         slax.config.tensor_cores = 0
-    assert slax.config.tensor_cores is before and current_routes().tensor_cores is before
+    assert slax.config.tensor_cores is before and BackendRequest.current().tensor_cores is before
 
 
-def test_the_switch_is_traced():
-    """The switch is part of what JAX traces: primitives carry it, and a jitted function is traced
-    again when it changes rather than reusing a lowering made with the other setting."""
+def test_the_switch_is_read_when_the_mlp_is_traced():
+    """The MLP's primitives carry the switch in their request, as it was when mlp_apply was traced
+    (a function jitted afresh takes the new setting; one already compiled keeps its own: the
+    switch is no launch route, so switching it retraces no other function,
+    tests/test_backends.py)."""
     params = nn.mlp_init(jax.random.key(27), (13, 21, 10))
     x = draw_uniform(jax.random.key(28), (4, 13), "float32")
-    traced = []
-
-    @jax.jit
-    def apply(x):
-        traced.append(slax.config.tensor_cores)
-        return nn.mlp_apply(params, x)
-
     before = slax.config.tensor_cores
-    apply(x)
-    with slax.config.override(tensor_cores=not before):
-        jaxpr = jax.make_jaxpr(lambda x: nn.mlp_apply(params, x))(x).jaxpr
+    for setting in (not before, before):
+        with slax.config.override(tensor_cores=setting):
+            jaxpr = jax.make_jaxpr(lambda x: nn.mlp_apply(params, x))(x).jaxpr
         (forward,) = equations(jaxpr, lambda e: e.primitive is nn_primitives.mlp_forward_p)
-        assert forward.params["routes"].tensor_cores is (not before)
-        apply(x)
-    apply(x)
-    assert traced == [before, not before]
+        assert forward.params["request"] == BackendRequest(slax.config.mlp_backend, setting)
+        assert not hasattr(forward.params["routes"], "tensor_cores")
 
 
 @pytest.mark.parametrize(("capability", "on"), [("70", False), ("75", False), ("80", True), ("90", True)])
@@ -111,13 +108,9 @@ def test_gpus_before_sm_80_run_the_tiled_kernels(monkeypatch, capability, on):
     the PTX launcher reads, here set as SLAX_CUDA_COMPUTE_CAPABILITY sets it for a GPU not present);
     the CPU never does."""
     monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
-    routes = current_routes()
-    with slax.config.override(tensor_cores=True):
-        assert nn_primitives._tensor_cores("cuda", current_routes()) is on
-        assert nn_primitives._tensor_cores("cpu", current_routes()) is False
-    with slax.config.override(tensor_cores=False):
-        assert nn_primitives._tensor_cores("cuda", current_routes()) is False
-    assert current_routes() == routes
+    assert Platform.of("cuda", BackendRequest(tensor_cores=True)).tensor_cores is on
+    assert Platform.of("cpu", BackendRequest(tensor_cores=True)).tensor_cores is False
+    assert Platform.of("cuda", BackendRequest(tensor_cores=False)).tensor_cores is False
 
 
 # --- networks ---------------------------------------------------------------------------------------
@@ -166,7 +159,7 @@ def test_wide_networks_match_the_reference(sizes, dtype, device_kind, lowered):
         assert relative_error(got_leaf, want_leaf) < TOLERANCE[dtype]
     forward = "mlp_forward_hidden" if hidden_width(sizes) else "mlp_forward"
     tensor_cores = device_kind == "cuda" and slax.config.tensor_cores
-    assert {(key[2], key[3]) for key in lowered} == {
+    assert {key[1:] for key in lowered} == {
         (entry, tensor_cores) for entry in ("mlp_loss_grad", forward, "mlp_backward", "mlp_backward_params")
     }
 
@@ -190,4 +183,4 @@ def test_tensor_cores_match_the_reference_and_the_tiled_kernels(sizes, dtype, de
     for on, off, reference in zip(results[True], results[False], want, strict=True):
         assert relative_error(on, reference) < TOLERANCE[dtype]
         assert relative_error(on, off) < TOLERANCE[dtype]
-    assert {key[3] for key in lowered} == {True, False}
+    assert {key[2] for key in lowered} == {True, False}

@@ -16,9 +16,13 @@ import slax
 from slax import nn
 from slax._compile import kernel_parameters
 from slax._device import get_device
+from slax.nn import _backends as nn_backends
 from slax.nn import _kernels as nn_kernels
-from slax.nn import _primitives as nn_primitives
+from slax.nn import _warp_mma_kernels as nn_warp_mma
+from slax.nn._architecture import Architecture
 from slax.nn._kernels import kernel_layout, warp_mma_fits
+
+ON_TENSOR_CORES = nn_backends.Platform("cuda", tensor_cores=True, capability=90)
 
 NARROW = [(4, 16, 4), (3, 7, 5), (9, 12, 3), (16, 3, 16), (2, 8, 8, 1), (5, 9, 6, 2)]
 """Narrow networks whose layers fit the kernel (at most 16 wide): the polynomial network, layers
@@ -53,21 +57,30 @@ def test_which_networks_the_kernel_runs(sizes, dtype, fits):
     assert warp_mma_fits(sizes, dtype) == fits
     assert kernel_layout(sizes, tensor_cores=True, dtype=dtype).warp_mma == fits
     assert not kernel_layout(sizes, tensor_cores=False, dtype=dtype).warp_mma  # not without tensor cores
+    arch, thread_sums = Architecture(sizes, dtype), nn_backends.ThreadSums()
+    if thread_sums.unfit(arch, ON_TENSOR_CORES) is None:  # a specialisation of thread_sums, on tensor cores
+        assert thread_sums.on_tensor_cores(arch, ON_TENSOR_CORES) == fits
+        assert not thread_sums.on_tensor_cores(arch, nn_backends.Platform("cuda", False, 90))
 
 
 def test_only_the_fused_loss_and_gradient_launches_more_threads():
     """The kernel's warps hold 64 registers a thread, so its launch keeps WARP_MMA_THREADS_WANTED
     threads (fewer samples each); the network's other gradient kernels run a sample per thread as
     before, and every launch's thread groups cover whole vmapped groups."""
-    layout = kernel_layout((4, 16, 4), tensor_cores=True, dtype="float16")
+    arch, thread_sums = Architecture((4, 16, 4), "float16"), nn_backends.ThreadSums()
+
+    def launch(entry, samples, per_group):
+        return thread_sums.gradient_launch(arch, ON_TENSOR_CORES, entry, samples, per_group)
+
     samples = 1 << 20
-    _, blocks, (name, each) = layout.gradient_launch(samples, samples, "mlp_loss_grad")
-    assert (name, each) == ("samples_per_thread", samples // nn_kernels.WARP_MMA_THREADS_WANTED)
-    assert blocks * nn_kernels.GROUP_SIZE * each == samples
-    _, _, (_, per_sample) = layout.gradient_launch(samples, samples, "mlp_backward_params")
+    fused = launch("mlp_loss_grad", samples, samples)
+    assert fused.share == ("samples_per_thread", samples // nn_warp_mma.WARP_MMA_THREADS_WANTED)
+    assert fused.blocks * nn_backends.GROUP_SIZE * fused.share[1] == samples
+    per_sample = launch("mlp_backward_params", samples, samples).share[1]
     assert per_sample == samples // nn_kernels.THREADS_WANTED
     # vmapped groups of 200: one thread group each, 4 samples a thread, whatever the launch wants
-    assert layout.gradient_launch(samples, 200, "mlp_loss_grad")[1:] == (1, ("samples_per_thread", 4))
+    grouped = launch("mlp_loss_grad", samples, 200)
+    assert (grouped.blocks, grouped.share) == (1, ("samples_per_thread", 4))
 
 
 def test_every_device_kind_reflects_the_kernel(device_kind):
@@ -76,7 +89,7 @@ def test_every_device_kind_reflects_the_kernel(device_kind):
     (tests/scripts/ptx_lowering.py on such a machine) or where ``SLAX_REFLECTION_DEVICE=cpu`` keeps
     SlangPy's CUDA device out of a profiled process. The C++ target has no wave operations and no
     group barriers, so the kernel must compile there too, if only to be reflected."""
-    spec = nn_primitives._kernel((4, 16, 4), "float16", "mlp_loss_grad", tensor_cores=True)
+    spec = nn_backends.kernel(Architecture((4, 16, 4), "float16"), "mlp_loss_grad", tensor_cores=True)
     assert "HalfLayer<" in (spec.source or "")  # the warp tiles' kernel, not the per-sample one
     parameters = kernel_parameters(get_device(slax.DeviceKind(device_kind)), spec)
     assert [name for name, _ in parameters.pointers] == ["x", "target", "params", "partials"]
@@ -91,11 +104,12 @@ def test_every_device_kind_reflects_the_kernel(device_kind):
 
 def _runs(params, x, target):
     """mlp_loss_and_grad over each group of x's leading axis (vmapped): each group's loss and
-    gradients, with tensor cores on (twice) and off."""
-    function = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))
+    gradients, with tensor cores on (twice) and off, each traced afresh (the switch is read when
+    mlp_loss_and_grad is traced)."""
     runs = {}
     for name, tensor_cores in (("on", True), ("again", True), ("off", False)):
         with slax.config.override(tensor_cores=tensor_cores):
+            function = jax.jit(jax.vmap(lambda *args: nn.mlp_loss_and_grad(*args), in_axes=(None, 0, 0)))
             leaves = jax.tree.leaves(function(params, x, target))
         runs[name] = [[leaf[k] for leaf in leaves] for k in range(x.shape[0])]
     return runs
@@ -128,7 +142,7 @@ def test_tensor_cores_match_the_reference_and_the_per_sample_kernel(
     if device_kind != "cuda":
         pytest.skip("JAX on a CUDA GPU runs the tensor-core kernel; elsewhere the per-sample kernel runs")
     assert kernel_layout(sizes, tensor_cores=True, dtype="float16").warp_mma
-    monkeypatch.setattr(nn_kernels, "WARP_MMA_THREADS_WANTED", threads_wanted)
+    monkeypatch.setattr(nn_warp_mma, "WARP_MMA_THREADS_WANTED", threads_wanted)
     keys = jax.random.split(jax.random.key(sum(sizes)), 3)
     params = nn.mlp_init(keys[0], sizes, "float16")
     for groups, batch in ((2, 1000), (1, 333), (1, 5)):
@@ -147,4 +161,4 @@ def test_tensor_cores_match_the_reference_and_the_per_sample_kernel(
                 assert np.array_equal(on, again), "the sums are not deterministic"
                 assert near_fit or relative_error(on, reference) < TOLERANCE
                 assert relative_error(on, off) < TOLERANCE
-    assert {key[2:] for key in lowered} == {("mlp_loss_grad", True), ("mlp_loss_grad", False)}
+    assert {key[1:] for key in lowered} == {("mlp_loss_grad", True), ("mlp_loss_grad", False)}

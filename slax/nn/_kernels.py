@@ -50,23 +50,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 from slax.nn._tensor_core_kernels import TensorCoreLayout, TensorCoreProducts, tensor_core_layout
 from slax.nn._tiled_kernels import (
-    TILE_THREADS,
     Network,
     TiledProducts,
     TileLayout,
-    tile_error,
     tile_kernels_source,
     tile_layout,
 )
 from slax.nn._warp_mma_kernels import (
     LOSS_GRAD_ENTRY,
-    WARP_MMA_THREADS_WANTED,
     WARP_MMA_WIDTH,
     warp_mma_loss_grad,
 )
@@ -109,7 +105,8 @@ def parameter_offsets(sizes: tuple[int, ...]) -> tuple[list[int], int]:
 
 @dataclasses.dataclass(frozen=True)
 class KernelLayout:
-    """How the kernels of one architecture sum and read parameters.
+    """How the kernels of one architecture sum and read parameters, as their source lays them out
+    (the launches of each kernel family: slax/nn/_backends.py).
 
     Attributes:
       parameters: floats in the flat parameter layout.
@@ -119,7 +116,7 @@ class KernelLayout:
       scratch: group-shared floats for the thread sums' group sum (narrow networks), or the warp
         tiles' rows of sums, one a warp (``warp_mma``).
       tile: the tiles' layout (wide networks; None for narrow ones, or where even one sample's
-        tile does not fit: see :func:`too_wide_error`): a :class:`TensorCoreLayout` where the
+        tile does not fit: slax/nn/_tiled_kernels.py, ``tile_error``): a :class:`TensorCoreLayout` where the
         kernels run on tensor cores, else a :class:`TileLayout`.
       warp_mma: a narrow float16 network's loss-and-gradient kernel runs on tensor cores, a warp
         per tile of 16 samples (``shaders/nn/warp_mma.slang``; :func:`warp_mma_fits`); its other
@@ -139,49 +136,11 @@ class KernelLayout:
 
     @property
     def wide_tile(self) -> TileLayout | TensorCoreLayout:
-        """``tile``, of a wide network the kernels can run: the entry points refuse the others
-        when traced (:func:`too_wide_error`), before any launch asks for it."""
+        """``tile``, of a wide network the kernels can run: no backend that needs it takes the
+        others (slax/nn/_backends.py), so no launch asks for it."""
         if self.tile is None:
             raise ValueError(f"slax: no tile layout: {'narrow network' if self.thread_sums else 'too wide'}.")
         return self.tile
-
-    def samples_per_thread(self, samples: int, per_group: int, warp_tiles: bool = False) -> int:
-        """Samples each thread runs in a gradient launch of a narrow network over ``samples`` in
-        all, in vmapped groups of ``per_group``: enough to keep near THREADS_WANTED threads (or
-        WARP_MMA_THREADS_WANTED for the tensor-core kernel, ``warp_tiles``), but no more than a
-        thread group needs to cover its group (a thread group serves one group: per-example
-        gradients of single samples run one each)."""
-        threads = WARP_MMA_THREADS_WANTED if warp_tiles else THREADS_WANTED
-        wanted = min(MAX_SAMPLES_PER_THREAD, math.ceil(samples / threads))
-        return max(1, min(wanted, math.ceil(per_group / GROUP_SIZE)))
-
-    def gradient_launch(
-        self, samples: int, per_group: int, entry: str = "mlp_loss_grad"
-    ) -> tuple[int, int, tuple[str, int]]:
-        """A launch of gradient kernel ``entry`` over ``samples`` in vmapped groups of
-        ``per_group``: threads per thread group, thread groups per vmapped group, and the kernels'
-        scalar saying how much each runs (``samples_per_thread`` or ``tiles_per_block``)."""
-        if self.thread_sums:
-            warp_tiles = self.warp_mma and entry == "mlp_loss_grad"
-            per_thread = self.samples_per_thread(samples, per_group, warp_tiles)
-            return GROUP_SIZE, -(-per_group // (GROUP_SIZE * per_thread)), ("samples_per_thread", per_thread)
-        per_block = self.wide_tile.tiles_per_block(samples, per_group)
-        blocks = -(-per_group // (self.wide_tile.samples * per_block))
-        return TILE_THREADS, blocks, ("tiles_per_block", per_block)
-
-    def gradient_reach(self, samples: int, per_group: int, entry: str = "mlp_loss_grad") -> int:
-        """The sample positions a launch of gradient kernel ``entry`` over ``samples`` in vmapped
-        groups of ``per_group`` steps through in each group, the padding of its last thread group
-        included: the kernels number them with 32-bit uints."""
-        _, blocks, (_, each) = self.gradient_launch(samples, per_group, entry)
-        return blocks * each * (GROUP_SIZE if self.thread_sums else self.wide_tile.samples)
-
-    def forward_threads(self, samples: int) -> int:
-        """Threads a forward launch over ``samples`` runs: whole thread groups (they stage the
-        parameters, or run a tile each)."""
-        if self.thread_sums:
-            return -(-samples // GROUP_SIZE) * GROUP_SIZE
-        return -(-samples // self.wide_tile.samples) * TILE_THREADS
 
 
 @functools.cache
@@ -221,12 +180,6 @@ def hidden_width(sizes: tuple[int, ...]) -> int:
     whose backward kernel recomputes its few activations per sample in registers, cheaper than
     writing and reading them."""
     return 0 if kernel_layout(sizes).thread_sums else sum(sizes[1:-1])
-
-
-def too_wide_error(sizes: tuple[int, ...]) -> str | None:
-    """Why the kernels cannot run ``sizes``, or None: a wide network's tile of one sample must fit
-    in group-shared memory (narrow networks always fit)."""
-    return None if kernel_layout(sizes).thread_sums else tile_error(sizes)
 
 
 def _chunk(layout: KernelLayout, values: int) -> int:

@@ -3,9 +3,9 @@ its primitives), the fused loss-and-gradient, and the same network in plain JAX
 (slax/nn/_reference.py).
 
 Parameters are a list of ``{"weight": (out, in), "bias": (out,)}`` dicts, one per layer. Hidden
-layers apply LeakyReLU (slope 0.01), the output layer is affine. Kernels come from
-``shaders/nn/mlp.slang`` through slax/nn/_kernels.py; the primitives that run them are in
-slax/nn/_primitives.py.
+layers apply LeakyReLU (slope 0.01), the output layer is affine. The primitives
+(slax/nn/_primitives.py) run each call on one of the backends (slax/nn/_backends.py: Slang kernels
+from ``shaders/nn/``, or XLA's own products), which :func:`describe` names.
 
 Half precision: parameters and activations are stored as float16, but every dot product is summed in
 float32 inside the kernels, gradients flow backwards between layers in float32 and parameter
@@ -27,8 +27,10 @@ import numpy as np
 from slax._config import current_routes
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices, mean_over_devices
-from slax.nn._kernels import layer_pairs, too_wide_error
-from slax.nn._primitives import mlp_forward_p, mlp_loss_grad_p
+from slax.nn._architecture import Architecture
+from slax.nn._backends import OPERATIONS, BackendRequest, choose
+from slax.nn._kernels import layer_pairs
+from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
 
 Params = list[dict[str, jax.Array]]
 """An MLP's parameters: one ``{"weight": (out, in), "bias": (out,)}`` dict per layer, input first,
@@ -90,20 +92,21 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     Raises:
       TypeError: parameters not laid out as :data:`Params`, mixed dtypes, or ``x`` not an array
         or of another dtype.
-      ValueError: layer shapes that do not chain, ``x`` not ending in the input width, a network
-        whose tile does not fit the kernels' group-shared memory, or a batch beyond the kernels'
-        32-bit indices.
+      ValueError: layer shapes that do not chain, ``x`` not ending in the input width, a backend
+        forced by ``slax.config.mlp_backend`` that cannot run the network, or a batch beyond the
+        kernels' 32-bit indices.
     """
     _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
     leaves = [*_flat(params), x]
+    request = BackendRequest.current()
 
     def call(axes, *leaves):
         del axes  # per sample: nothing sums over the batch (jax.grad sums params' gradients)
         *flat, x = vary_alike(list(leaves))
-        sizes, dtype = _architecture("mlp_apply", _unflat(flat), x)
-        _require_kernels_fit("mlp_apply", sizes)
+        arch = _architecture("mlp_apply", _unflat(flat), x)
+        _refuse_unfit(arch, x, request)
         outputs = mlp_forward_p.bind(
-            x, *flat, sizes=sizes, dtype=dtype, keep_hidden=False, routes=current_routes()
+            x, *flat, arch=arch, keep_hidden=False, request=request, routes=current_routes()
         )
         check_finite("slax.nn.mlp_apply's forward kernel", [x, *flat], outputs)
         return outputs
@@ -130,14 +133,15 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
       ValueError: as :func:`mlp_apply`, or ``target`` not of shape ``(batch, out)`` and ``x``'s
         dtype.
     """
-    sizes, dtype = _architecture("mlp_loss_and_grad", params, x)
-    _require_kernels_fit("mlp_loss_and_grad", sizes)
+    arch = _architecture("mlp_loss_and_grad", params, x)
     _require_array("mlp_loss_and_grad", "target", target)
-    if target.shape != x.shape[:-1] + (sizes[-1],) or target.dtype != x.dtype:
+    if target.shape != x.shape[:-1] + (arch.sizes[-1],) or target.dtype != x.dtype:
         raise ValueError(
-            f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (sizes[-1],)} and "
+            f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (arch.sizes[-1],)} and "
             f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
         )
+    request = BackendRequest.current()
+    _refuse_unfit(arch, x, request)
     routes = current_routes()
 
     def call(axes, x, target, *flat):
@@ -148,10 +152,10 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             x,
             target,
             *flat,
-            sizes=sizes,
-            dtype=dtype,
+            arch=arch,
             group_ndim=0,
             loss_scale=1.0 / max(math.prod(x.shape[:-1]), 1),
+            request=request,
             routes=routes,
         )
         check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *flat], [loss, *grads])
@@ -168,6 +172,42 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     return loss, _unflat(grads)
 
 
+def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, str]:
+    """Which backend runs each of the MLP's operations on ``x``, and why.
+
+    The backends: ``thread_sums`` (narrow networks' Slang kernels, a sample per thread),
+    ``tiled`` (wide networks' Slang kernels on any device), ``tensor_cores`` (wide networks' Slang
+    kernels on NVIDIA tensor cores, sm_80 and newer) and ``xla`` (XLA's own matrix products, the
+    plain-JAX twin). ``slax.config.mlp_backend`` forces one; by default (``"auto"``) slax takes the
+    fused kernels where they fit, except where they are known to lose to XLA. The answer is the
+    one a call traced now (with ``slax.config`` as it is) takes.
+
+    Args:
+      params: the network's parameters (:data:`Params`).
+      x: an input batch ``(..., in)``, or its shape (a tuple of ints).
+      platform: ``"cpu"`` or ``"cuda"``, where the call runs; default: JAX's default platform.
+
+    Returns:
+      For each call, ``"mlp_apply"``, ``"jax.grad of mlp_apply"`` and ``"mlp_loss_and_grad"``, a
+      line ``"backend: network on platform, how; why"``, e.g. ``"tensor_cores: 64-128-64-10
+      float16 on CUDA sm_90, tiles of 16 samples per thread group as mma.sync; the fused kernels
+      that fit"``.
+
+    Raises:
+      TypeError, ValueError: parameters or ``x`` as :func:`mlp_apply` refuses them, a platform
+        other than ``"cpu"`` or ``"cuda"``, or a forced backend that cannot run the network.
+    """
+    if isinstance(x, tuple) and all(isinstance(n, int) for n in x):
+        dtype = params[0]["weight"].dtype if params and isinstance(params[0], dict) else jnp.float32
+        x = np.broadcast_to(np.zeros((), dtype), x)  # no memory: a view of one element
+    arch = _architecture("describe", params, x)
+    platform = _default_platform() if platform is None else platform
+    if platform not in PLATFORMS:
+        raise ValueError(f"slax.nn.describe: platform must be one of {PLATFORMS}; got {platform!r}.")
+    choice = choose(arch, platform, math.prod(x.shape[:-1]), BackendRequest.current())
+    return {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
+
+
 # --- checks and flattening -------------------------------------------------------------------------
 
 
@@ -176,10 +216,17 @@ def _check_dtype(function: str, name: str, dtype) -> None:
         raise TypeError(f"slax.nn.{function}: {name} must be float32 or float16, got {dtype}.")
 
 
-def _require_kernels_fit(function: str, sizes: tuple[int, ...]) -> None:
-    problem = too_wide_error(sizes)
-    if problem:
-        raise ValueError(f"slax.nn.{function}: {problem}.")
+def _default_platform() -> str:
+    """JAX's default platform by the name lowering rules get (``"cuda"`` for NVIDIA GPUs)."""
+    platform = jax.default_backend()
+    return "cuda" if platform == "gpu" else platform
+
+
+def _refuse_unfit(arch: Architecture, x, request: BackendRequest) -> None:
+    """Refuses, when the call is traced, a backend forced that cannot run ``arch`` on JAX's default
+    platform: the rule that lowering applies again on the platform the call runs on."""
+    if request.backend != "auto" and _default_platform() in PLATFORMS:
+        choose(arch, _default_platform(), math.prod(x.shape[:-1]), request)
 
 
 def _require_array(function: str, name: str, value: Any) -> None:
@@ -193,7 +240,7 @@ def _require_array(function: str, name: str, value: Any) -> None:
         )
 
 
-def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[int, ...], str]:
+def _architecture(function: str, params: Params, x: jax.Array) -> Architecture:
     if not isinstance(params, (list, tuple)) or not params:
         raise TypeError(f"slax.nn.{function}: params must be a non-empty list of layers from mlp_init.")
     sizes: list[int] = []
@@ -233,7 +280,7 @@ def _architecture(function: str, params: Params, x: jax.Array) -> tuple[tuple[in
             f"slax.nn.{function}: x has dtype {x.dtype} but the parameters are {dtype}; cast x "
             f"with x.astype(jnp.{dtype})."
         )
-    return tuple(sizes), str(dtype)
+    return Architecture(tuple(sizes), str(dtype))
 
 
 def _flat(params: Params) -> list[jax.Array]:

@@ -2,13 +2,12 @@
 network's Jacobian-vector product) that links forward and backward in JAX's differentiation.
 
 Each takes the input batch (and ``dy`` or the target), then every layer's bias and weight, and
-lowers to one launch of its kernel (slax/nn/_kernels.py) through ``slang_kernel_p``, like every
-slax kernel; the tangent lowers to its plain-JAX twin (slax/nn/_reference.py). ``sizes`` and
-``dtype`` name the architecture; ``group_ndim`` leading axes of the data are groups (vmapped calls)
-whose gradients are summed apart.
-
-Gradients are summed without atomics: per thread group in a fixed order, then over groups by XLA,
-so they are bit-identical from run to run.
+lowers, per platform, through the backend that :func:`slax.nn._backends.choose` picks there for
+its static ``arch`` (:class:`~slax.nn._architecture.Architecture`) and ``request`` (the user's
+:class:`~slax.nn._backends.BackendRequest`, as the call was traced): one launch of a Slang kernel,
+or XLA's own products; the tangent lowers to its plain-JAX twin (slax/nn/_reference.py).
+``group_ndim`` leading axes of the data are groups (vmapped calls) whose gradients are summed
+apart.
 """
 
 from __future__ import annotations
@@ -19,180 +18,69 @@ import math
 import jax
 import jax.numpy as jnp
 
-from slax._compile import KernelSpec
-from slax._config import LaunchRoutes
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
-from slax._kernel_primitive import UINT_MAX, run_kernel
 from slax._primitive import check_finite, declare_primitive, result_aval
-from slax._ptx_launch import compute_capability
-from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, mlp_source, parameter_offsets
+from slax.nn._backends import choose
+from slax.nn._kernels import hidden_width
 from slax.nn._reference import backward_twin, forward_twin, tangent_twin
-from slax.nn._tensor_core_kernels import weight_fragments
 
 PLATFORMS = ("cpu", "cuda")
-"""Where the MLP's primitives lower: on CUDA, wide networks' kernels, and narrow float16 networks'
-fused loss and gradient, run on tensor cores (slax/nn/_kernels.py, ``kernel_layout``)."""
+"""Where the MLP's primitives lower, each platform through the backend :func:`choose` picks there."""
 
 
-@functools.cache
-def _kernel(sizes: tuple[int, ...], dtype: str, entry: str, tensor_cores: bool) -> KernelSpec:
-    return KernelSpec(entry, source=mlp_source(sizes, dtype, tensor_cores))
-
-
-def _tensor_cores(platform: str, routes: LaunchRoutes) -> bool:
-    """Whether the kernels of a computation lowered for ``platform`` and traced with ``routes`` may
-    use tensor cores: JAX on a CUDA GPU of compute capability 8.0 or newer (TF32 and float16
-    mma.sync; the kernels' PTX is for sm_80, which an older GPU refuses to load), unless
-    ``slax.config.tensor_cores`` was off. Older GPUs run the tiled kernels, and a sample per
-    thread."""
-    return platform == "cuda" and routes.tensor_cores and compute_capability() >= 80
-
-
-def _param_shapes(sizes):
+def _param_shapes(arch):
     """Each layer's bias and weight, the order the primitives take and return them in."""
-    return [shape for i, o in layer_pairs(sizes) for shape in ((o,), (o, i))]
+    return [shape for i, o in arch.layers for shape in ((o,), (o, i))]
 
 
-def _packed(params) -> jax.Array:
-    """The parameters as the kernels read them: one flat float32 array (slax/nn/_kernels.py). Half
-    parameters convert exactly, in the same XLA fusion as the concatenation. Where ``params`` are
-    slices of one float32 vector in this layout (``ravel_pytree``'s), XLA folds the concatenation
-    of those slices back into that vector: nothing runs."""
-    return jnp.concatenate([p.reshape(-1).astype(jnp.float32) for p in params])
-
-
-def _kernel_parameters(params, sizes, dtype: str, tensor_cores: bool) -> list[jax.Array]:
-    """The parameter operands of ``sizes``'s kernels: the packed parameters, and for tiled kernels
-    the same with every weight transposed, which their forward pass reads along its rows, or for
-    tensor-core kernels the weights as mma.sync fragments (each one small XLA fusion, shared by
-    the forward and backward launches of a step)."""
-    layout = kernel_layout(sizes, tensor_cores, dtype)
-    if layout.thread_sums:
-        return [_packed(params)]
-    if layout.tensor_cores:
-        return [_packed(params), weight_fragments(params[1::2], dtype)]
-    transposed = [p.T if p.ndim == 2 else p for p in params]
-    return [_packed(params), _packed(transposed)]
-
-
-def _unpacked(flat: jax.Array, sizes, leading: tuple[int, ...]) -> list[jax.Array]:
-    """Each layer's bias and weight arrays from the last axis of the flat layout."""
-    offsets, _ = parameter_offsets(sizes)
-    arrays = []
-    for start, (n_in, n_out) in zip(offsets, layer_pairs(sizes)):
-        arrays.append(flat[..., start : start + n_out].reshape(leading + (n_out,)))
-        arrays.append(
-            flat[..., start + n_out : start + n_out + n_in * n_out].reshape(leading + (n_out, n_in))
-        )
-    return arrays
-
-
-def _grad_shapes(x, sizes, group_ndim):
+def _grad_shapes(x, arch, group_ndim):
     groups = x.shape[:group_ndim]
-    return [groups + shape for shape in _param_shapes(sizes)]
+    return [groups + shape for shape in _param_shapes(arch)]
 
 
 # --- forward ------------------------------------------------------------------------------------
 
 
-def _forward_shapes(x, sizes, keep_hidden):
+def _forward_shapes(x, arch, keep_hidden):
     """The forward pass's results: the output, and with ``keep_hidden`` the hidden activations
     (slax/nn/_kernels.py, ``hidden_width``)."""
-    shapes = [x.shape[:-1] + (sizes[-1],)]
-    return shapes + [x.shape[:-1] + (hidden_width(sizes),)] if keep_hidden else shapes
+    shapes = [x.shape[:-1] + (arch.sizes[-1],)]
+    return shapes + [x.shape[:-1] + (hidden_width(arch.sizes),)] if keep_hidden else shapes
 
 
-def _forward_abstract_eval(x, *params, sizes, dtype, keep_hidden, routes):
-    return [result_aval(shape, dtype, (x, *params)) for shape in _forward_shapes(x, sizes, keep_hidden)]
+def _forward_abstract_eval(x, *params, arch, keep_hidden, request, routes):
+    return [result_aval(shape, arch.dtype, (x, *params)) for shape in _forward_shapes(x, arch, keep_hidden)]
 
 
-def _forward(x, *params, sizes, dtype, keep_hidden, routes, platform):
-    samples = math.prod(x.shape[:-1])
-    tensor_cores = _tensor_cores(platform, routes)
-    count = kernel_layout(sizes, tensor_cores, dtype).forward_threads(samples)
-    return run_kernel(
-        _kernel(sizes, dtype, "mlp_forward_hidden" if keep_hidden else "mlp_forward", tensor_cores),
-        [x, *_kernel_parameters(params, sizes, dtype, tensor_cores)],
-        tuple((shape, dtype) for shape in _forward_shapes(x, sizes, keep_hidden)),
-        count,
-        (("count", count), ("samples", samples)),
-        routes=routes,
-    )
+def _forward(x, *params, arch, keep_hidden, request, routes, platform):
+    choice = choose(arch, platform, math.prod(x.shape[:-1]), request)
+    return choice.backend.forward(arch, choice.platform, x, params, keep_hidden, routes)
 
 
 # --- gradients ----------------------------------------------------------------------------------
 
 
-def _backward_abstract_eval(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+def _backward_abstract_eval(*operands, arch, group_ndim, hidden, input_gradient, request, routes):
     x = operands[0]
     dx = [result_aval(x.shape, x.dtype, operands)] if input_gradient else []
-    return dx + [result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)]
+    return dx + [result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, arch, group_ndim)]
 
 
-def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
+def _loss_grad_abstract_eval(x, target, *params, arch, group_ndim, loss_scale, request, routes):
     operands = (x, target, *params)
     return [result_aval(x.shape[:group_ndim], jnp.float32, operands)] + [
-        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
+        result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, arch, group_ndim)
     ]
 
 
-def _run_gradient_kernel(
-    entry, operands, num_data, extra_results, x, sizes, dtype, group_ndim, routes, platform, scalars=()
-):
-    """Launches ``entry``, a gradient kernel (see slax/nn/_kernels.py for the layout), on
-    ``operands``, ``num_data`` per-sample arrays then the parameters, and adds up the thread groups'
-    partial sums of each group: ``[loss per group, *extra results, *parameter gradients]``."""
-    tensor_cores = _tensor_cores(platform, routes)
-    layout = kernel_layout(sizes, tensor_cores, dtype)
-    groups = math.prod(x.shape[:group_ndim])
-    per_group = math.prod(x.shape[:-1]) // max(groups, 1)
-    threads, blocks, share = layout.gradient_launch(groups * per_group, per_group, entry)
-    count = groups * blocks * threads  # 0 for an empty batch: no launch
-    reach = layout.gradient_reach(groups * per_group, per_group, entry)
-    if reach > UINT_MAX:
-        raise ValueError(
-            f"slax: kernel {entry!r}: its thread groups step through {reach:,} sample positions "
-            f"for {per_group:,} samples (the last group padded), past the 32-bit uint indices it "
-            f"uses: at most {UINT_MAX:,}. Split the batch over several calls, e.g. jax.lax.map "
-            "over chunks of it."
-        )
-    data, params = operands[:num_data], operands[num_data:]
-    partial, *extra = run_kernel(
-        _kernel(sizes, dtype, entry, tensor_cores),
-        [*data, *_kernel_parameters(params, sizes, dtype, tensor_cores)],
-        (((groups * blocks, layout.sums), "float32"), *extra_results),
-        count,
-        (
-            ("count", count),
-            ("samples_per_group", per_group),
-            ("blocks_per_group", blocks),
-            share,
-            *scalars,
-        ),
-        routes=routes,
-    )
-    summed = partial.reshape(x.shape[:group_ndim] + (blocks, layout.sums)).sum(axis=group_ndim)
-    return [summed[..., -1], *extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
-
-
-def _backward(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes, platform):
+def _backward(*operands, arch, group_ndim, hidden, input_gradient, request, routes, platform):
     """``x, [hidden,] dy, *params -> [dx,] *grads``: with ``hidden``, from the hidden activations
     the forward pass kept (``mlp_forward_p`` with ``keep_hidden``); ``dx`` only with
     ``input_gradient`` (else ``mlp_backward_params``, which computes none)."""
-    x = operands[0]
-    _, *gradients = _run_gradient_kernel(
-        "mlp_backward" if input_gradient else "mlp_backward_params",
-        operands,
-        3 if hidden else 2,
-        [(x.shape, dtype)] if input_gradient else [],
-        x,
-        sizes,
-        dtype,
-        group_ndim,
-        routes,
-        platform,
-    )
-    return gradients
+    num_data = 3 if hidden else 2
+    data, params = operands[:num_data], operands[num_data:]
+    choice = choose(arch, platform, math.prod(data[0].shape[:-1]), request)
+    return choice.backend.backward(arch, choice.platform, data, params, group_ndim, input_gradient, routes)
 
 
 def _backward_dead_code(used_outputs: list[bool], equation):
@@ -208,20 +96,9 @@ def _backward_dead_code(used_outputs: list[bool], equation):
     return [True] * len(equation.invars), equation
 
 
-def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes, platform):
-    return _run_gradient_kernel(
-        "mlp_loss_grad",
-        [x, target, *params],
-        2,
-        [],
-        x,
-        sizes,
-        dtype,
-        group_ndim,
-        routes,
-        platform,
-        (("loss_scale", float(loss_scale)),),
-    )
+def _loss_grad(x, target, *params, arch, group_ndim, loss_scale, request, routes, platform):
+    choice = choose(arch, platform, math.prod(x.shape[:-1]), request)
+    return choice.backend.loss_grad(arch, choice.platform, x, target, params, group_ndim, loss_scale, routes)
 
 
 def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
@@ -245,22 +122,24 @@ def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
 # order, with the kernels where a derivative is first order in the network.
 
 
-def _forward_jvp(primals, tangents, *, sizes, dtype, keep_hidden, routes):
+def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     """The forward kernel, keeping the hidden activations the backward kernel reads where the
     network has them (``hidden_width``), and mlp_tangent_p. Where the forward call kept them itself
     (an outer derivative of this rule), their tangent is the twin's."""
     x, *params = primals
     outputs = mlp_forward_p.bind(
-        x, *params, sizes=sizes, dtype=dtype, keep_hidden=hidden_width(sizes) > 0, routes=routes
+        x, *params, arch=arch, keep_hidden=hidden_width(arch.sizes) > 0, request=request, routes=routes
     )
     y, hidden = outputs[0], outputs[1:]
     dx, *dparams = [instantiate_zeros(t) for t in tangents]
     dy = mlp_tangent_p.bind(
-        x, *hidden, dx, *params, *dparams, sizes=sizes, dtype=dtype, hidden=bool(hidden), routes=routes
+        x, *hidden, dx, *params, *dparams, arch=arch, hidden=bool(hidden), request=request, routes=routes
     )
     if not keep_hidden:
         return [y], dy
-    _, (_, dhidden) = jax.jvp(functools.partial(forward_twin, dtype=dtype), list(primals), [dx, *dparams])
+    _, (_, dhidden) = jax.jvp(
+        functools.partial(forward_twin, dtype=arch.dtype), list(primals), [dx, *dparams]
+    )
     return outputs, [*dy, dhidden]
 
 
@@ -272,18 +151,18 @@ def _tangent_operands(operands, hidden: bool):
     return x, rest[: kept - 1], rest[kept - 1], rest[kept : kept + count], rest[kept + count :]
 
 
-def _tangent_abstract_eval(*operands, sizes, dtype, hidden, routes):
+def _tangent_abstract_eval(*operands, arch, hidden, request, routes):
     x = operands[0]
-    return [result_aval(x.shape[:-1] + (sizes[-1],), dtype, operands)]
+    return [result_aval(x.shape[:-1] + (arch.sizes[-1],), arch.dtype, operands)]
 
 
-def _tangent(*operands, sizes, dtype, hidden, routes):
+def _tangent(*operands, arch, hidden, request, routes):
     """mlp_tangent_p's value, from its twin (no kernel computes a Jacobian-vector product)."""
     x, _, dx, params, dparams = _tangent_operands(operands, hidden)
-    return [tangent_twin(x, dx, params, dparams, dtype)]
+    return [tangent_twin(x, dx, params, dparams, arch.dtype)]
 
 
-def _tangent_transpose(cotangents, *operands, sizes, dtype, hidden, routes):
+def _tangent_transpose(cotangents, *operands, arch, hidden, request, routes):
     """The backward kernel: ``dy -> dx, *dparams`` (``dx`` only where it is wanted)."""
     x, kept, dx, params, dparams = _tangent_operands(operands, hidden)
     _refuse_nonlinear("mlp_tangent", [x, *kept, *params])
@@ -291,17 +170,17 @@ def _tangent_transpose(cotangents, *operands, sizes, dtype, hidden, routes):
     if type(dy) is Zero:
         return [None] * len(operands)
     input_gradient = is_undefined_primal(dx)
-    dy = instantiate_zeros(dy).astype(dtype)
+    dy = instantiate_zeros(dy).astype(arch.dtype)
     outputs = mlp_backward_p.bind(
         x,
         *kept,
         dy,
         *params,
-        sizes=sizes,
-        dtype=dtype,
+        arch=arch,
         group_ndim=0,
         hidden=hidden,
         input_gradient=input_gradient,
+        request=request,
         routes=routes,
     )
     check_finite("slax.nn.mlp_apply's backward kernel", [x, *kept, dy, *params], outputs)
@@ -317,9 +196,9 @@ def _tangent_jvp(primals, tangents, **params):
     return _linear_map_jvp(mlp_tangent_p, _tangent, linear, primals, tangents, params)
 
 
-def _backward_twin(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+def _backward_twin(*operands, arch, group_ndim, hidden, input_gradient, request, routes):
     x, dy, params = operands[0], operands[1 + hidden], operands[2 + hidden :]
-    return backward_twin(x, dy, params, dtype, group_ndim, input_gradient)
+    return backward_twin(x, dy, params, arch.dtype, group_ndim, input_gradient)
 
 
 def _backward_jvp(primals, tangents, **params):
@@ -327,7 +206,7 @@ def _backward_jvp(primals, tangents, **params):
     return _linear_map_jvp(mlp_backward_p, _backward_twin, linear, primals, tangents, params)
 
 
-def _backward_transpose(cotangents, *operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+def _backward_transpose(cotangents, *operands, arch, group_ndim, hidden, input_gradient, request, routes):
     """The Jacobian-vector product: ``dx, *dparams -> dy``, per group for vmapped groups."""
     x, kept, dy, params = operands[0], operands[1 : 1 + hidden], operands[1 + hidden], operands[2 + hidden :]
     _refuse_nonlinear("mlp_backward", [x, *kept, *params])
@@ -338,7 +217,7 @@ def _backward_transpose(cotangents, *operands, sizes, dtype, group_ndim, hidden,
 
     def tangent(x, kept, dx, dparams):
         return mlp_tangent_p.bind(
-            x, *kept, dx, *params, *dparams, sizes=sizes, dtype=dtype, hidden=hidden, routes=routes
+            x, *kept, dx, *params, *dparams, arch=arch, hidden=hidden, request=request, routes=routes
         )[0]
 
     for _ in range(group_ndim):  # each group's parameter cotangent is its own tangent

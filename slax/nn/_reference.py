@@ -112,11 +112,16 @@ def _layers(flat) -> list[dict[str, jax.Array]]:
     return [{"weight": w, "bias": b} for b, w in zip(flat[0::2], flat[1::2])]
 
 
-def forward_twin(x: jax.Array, *flat: jax.Array, dtype: str) -> list[jax.Array]:
+def forward_twin(x: jax.Array, *flat: jax.Array, dtype: str, precision=FULL_PRECISION) -> list[jax.Array]:
     """``mlp_forward_hidden``'s results: ``[y, hidden]``, ``hidden`` each sample's hidden layers'
     outputs one after the other (slax/nn/_kernels.py, ``hidden_width``)."""
-    outputs = [h.astype(dtype) for h in _layer_outputs(_layers(flat), x, jnp.dtype(dtype), FULL_PRECISION)]
+    outputs = [h.astype(dtype) for h in _layer_outputs(_layers(flat), x, jnp.dtype(dtype), precision)]
     return [outputs[-1], jnp.concatenate(outputs[:-1], axis=-1)]
+
+
+def apply_twin(x: jax.Array, flat, dtype: str, precision=FULL_PRECISION) -> jax.Array:
+    """``mlp_forward``'s result: the network's output."""
+    return mlp_apply_reference(_layers(flat), x, dtype, precision)
 
 
 def tangent_twin(x: jax.Array, dx: jax.Array, flat, tangents, dtype: str) -> jax.Array:
@@ -129,7 +134,9 @@ def tangent_twin(x: jax.Array, dx: jax.Array, flat, tangents, dtype: str) -> jax
     return jax.jvp(network, (x, [p.astype(jnp.float32) for p in flat]), (dx, tangents))[1]
 
 
-def backward_twin(x, dy, flat, dtype: str, group_ndim: int, input_gradient: bool) -> list[jax.Array]:
+def backward_twin(
+    x, dy, flat, dtype: str, group_ndim: int, input_gradient: bool, precision=FULL_PRECISION
+) -> list[jax.Array]:
     """``mlp_backward``'s results: ``[dx,] *gradients``, the network's vector-Jacobian product with
     ``dy``, each gradient summed over the samples of each of the ``group_ndim`` leading axes'
     groups (float32, as the kernels'); ``dx`` only with ``input_gradient``."""
@@ -138,7 +145,7 @@ def backward_twin(x, dy, flat, dtype: str, group_ndim: int, input_gradient: bool
     layers = _layers(flat)
 
     def one_group(x, dy):
-        y, pullback = jax.vjp(lambda x, layers: mlp_apply_reference(layers, x, dtype), x, layers)
+        y, pullback = jax.vjp(lambda x, layers: mlp_apply_reference(layers, x, dtype, precision), x, layers)
         dx, grads = pullback(dy.astype(y.dtype))
         return dx, [a for layer in grads for a in (layer["bias"], layer["weight"])]
 
@@ -146,3 +153,27 @@ def backward_twin(x, dy, flat, dtype: str, group_ndim: int, input_gradient: bool
     dx, grads = jax.vmap(one_group)(x.reshape(grouped + x.shape[-1:]), dy.reshape(grouped + dy.shape[-1:]))
     grads = [g.reshape(groups + g.shape[1:]) for g in grads]
     return [dx.reshape(x.shape), *grads] if input_gradient else grads
+
+
+def loss_grad_twin(
+    x, target, flat, dtype: str, group_ndim: int, loss_scale: float, precision=FULL_PRECISION
+) -> list[jax.Array]:
+    """``mlp_loss_grad``'s results: ``[loss, *gradients]``, per group of the ``group_ndim``
+    leading axes: the sum of each sample's squared error weighted by ``loss_scale``, and its
+    gradients (float32, as the kernels')."""
+    groups = x.shape[:group_ndim]
+    grouped = (math.prod(groups), math.prod(x.shape[group_ndim:-1]))
+    layers = _layers(flat)
+
+    def one_group(x, target):
+        def loss(layers):
+            error = mlp_apply_reference(layers, x, dtype, precision).astype(jnp.float32)
+            error = error - target.astype(jnp.float32)
+            return jnp.float32(loss_scale) * jnp.sum(error * error)
+
+        value, grads = jax.value_and_grad(loss)(layers)
+        return value, [a for layer in grads for a in (layer["bias"], layer["weight"])]
+
+    x = x.reshape(grouped + x.shape[-1:])
+    losses, grads = jax.vmap(one_group)(x, target.reshape(grouped + target.shape[-1:]))
+    return [losses.reshape(groups), *[g.reshape(groups + g.shape[1:]) for g in grads]]

@@ -97,6 +97,10 @@ for loss_and_grad in (
     nn.mlp_loss_and_grad,
 ):
     assert_trees_close(jax.jit(data_parallel(loss_and_grad, 2))(params, xb, target), whole, 1e-5)
+with slax.config.override(mlp_backend="xla"):  # the xla backend's twins over the mesh alike
+    for loss_and_grad in (jax.value_and_grad(mean_loss), nn.mlp_loss_and_grad):
+        traced_afresh = jax.jit(data_parallel(lambda *args, f=loss_and_grad: f(*args), 2))
+        assert_trees_close(traced_afresh(params, xb, target), whole, 1e-5)
 print("grad of replicated arguments: ok")
 loss, grads = jax.jit(data_parallel(nn.mlp_loss_and_grad, 2))(params, xb, target)
 loss_1, grads_1 = nn.mlp_loss_and_grad(params, xb, target)

@@ -1,0 +1,37 @@
+"""An MLP's architecture: what its primitives take as one static parameter.
+
+Everything that fixes a network's kernels but is not an array (its widths and dtype) lives in one
+frozen, hashable :class:`Architecture`, which every MLP primitive carries, every backend
+(slax/nn/_backends.py) reads, and every cache of compiled kernels is keyed by: a further static
+property of networks is one field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """A network's static description.
+
+    Attributes:
+      sizes: layer widths from input to output, e.g. ``(4, 16, 4)``.
+      dtype: the parameters' and activations' dtype, ``"float32"`` or ``"float16"``.
+    """
+
+    sizes: tuple[int, ...]
+    dtype: str
+
+    @property
+    def layers(self) -> list[tuple[int, int]]:
+        """Each layer's ``(in, out)`` widths, input layer first."""
+        return list(zip(self.sizes[:-1], self.sizes[1:]))
+
+    @property
+    def widest_hidden(self) -> int:
+        """The widest hidden layer's width (0 for a network of one layer)."""
+        return max(self.sizes[1:-1], default=0)
+
+    def __str__(self) -> str:
+        return f"{'-'.join(map(str, self.sizes))} {self.dtype}"

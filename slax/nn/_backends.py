@@ -1,0 +1,547 @@
+"""The MLP's backends: each family of kernels that runs the MLP's operations, behind one interface,
+in one registry, and the one rule that picks a backend for a call.
+
+The operations are what the MLP's primitives lower to (slax/nn/_primitives.py):
+
+- ``forward``: ``x, params -> y`` or, keeping the hidden activations a wide network's backward
+  pass reads (slax/nn/_kernels.py, ``hidden_width``), ``-> y, hidden``;
+- ``backward``: ``x, [hidden,] dy, params -> [dx,] gradients``, the gradients summed per group of
+  the leading ``group_ndim`` axes (vmapped calls), ``dx`` only where something reads it;
+- ``loss_grad``: ``x, target, params -> loss, gradients`` per group, the fused loss and gradient.
+
+Each :class:`Backend` says whether it runs an :class:`Architecture` on a :class:`Platform` (and
+why not), and runs the operations. The three Slang kernel families are :class:`KernelBackend`\\ s,
+which run every operation the same way (:meth:`KernelBackend.gradient`) from what each family
+defines: the parameter operands its kernels read, the launch of each entry point (threads, thread
+groups, the scalar that says how much each runs) and its Slang specialisation (source):
+
+- ``thread_sums``: narrow networks (their gradient sums fit a thread's registers), a sample per
+  thread (``shaders/nn/mlp.slang``). On tensor cores (:attr:`Platform.tensor_cores`), a float16
+  network with layers at most 16 wide runs its fused loss and gradient a warp per tile of 16
+  samples (``shaders/nn/warp_mma.slang``): a specialisation of this backend, not a backend of its
+  own, since its other operations are the per-sample kernels and its launches theirs.
+- ``tiled``: wide networks, a tile of samples per thread group on SIMT cores
+  (``shaders/nn/tiled.slang``), on every platform.
+- ``tensor_cores``: wide networks on CUDA GPUs of compute capability 8.0 and newer, the tiles'
+  products as ``mma.sync`` (``shaders/nn/tensor_cores.slang``).
+- ``xla``: any network, on every platform: the operations as the plain-JAX twins
+  (slax/nn/_reference.py), XLA's own matrix products.
+
+:func:`choose` is the rule: ``slax.config.mlp_backend`` forces a backend (refusing one that does not
+fit, saying why); ``"auto"`` takes ``xla`` where :data:`XLA_WINS` says the fused kernels lose to it,
+else the first of ``thread_sums``, ``tensor_cores``, ``tiled`` that fits, else ``xla``. The
+primitives carry the user's :class:`BackendRequest` as a static parameter and apply the rule when
+they lower, where the platform is known; :func:`slax.nn.describe` applies it for the user.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+import math
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from slax._compile import GROUP_SIZE, KernelSpec
+from slax._config import MLP_BACKENDS, LaunchRoutes, config
+from slax._kernel_primitive import UINT_MAX, run_kernel
+from slax._ptx_launch import compute_capability
+from slax.nn import _kernels, _warp_mma_kernels
+from slax.nn._architecture import Architecture
+from slax.nn._kernels import THREAD_SUMS_LIMIT, mlp_source, parameter_offsets, warp_mma_fits
+from slax.nn._reference import FULL_PRECISION, apply_twin, backward_twin, forward_twin, loss_grad_twin
+from slax.nn._tensor_core_kernels import tensor_core_layout, weight_fragments
+from slax.nn._tiled_kernels import TILE_THREADS, TileLayout, tile_error, tile_layout
+
+# --- what a call asks for, and where it runs -------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendRequest:
+    """The user's settings for the MLP's backend, as a call was traced with them: a static
+    parameter of every MLP primitive (not a launch route: switching it retraces no other function).
+
+    Attributes:
+      backend: ``"auto"`` or a backend's name (``slax.config.mlp_backend``).
+      tensor_cores: whether kernels may run on tensor cores (``slax.config.tensor_cores``).
+    """
+
+    backend: str = "auto"
+    tensor_cores: bool = True
+
+    @classmethod
+    def current(cls) -> BackendRequest:
+        """The request of ``slax.config`` now."""
+        return cls(config.mlp_backend, config.tensor_cores)
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    """Where a call lowers, as the backends need it.
+
+    Attributes:
+      name: JAX's platform, ``"cpu"`` or ``"cuda"``.
+      tensor_cores: kernels may run on tensor cores here: a CUDA GPU of compute capability 8.0 or
+        newer (TF32 and float16 ``mma.sync``; the kernels' PTX is for sm_80, which older GPUs
+        refuse to load), and ``slax.config.tensor_cores`` on.
+      capability: the CUDA GPU's compute capability (90 for sm_90); 0 elsewhere.
+    """
+
+    name: str
+    tensor_cores: bool = False
+    capability: int = 0
+
+    @classmethod
+    def of(cls, name: str, request: BackendRequest) -> Platform:
+        if name != "cuda":
+            return cls(name)
+        capability = compute_capability()
+        return cls(name, request.tensor_cores and capability >= 80, capability)
+
+    def __str__(self) -> str:
+        return f"CUDA sm_{self.capability}" if self.name == "cuda" else self.name.upper()
+
+
+# --- the interface --------------------------------------------------------------------------------
+
+
+class Backend(abc.ABC):
+    """A way to run the MLP's operations (see the module's docstring). Results are as the
+    primitives' abstract evaluation gives them: outputs of the network's dtype, gradients and
+    losses float32."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def unfit(self, arch: Architecture, platform: Platform) -> str | None:
+        """Why this backend cannot run ``arch`` on ``platform``, or None where it can."""
+
+    @abc.abstractmethod
+    def summary(self, arch: Architecture, platform: Platform, operation: str) -> str:
+        """How it runs ``operation`` (one of :data:`OPERATIONS`) of ``arch`` on ``platform``, for
+        :func:`slax.nn.describe`."""
+
+    @abc.abstractmethod
+    def forward(self, arch, platform, x, params, keep_hidden: bool, routes: LaunchRoutes) -> list:
+        """``[y]``, or with ``keep_hidden`` ``[y, hidden]``."""
+
+    @abc.abstractmethod
+    def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes) -> list:
+        """``data``: ``[x, *hidden, dy]``; ``[dx,] *gradients`` (``dx`` with ``input_gradient``)."""
+
+    @abc.abstractmethod
+    def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes) -> list:
+        """``[loss, *gradients]``, per group."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """A gradient kernel's launch over each vmapped group.
+
+    Attributes:
+      threads: threads per thread group.
+      blocks: thread groups per vmapped group, each writing one row of partial sums.
+      share: the kernel's scalar saying how much each runs: ``("samples_per_thread", n)`` or
+        ``("tiles_per_block", n)``.
+      reach: the sample positions a vmapped group's thread groups step through, the padding of the
+        last included: the kernels number them with 32-bit uints.
+    """
+
+    threads: int
+    blocks: int
+    share: tuple[str, int]
+    reach: int
+
+
+class KernelBackend(Backend):
+    """A family of Slang kernels, whose entry points (slax/nn/_kernels.py) run the operations:
+    ``mlp_forward`` / ``mlp_forward_hidden``, ``mlp_backward`` / ``mlp_backward_params`` and
+    ``mlp_loss_grad``. Each thread group of a gradient kernel writes one row of partial sums (the
+    parameters' gradients, then the loss) in a fixed order, and XLA adds a group's rows: results
+    are bit-identical from run to run."""
+
+    @abc.abstractmethod
+    def operands(self, arch: Architecture, params) -> list[jax.Array]:
+        """The parameter operands its kernels take after the data, from each layer's bias then
+        weight (one small XLA fusion each, shared by a step's launches)."""
+
+    @abc.abstractmethod
+    def forward_threads(self, arch: Architecture, platform: Platform, samples: int) -> int:
+        """Threads a forward launch over ``samples`` runs."""
+
+    @abc.abstractmethod
+    def gradient_launch(
+        self, arch: Architecture, platform: Platform, entry: str, samples: int, per_group: int
+    ) -> Launch:
+        """The launch of gradient kernel ``entry`` over ``samples`` in vmapped groups of ``per_group``."""
+
+    @abc.abstractmethod
+    def on_tensor_cores(self, arch: Architecture, platform: Platform) -> bool:
+        """Its Slang specialisation for ``arch`` on ``platform``: the source on tensor cores, or
+        the one every device runs (slax/nn/_kernels.py, ``mlp_source``)."""
+
+    def kernel(self, arch: Architecture, platform: Platform, entry: str) -> KernelSpec:
+        """Kernel ``entry`` of its specialisation for ``arch`` on ``platform``."""
+        return kernel(arch, entry, self.on_tensor_cores(arch, platform))
+
+    def forward(self, arch, platform, x, params, keep_hidden, routes):
+        samples = math.prod(x.shape[:-1])
+        count = self.forward_threads(arch, platform, samples)
+        shapes = [x.shape[:-1] + (arch.sizes[-1],)]
+        if keep_hidden:
+            shapes.append(x.shape[:-1] + (_kernels.hidden_width(arch.sizes),))
+        return run_kernel(
+            self.kernel(arch, platform, "mlp_forward_hidden" if keep_hidden else "mlp_forward"),
+            [x, *self.operands(arch, params)],
+            tuple((shape, arch.dtype) for shape in shapes),
+            count,
+            (("count", count), ("samples", samples)),
+            routes=routes,
+        )
+
+    def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes):
+        x = data[0]
+        entry = "mlp_backward" if input_gradient else "mlp_backward_params"
+        extra = [(x.shape, arch.dtype)] if input_gradient else []
+        _, *results = self.gradient(arch, platform, entry, data, params, group_ndim, extra, (), routes)
+        return results
+
+    def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
+        scalars = (("loss_scale", float(loss_scale)),)
+        return self.gradient(
+            arch, platform, "mlp_loss_grad", [x, target], params, group_ndim, [], scalars, routes
+        )
+
+    def gradient(self, arch, platform, entry, data, params, group_ndim, extra_results, scalars, routes):
+        """Launches gradient kernel ``entry`` on ``data`` (per-sample arrays, ``x`` first) and the
+        parameter operands, and adds up each group's rows of partial sums: ``[loss per group,
+        *extra results, *parameter gradients]``."""
+        x = data[0]
+        groups = math.prod(x.shape[:group_ndim])
+        per_group = math.prod(x.shape[:-1]) // max(groups, 1)
+        launch = self.gradient_launch(arch, platform, entry, groups * per_group, per_group)
+        if launch.reach > UINT_MAX:
+            raise ValueError(
+                f"slax: kernel {entry!r}: its thread groups step through {launch.reach:,} sample "
+                f"positions for {per_group:,} samples (the last group padded), past the 32-bit uint "
+                f"indices it uses: at most {UINT_MAX:,}. Split the batch over several calls, e.g. "
+                "jax.lax.map over chunks of it."
+            )
+        count = groups * launch.blocks * launch.threads  # 0 for an empty batch: no launch
+        sums = parameter_offsets(arch.sizes)[1] + 1
+        partial, *extra = run_kernel(
+            self.kernel(arch, platform, entry),
+            [*data, *self.operands(arch, params)],
+            (((groups * launch.blocks, sums), "float32"), *extra_results),
+            count,
+            (
+                ("count", count),
+                ("samples_per_group", per_group),
+                ("blocks_per_group", launch.blocks),
+                launch.share,
+                *scalars,
+            ),
+            routes=routes,
+        )
+        summed = partial.reshape(x.shape[:group_ndim] + (launch.blocks, sums)).sum(axis=group_ndim)
+        return [summed[..., -1], *extra, *unpacked(summed, arch.sizes, x.shape[:group_ndim])]
+
+
+@functools.cache
+def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
+    """Kernel ``entry`` of ``arch``'s Slang source, specialised for tensor cores or not: one
+    source per specialisation, whichever family asks (each family's entry points are
+    the source's)."""
+    return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores))
+
+
+def packed(params) -> jax.Array:
+    """The parameters as the kernels read them: one flat float32 array (slax/nn/_kernels.py). Half
+    parameters convert exactly, in the same XLA fusion as the concatenation. Where ``params`` are
+    slices of one float32 vector in this layout (``ravel_pytree``'s), XLA folds the concatenation
+    of those slices back into that vector: nothing runs."""
+    return jnp.concatenate([p.reshape(-1).astype(jnp.float32) for p in params])
+
+
+def unpacked(flat: jax.Array, sizes, leading: tuple[int, ...]) -> list[jax.Array]:
+    """Each layer's bias and weight arrays from the last axis of the flat layout."""
+    offsets, _ = parameter_offsets(sizes)
+    arrays = []
+    for start, (n_in, n_out) in zip(offsets, zip(sizes[:-1], sizes[1:])):
+        arrays.append(flat[..., start : start + n_out].reshape(leading + (n_out,)))
+        arrays.append(
+            flat[..., start + n_out : start + n_out + n_in * n_out].reshape(leading + (n_out, n_in))
+        )
+    return arrays
+
+
+def _parameter_count(arch: Architecture) -> int:
+    return parameter_offsets(arch.sizes)[1]
+
+
+def _narrow(arch: Architecture) -> bool:
+    """Whether a thread's registers hold the network's gradient sums and loss (THREAD_SUMS_LIMIT)."""
+    return _parameter_count(arch) + 1 <= THREAD_SUMS_LIMIT
+
+
+# --- the kernel families ----------------------------------------------------------------------------
+
+
+class ThreadSums(KernelBackend):
+    name = "thread_sums"
+
+    def unfit(self, arch, platform):
+        if _narrow(arch):
+            return None
+        return (
+            f"its {_parameter_count(arch)} parameters' gradient sums exceed a thread's registers "
+            f"(at most {THREAD_SUMS_LIMIT - 1} parameters)"
+        )
+
+    def summary(self, arch, platform, operation):
+        if operation == "loss_grad" and self.on_tensor_cores(arch, platform):
+            return "on tensor cores, a warp per tile of 16 samples, gradient sums in registers"
+        return "a sample per thread, gradient sums in registers"
+
+    def on_tensor_cores(self, arch, platform):
+        return platform.tensor_cores and warp_mma_fits(arch.sizes, arch.dtype)
+
+    def operands(self, arch, params):
+        return [packed(params)]
+
+    def forward_threads(self, arch, platform, samples):
+        return -(-samples // GROUP_SIZE) * GROUP_SIZE  # whole thread groups: they stage the parameters
+
+    def gradient_launch(self, arch, platform, entry, samples, per_group):
+        warp_tiles = entry == "mlp_loss_grad" and self.on_tensor_cores(arch, platform)
+        each = samples_per_thread(samples, per_group, warp_tiles)
+        blocks = -(-per_group // (GROUP_SIZE * each))
+        return Launch(GROUP_SIZE, blocks, ("samples_per_thread", each), blocks * each * GROUP_SIZE)
+
+
+def samples_per_thread(samples: int, per_group: int, warp_tiles: bool = False) -> int:
+    """Samples each thread of a ``thread_sums`` gradient launch over ``samples`` in all, in vmapped
+    groups of ``per_group``, runs: enough to keep near THREADS_WANTED threads (or
+    WARP_MMA_THREADS_WANTED for the warp tiles' kernel, ``warp_tiles``), but no more than a thread
+    group needs to cover its group (a thread group serves one group: per-example gradients of
+    single samples run one each)."""
+    threads = _warp_mma_kernels.WARP_MMA_THREADS_WANTED if warp_tiles else _kernels.THREADS_WANTED
+    wanted = min(_kernels.MAX_SAMPLES_PER_THREAD, math.ceil(samples / threads))
+    return max(1, min(wanted, math.ceil(per_group / GROUP_SIZE)))
+
+
+class _Tiles(KernelBackend):
+    """Wide networks' kernels, a tile of samples per thread group of TILE_THREADS
+    (slax/nn/_tiled_kernels.py); each family lays its tiles out its own way (:meth:`layout`)."""
+
+    @abc.abstractmethod
+    def layout(self, arch: Architecture):
+        """Its tiles' layout for ``arch``, or None where one does not fit."""
+
+    def _unfit_wide(self, arch) -> str | None:
+        if _narrow(arch):
+            return (
+                f"its {_parameter_count(arch)} parameters' gradient sums fit a thread's registers: "
+                "thread_sums runs narrow networks"
+            )
+        return None
+
+    def forward_threads(self, arch, platform, samples):
+        return -(-samples // self.layout(arch).samples) * TILE_THREADS
+
+    def gradient_launch(self, arch, platform, entry, samples, per_group):
+        tile = self.layout(arch)
+        each = tile.tiles_per_block(samples, per_group)
+        blocks = -(-per_group // (tile.samples * each))
+        return Launch(TILE_THREADS, blocks, ("tiles_per_block", each), blocks * each * tile.samples)
+
+
+class Tiled(_Tiles):
+    name = "tiled"
+
+    def layout(self, arch) -> TileLayout | None:
+        return tile_layout(arch.sizes)
+
+    def unfit(self, arch, platform):
+        return self._unfit_wide(arch) or tile_error(arch.sizes)
+
+    def summary(self, arch, platform, operation):
+        return f"tiles of {self.layout(arch).samples} samples per thread group on SIMT cores"
+
+    def on_tensor_cores(self, arch, platform):
+        return False
+
+    def operands(self, arch, params):
+        """The packed parameters, and the same with every weight transposed, which the forward
+        pass reads along its rows."""
+        return [packed(params), packed([p.T if p.ndim == 2 else p for p in params])]
+
+
+class TensorCores(_Tiles):
+    name = "tensor_cores"
+
+    def layout(self, arch):
+        return tensor_core_layout(arch.sizes, arch.dtype)
+
+    def unfit(self, arch, platform):
+        if platform.name != "cuda":
+            return f"it runs on CUDA GPUs, and this call runs on {platform}"
+        if not platform.tensor_cores:
+            if platform.capability < 80:
+                return (
+                    f"it needs a GPU of compute capability 8.0 or newer, and this is sm_{platform.capability}"
+                )
+            return "slax.config.tensor_cores is off"
+        if self._unfit_wide(arch):
+            return self._unfit_wide(arch)
+        if self.layout(arch) is None:
+            return (
+                "its tile does not fit 48 KiB of group-shared memory, or its weight gradients 96 "
+                "registers a thread (slax/nn/_tensor_core_kernels.py)"
+            )
+        return None
+
+    def summary(self, arch, platform, operation):
+        return f"tiles of {self.layout(arch).samples} samples per thread group as mma.sync"
+
+    def on_tensor_cores(self, arch, platform):
+        return True
+
+    def operands(self, arch, params):
+        """The packed parameters, and the weights as mma.sync B fragments."""
+        return [packed(params), weight_fragments(params[1::2], arch.dtype)]
+
+
+# --- XLA ----------------------------------------------------------------------------------------------
+
+
+XLA_PRECISION = {"float32": FULL_PRECISION, "float16": jax.lax.Precision.DEFAULT}
+"""The ``xla`` backend's matrix products by the network's dtype. float32 networks': full float32
+precision, as the kernels' (JAX's default takes TF32 on tensor cores, 5e-4 relative). float16
+networks': XLA's default, TF32 on tensor cores, which holds half values exactly (11-bit
+significands, and an exponent range past half's), so the forward products are the kernels'
+(exact products, float32 sums); the backward products round their float32 gradients to TF32,
+2^-11 relative as half's own rounding, within float16's tolerance."""
+
+
+class Xla(Backend):
+    name = "xla"
+
+    def unfit(self, arch, platform):
+        return None
+
+    def summary(self, arch, platform, operation):
+        return "XLA's own matrix products (the plain-JAX twin, slax/nn/_reference.py)"
+
+    def forward(self, arch, platform, x, params, keep_hidden, routes):
+        precision = XLA_PRECISION[arch.dtype]
+        if keep_hidden:
+            return forward_twin(x, *params, dtype=arch.dtype, precision=precision)
+        return [apply_twin(x, params, arch.dtype, precision)]
+
+    def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes):
+        x, dy = data[0], data[-1]  # the hidden activations between them: the twin recomputes them
+        precision = XLA_PRECISION[arch.dtype]
+        return backward_twin(x, dy, params, arch.dtype, group_ndim, input_gradient, precision)
+
+    def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
+        return loss_grad_twin(
+            x, target, params, arch.dtype, group_ndim, loss_scale, XLA_PRECISION[arch.dtype]
+        )
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (ThreadSums(), Tiled(), TensorCores(), Xla())}
+"""The registry: each backend by name (``slax.config.mlp_backend`` takes these names)."""
+assert tuple(BACKENDS) == MLP_BACKENDS[1:], "slax._config.MLP_BACKENDS names the registry's backends"
+
+AUTO_ORDER = ("thread_sums", "tensor_cores", "tiled")
+"""The fused backends ``"auto"`` tries, in order, where :data:`XLA_WINS` does not send a call to XLA."""
+
+
+# --- the rule -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaWins:
+    """A row of :data:`XLA_WINS`: on ``platform``, networks in ``dtype`` whose widest hidden layer
+    is at least ``widest_hidden`` wide, at batches of at least ``batch`` samples, run faster on XLA's
+    matrix products than on the fused kernels."""
+
+    platform: str
+    dtype: str
+    widest_hidden: int
+    batch: int = 0
+
+
+XLA_WINS = (
+    XlaWins("cuda", "float32", 128),
+    XlaWins("cuda", "float16", 128),
+)
+"""Where ``"auto"`` takes ``xla`` although a fused backend fits: measured on an H100 against plain
+JAX in one run (BENCHMARKS.md), a 128-wide network with three hidden layers trained at 0.25x plain
+JAX's samples/s in float32 and 0.13x in float16. On the CPU routes the Slang kernels stay the
+default (they are what CI tests)."""
+
+
+def xla_wins(arch: Architecture, platform: str, samples: int) -> XlaWins | None:
+    """The row of :data:`XLA_WINS` that sends ``arch`` on ``platform`` at ``samples`` to XLA, or None."""
+    for row in XLA_WINS:
+        if (row.platform, row.dtype) == (platform, arch.dtype) and arch.widest_hidden >= row.widest_hidden:
+            if samples >= row.batch:
+                return row
+    return None
+
+
+OPERATIONS = {"forward": "mlp_apply", "backward": "jax.grad of mlp_apply", "loss_grad": "mlp_loss_and_grad"}
+"""The operations, and the calls of slax.nn that run them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """A backend chosen for a call: where it runs, and why this backend."""
+
+    backend: Backend
+    platform: Platform
+    why: str
+
+    def describe(self, arch: Architecture, operation: str) -> str:
+        """``"backend: how it runs operation of arch, and why"``, as :func:`slax.nn.describe` says it."""
+        how = self.backend.summary(arch, self.platform, operation)
+        return f"{self.backend.name}: {arch} on {self.platform}, {how}; {self.why}"
+
+
+def choose(arch: Architecture, platform: str, samples: int, request: BackendRequest) -> Choice:
+    """The backend that runs ``arch``'s operations over ``samples`` on JAX platform ``platform``
+    (``"cpu"`` or ``"cuda"``) for ``request``; raises ValueError for a forced backend that cannot
+    run it."""
+    where = Platform.of(platform, request)
+    if request.backend != "auto":
+        backend = BACKENDS[request.backend]
+        refusal = backend.unfit(arch, where)
+        if refusal:
+            raise ValueError(
+                f"slax.nn: the {backend.name!r} backend (slax.config.mlp_backend) cannot run the "
+                f"network {arch} on {where}: {refusal}. Set slax.config.mlp_backend = 'auto' to let "
+                "slax choose, or 'xla', which runs every network."
+            )
+        return Choice(backend, where, "forced by slax.config.mlp_backend")
+    row = xla_wins(arch, platform, samples)
+    if row is not None:
+        return Choice(
+            BACKENDS["xla"],
+            where,
+            f"networks whose widest hidden layer is {row.widest_hidden} or wider train faster on "
+            f"XLA's products than on the fused kernels on {where.name.upper()} (BENCHMARKS.md)",
+        )
+    skipped: list[str] = []
+    for name in AUTO_ORDER:
+        backend = BACKENDS[name]
+        refusal = backend.unfit(arch, where)
+        if refusal is None:
+            passed = f" ({'; '.join(skipped)})" if skipped else ""
+            return Choice(backend, where, f"the first fused backend that runs it{passed}")
+        skipped.append(f"{name}: {refusal}")
+    return Choice(BACKENDS["xla"], where, f"no fused kernels run it ({'; '.join(skipped)})")

@@ -1,0 +1,289 @@
+"""The MLP's backends (slax/nn/_backends.py): the xla backend against the plain-JAX reference under
+every transformation, forcing a backend and the refusal of one that does not fit, the choice that
+``slax.nn.describe`` reports, and the settings that choose, which retrace no other function.
+The kernel backends' values: tests/test_nn.py, test_tensor_cores.py, test_warp_mma.py."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+from _helpers import draw_uniform, mlp_inputs, relative_error, run_python
+from _training import cast
+
+import slax
+from slax import nn
+from slax._config import MLP_BACKENDS, current_routes
+from slax.nn import _backends
+from slax.nn._architecture import Architecture
+from slax.testing import RELATIVE_TOLERANCE
+
+NARROW, WIDE = (4, 16, 4), (13, 21, 10)
+"""A network of each kind the CPU routes' kernels run: a sample per thread (148 parameters), and
+tiles (514)."""
+
+
+def _ids(sizes):
+    return "-".join(map(str, sizes))
+
+
+@functools.cache
+def _problem(sizes, dtype, batch=37):
+    keys = jax.random.split(jax.random.key(sum(sizes)), 3)
+    params = nn.mlp_init(keys[0], sizes, dtype)
+    x = mlp_inputs(params, keys[1], batch, dtype)
+    return params, x, draw_uniform(keys[2], (batch, sizes[-1]), dtype)
+
+
+def _assert_close(got, want, dtype):
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert got_leaf.shape == want_leaf.shape
+        assert relative_error(got_leaf, want_leaf) < RELATIVE_TOLERANCE[dtype]
+
+
+def _wavy(apply):
+    return lambda params, x: jnp.sum(jnp.sin(1.3 * apply(params, x).astype(jnp.float32)))
+
+
+def _eikonal(apply):
+    """A loss of the network's input gradient: its gradient is second order in the network."""
+
+    def loss(params, x):
+        gradient = jax.grad(lambda x: apply(params, x).astype(jnp.float32).sum())(x)
+        return jnp.mean((jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1) - 1.0) ** 2)
+
+    return loss
+
+
+# --- the xla backend ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("sizes", [NARROW, WIDE], ids=_ids)
+def test_the_xla_backend_matches_the_reference_under_every_transformation(sizes, dtype, lowered):
+    """Forced, the xla backend runs every operation with XLA's products, no Slang kernel lowered:
+    mlp_apply under jit, its gradients in the parameters and in x (mlp_backward and
+    mlp_backward_params), per example under vmap, mlp_loss_and_grad plain and vmapped, and the
+    gradient of a loss of the network's input gradient (second order) all match the float32
+    reference (activations rounded to the dtype) within the dtype's tolerance."""
+    params, x, target = _problem(sizes, dtype)
+    reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
+    twin_params, twin_x, twin_target = cast((params, x, target), jnp.float32)
+    with slax.config.override(mlp_backend="xla"):
+        _assert_close(jax.jit(nn.mlp_apply)(params, x), reference(params, x), dtype)
+        for argnums in (0, (0, 1)):
+            got = jax.jit(jax.grad(_wavy(nn.mlp_apply), argnums))(params, x)
+            _assert_close(got, jax.grad(_wavy(reference), argnums)(twin_params, twin_x), dtype)
+        per_example = jax.jit(jax.vmap(jax.grad(_wavy(nn.mlp_apply)), (None, 0)))(params, x[:5, None])
+        want = jax.vmap(jax.grad(_wavy(reference)), (None, 0))(twin_params, twin_x[:5, None])
+        _assert_close(per_example, want, dtype)
+        loss_and_grad = jax.jit(lambda *args: nn.mlp_loss_and_grad(*args))
+        want = jax.value_and_grad(nn.mlp_loss_reference)(
+            twin_params, twin_x, twin_target, storage_dtype=dtype
+        )
+        _assert_close(loss_and_grad(params, x, target), want, dtype)
+        grouped = jax.vmap(loss_and_grad, (None, 0, 0))(
+            params, x[:36].reshape(2, 18, -1), target[:36].reshape(2, 18, -1)
+        )
+        for k in range(2):
+            part = slice(18 * k, 18 * (k + 1))
+            want = jax.value_and_grad(nn.mlp_loss_reference)(
+                twin_params, twin_x[part], twin_target[part], storage_dtype=dtype
+            )
+            _assert_close(jax.tree.map(lambda leaf, k=k: leaf[k], grouped), want, dtype)
+        got = jax.jit(jax.grad(_eikonal(nn.mlp_apply), (0, 1)))(params, x)
+        _assert_close(got, jax.grad(_eikonal(reference), (0, 1))(twin_params, twin_x), dtype)
+    assert lowered == []
+
+
+# --- forcing and refusing -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sizes", "backend"), [(NARROW, "thread_sums"), (WIDE, "tiled")], ids=_ids)
+def test_a_forced_backend_runs_every_operation(sizes, backend, lowered):
+    """Forcing the backend that fits runs each operation on its kernels (and describe says it was
+    forced), with the reference's loss and gradients."""
+    params, x, target = _problem(sizes, "float32")
+    with slax.config.override(mlp_backend=backend):
+        assert all(line.startswith(f"{backend}: ") for line in nn.describe(params, x, "cpu").values())
+        assert "forced by slax.config.mlp_backend" in nn.describe(params, x, "cpu")["mlp_apply"]
+        got = jax.jit(lambda *args: nn.mlp_loss_and_grad(*args))(params, x, target)
+    want = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target)
+    _assert_close(got, want, "float32")
+    assert {key[1:] for key in lowered} == {("mlp_loss_grad", False)}
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dtype", "backend", "platform", "capability", "tensor_cores", "why"),
+    [
+        (
+            NARROW,
+            "float32",
+            "tiled",
+            "cpu",
+            None,
+            True,
+            r"148 parameters' gradient sums fit a thread's registers",
+        ),
+        (WIDE, "float32", "thread_sums", "cpu", None, True, r"514 parameters' gradient sums exceed"),
+        (
+            WIDE,
+            "float32",
+            "tensor_cores",
+            "cpu",
+            None,
+            True,
+            r"it runs on CUDA GPUs, and this call runs on CPU",
+        ),
+        (
+            WIDE,
+            "float16",
+            "tensor_cores",
+            "cuda",
+            "75",
+            True,
+            r"compute capability 8.0 or newer, and this is sm_75",
+        ),
+        (WIDE, "float16", "tensor_cores", "cuda", "90", False, r"slax.config.tensor_cores is off"),
+        (NARROW, "float16", "tensor_cores", "cuda", "90", True, r"thread_sums runs narrow networks"),
+    ],
+)
+def test_forcing_a_backend_that_does_not_fit_is_refused(
+    monkeypatch, sizes, dtype, backend, platform, capability, tensor_cores, why
+):
+    """A forced backend that cannot run the network on the platform is refused naming the backend,
+    the network and why, and what to set instead; where JAX runs (the CPU here) when the call is
+    traced, and for another platform when describe asks for it (as lowering for it would)."""
+    if capability:
+        monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
+    monkeypatch.setattr(slax.config, "mlp_backend", backend)
+    monkeypatch.setattr(slax.config, "tensor_cores", tensor_cores)
+    params, x, target = _problem(sizes, dtype)
+    where = "CPU" if platform == "cpu" else f"CUDA sm_{capability}"
+    message = (
+        rf"slax.nn: the '{backend}' backend \(slax.config.mlp_backend\) cannot run the network "
+        rf"{_ids(sizes)} {dtype} on {where}: .*{why}.*Set slax.config.mlp_backend = 'auto'"
+    )
+    with pytest.raises(ValueError, match=message):
+        nn.describe(params, x, platform)
+    if platform == "cpu":
+        with pytest.raises(ValueError, match=message):  # a function JAX has not traced yet
+            jax.jit(lambda params, x: nn.mlp_apply(params, x)).trace(params, x)
+        with pytest.raises(ValueError, match=message):
+            nn.mlp_loss_and_grad(params, x, target)
+
+
+# --- the choice ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dtype", "platform", "capability", "tensor_cores", "apply", "loss_and_grad", "says"),
+    [
+        (NARROW, "float32", "cpu", None, True, "thread_sums", "thread_sums", "a sample per thread"),
+        (WIDE, "float16", "cpu", None, True, "tiled", "tiled", "tensor_cores: it runs on CUDA GPUs"),
+        (NARROW, "float16", "cuda", "90", True, "thread_sums", "thread_sums", "a warp per tile of 16"),
+        (NARROW, "float16", "cuda", "90", False, "thread_sums", "thread_sums", "a sample per thread"),
+        (WIDE, "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
+        (WIDE, "float32", "cuda", "75", True, "tiled", "tiled", "compute capability 8.0"),
+        ((64, 128, 64, 10), "float16", "cuda", "90", True, "xla", "xla", "widest hidden layer is 128"),
+        ((64, 128, 64, 10), "float32", "cpu", None, True, "tiled", "tiled", "SIMT"),
+    ],
+)
+def test_describe_names_the_backend_of_each_operation_and_why(
+    monkeypatch, sizes, dtype, platform, capability, tensor_cores, apply, loss_and_grad, says
+):
+    """describe applies the rule lowering applies: on the CPU the Slang kernels that fit; on CUDA
+    tensor cores where they fit and are allowed (a narrow float16 network's fused loss and gradient
+    as warp tiles, its other operations a sample per thread), else the tiled kernels, and XLA where
+    XLA_WINS says the kernels lose. Each line names the backend, the network and the platform; a
+    batch's shape gives the same answer as the batch."""
+    if capability:
+        monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
+    monkeypatch.setattr(slax.config, "tensor_cores", tensor_cores)
+    params = nn.mlp_init(jax.random.key(0), sizes, dtype)
+    x = jnp.zeros((1 << 18, sizes[0]), dtype)
+    answer = nn.describe(params, x, platform)
+    assert answer == nn.describe(params, x.shape, platform)
+    assert list(answer) == ["mlp_apply", "jax.grad of mlp_apply", "mlp_loss_and_grad"]
+    where = "CPU" if platform == "cpu" else f"CUDA sm_{capability}"
+    assert answer["mlp_apply"].startswith(f"{apply}: {_ids(sizes)} {dtype} on {where}, ")
+    assert answer["jax.grad of mlp_apply"].startswith(f"{apply}: ")
+    assert answer["mlp_loss_and_grad"].startswith(f"{loss_and_grad}: ")
+    assert says in answer["mlp_loss_and_grad"]
+
+
+def test_describe_refuses_a_platform_it_does_not_lower_for():
+    params, x, _ = _problem(NARROW, "float32")
+    with pytest.raises(
+        ValueError, match=r"slax.nn.describe: platform must be one of \('cpu', 'cuda'\); got 'tpu'"
+    ):
+        nn.describe(params, x, "tpu")
+    with pytest.raises(ValueError, match=r"slax.nn.describe: x must have shape \(..., 4\); got \(3, 5\)"):
+        nn.describe(params, (3, 5))
+
+
+def test_the_rule_sends_wide_networks_to_xla_only_on_cuda():
+    """XLA_WINS: on CUDA, networks whose widest hidden layer reaches its width; nowhere on the CPU."""
+    wide = Architecture((32, 128, 128, 128, 16), "float16")
+    assert _backends.xla_wins(wide, "cuda", 1 << 18) is not None
+    assert _backends.xla_wins(wide, "cpu", 1 << 18) is None
+    assert _backends.xla_wins(Architecture((32, 64, 64, 16), "float16"), "cuda", 1 << 18) is None
+
+
+# --- the settings -------------------------------------------------------------------------------
+
+
+def test_the_registry_holds_the_backends_the_setting_names():
+    assert tuple(_backends.BACKENDS) == MLP_BACKENDS[1:] and MLP_BACKENDS[0] == "auto"
+    with pytest.raises(ValueError, match=r"mlp_backend must be one of \('auto', 'thread_sums'.*; got 'fast'"):
+        slax.config.mlp_backend = "fast"
+    assert slax.config.mlp_backend == "auto"
+
+
+@pytest.mark.one_device_kind
+def test_the_environment_variable_is_read_at_import():
+    """``SLAX_MLP_BACKEND`` sets the setting when slax is imported; a name no backend has stops the
+    import, listing the names."""
+    show = (
+        "import slax, slax.nn._backends as b; "
+        "print(slax.config.mlp_backend, b.BackendRequest.current().backend)"
+    )
+    result = run_python("-c", show, env={**os.environ, "SLAX_MLP_BACKEND": "xla"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["xla", "xla"]
+    result = run_python("-c", "import slax", env={**os.environ, "SLAX_MLP_BACKEND": "cuda"}, timeout=300)
+    assert result.returncode != 0 and "mlp_backend must be one of ('auto'" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def poly():
+    return slax.load_module("poly").polynomial
+
+
+def test_switching_the_mlp_backend_retraces_no_plain_slang_function(poly, monkeypatch):
+    """The MLP's settings are no launch route: a jitted function of a plain Slang function is
+    traced once however they change, while an MLP call traced afresh carries the new request."""
+    traced = []
+
+    @jax.jit
+    def f(x):
+        traced.append(1)
+        return poly(2.0, 8.0, -1.0, x)
+
+    x = jnp.arange(4.0)
+    routes = current_routes()
+    f(x)
+    with slax.config.override(mlp_backend="xla", tensor_cores=not slax.config.tensor_cores):
+        f(x)
+        assert current_routes() == routes
+    monkeypatch.setattr(slax.config, "mlp_backend", "xla")
+    monkeypatch.setattr(slax.config, "tensor_cores", not slax.config.tensor_cores)
+    f(x)
+    assert len(traced) == 1 and f._cache_size() == 1
+    params, data, _ = _problem(NARROW, "float32")
+    jaxpr = jax.make_jaxpr(lambda x: nn.mlp_apply(params, x))(data)
+    (forward,) = [e for e in jaxpr.eqns if e.primitive.name == "slang_mlp_forward"]
+    assert forward.params["request"] == _backends.BackendRequest("xla", slax.config.tensor_cores)
