@@ -188,7 +188,8 @@ def test_forcing_a_backend_that_does_not_fit_is_refused(
         (NARROW, "float16", "cuda", "90", False, "thread_sums", "thread_sums", "a sample per thread"),
         (WIDE, "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
         (WIDE, "float32", "cuda", "75", True, "tiled", "tiled", "compute capability 8.0"),
-        ((64, 128, 64, 10), "float16", "cuda", "90", True, "xla", "xla", "widest hidden layer is 128"),
+        ((32, *[64] * 8, 16), "float16", "cuda", "90", True, "xla", "xla", "tiled: slower than XLA"),
+        ((64, 128, 64, 10), "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
         ((64, 128, 64, 10), "float32", "cpu", None, True, "tiled", "tiled", "SIMT"),
     ],
 )
@@ -226,11 +227,26 @@ def test_describe_refuses_a_platform_it_does_not_lower_for():
 
 
 def test_the_rule_sends_wide_networks_to_xla_only_on_cuda():
-    """XLA_WINS: on CUDA, networks whose widest hidden layer reaches its width; nowhere on the CPU."""
-    wide = Architecture((32, 128, 128, 128, 16), "float16")
-    assert _backends.xla_wins(wide, "cuda", 1 << 18) is not None
-    assert _backends.xla_wins(wide, "cpu", 1 << 18) is None
-    assert _backends.xla_wins(Architecture((32, 64, 64, 16), "float16"), "cuda", 1 << 18) is None
+    """XLA_WINS: on CUDA, networks with two adjacent 128-wide hidden layers below 2^16 samples;
+    nowhere on the CPU; not 64-128-64-10, whose one 128-wide layer the kernels run faster."""
+    wide = Architecture((32, 128, 128, 16), "float16")
+    assert _backends.xla_wins(wide, "cuda", 1 << 14) is not None
+    assert _backends.xla_wins(wide, "cuda", 1 << 18) is None
+    assert _backends.xla_wins(wide, "cpu", 1 << 14) is None
+    assert _backends.xla_wins(Architecture((64, 128, 64, 10), "float32"), "cuda", 1 << 12) is None
+    assert _backends.xla_wins(Architecture((32, 64, 64, 16), "float16"), "cuda", 1 << 14) is None
+
+
+def test_auto_takes_xla_not_the_tiled_kernels_on_a_gpu_with_tensor_cores(monkeypatch):
+    """A network the tensor-core kernels do not run (eight 64-wide hidden layers: their weight
+    gradients overflow a thread's registers) runs on XLA on such a GPU, the tiled kernels where
+    tensor cores are off: the tiled kernels lost to XLA wherever measured on an H100."""
+    monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", "90")
+    deep = Architecture((32,) + (64,) * 8 + (16,), "float16")
+    on = _backends.choose(deep, "cuda", 1 << 18, _backends.BackendRequest("auto", True))
+    assert on.backend.name == "xla" and "tiled: slower than XLA" in on.why
+    off = _backends.choose(deep, "cuda", 1 << 18, _backends.BackendRequest("auto", False))
+    assert off.backend.name == "tiled"
 
 
 # --- the settings -------------------------------------------------------------------------------

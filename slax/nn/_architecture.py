@@ -29,9 +29,11 @@ class Architecture:
         return list(zip(self.sizes[:-1], self.sizes[1:]))
 
     @property
-    def widest_hidden(self) -> int:
-        """The widest hidden layer's width (0 for a network of one layer)."""
-        return max(self.sizes[1:-1], default=0)
+    def hidden_pair(self) -> int:
+        """The width of the widest pair of adjacent hidden layers (the narrower of the two; 0 for a
+        network with fewer than two hidden layers): their product is the network's largest."""
+        hidden = self.sizes[1:-1]
+        return max((min(a, b) for a, b in zip(hidden[:-1], hidden[1:])), default=0)
 
     def __str__(self) -> str:
         return f"{'-'.join(map(str, self.sizes))} {self.dtype}"

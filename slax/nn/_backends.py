@@ -466,31 +466,39 @@ AUTO_ORDER = ("thread_sums", "tensor_cores", "tiled")
 
 @dataclasses.dataclass(frozen=True)
 class XlaWins:
-    """A row of :data:`XLA_WINS`: on ``platform``, networks in ``dtype`` whose widest hidden layer
-    is at least ``widest_hidden`` wide, at batches of at least ``batch`` samples, run faster on XLA's
-    matrix products than on the fused kernels."""
+    """A row of :data:`XLA_WINS`: on ``platform``, networks in ``dtype`` with two adjacent hidden
+    layers at least ``hidden_pair`` wide, at batches below ``below_batch`` samples, run faster on
+    XLA's matrix products than on the fused kernels."""
 
     platform: str
     dtype: str
-    widest_hidden: int
-    batch: int = 0
+    hidden_pair: int
+    below_batch: int
 
 
 XLA_WINS = (
-    XlaWins("cuda", "float32", 128),
-    XlaWins("cuda", "float16", 128),
+    XlaWins("cuda", "float32", 128, 1 << 16),
+    XlaWins("cuda", "float16", 128, 1 << 16),
 )
-"""Where ``"auto"`` takes ``xla`` although a fused backend fits: measured on an H100 against plain
-JAX in one run (BENCHMARKS.md), a 128-wide network with three hidden layers trained at 0.25x plain
-JAX's samples/s in float32 and 0.13x in float16. On the CPU routes the Slang kernels stay the
-default (they are what CI tests)."""
+"""Where ``"auto"`` takes ``xla`` although the tensor-core kernels fit: measured on an H100 against
+plain JAX in one run (BENCHMARKS.md, wide networks), 32-128-128-16 trained at 0.88x plain JAX's
+samples/s in float32 and 0.87x in float16 at 2^14 samples (at 2^18, 1.29x and 1.06x). Networks
+without two adjacent 128-wide layers (64-128-64-10: 1.11-1.34x at 2^12) keep the kernels. On the
+CPU routes the Slang kernels stay the default (they are what CI tests)."""
+
+TILED_ON_TENSOR_CORE_GPUS = False
+"""Whether ``"auto"`` takes the tiled (SIMT) kernels on a GPU whose tensor cores slax may use,
+for a network the tensor-core kernels do not run: no, XLA's products instead. Measured on an H100
+(BENCHMARKS.md, wide networks): 32-64x8-16 (eight 64-wide hidden layers) trained at 0.33-0.66x
+plain JAX's samples/s on the tiled kernels, 32-128x4-16 at 0.17-0.28x, in both dtypes, from 2^14
+to 2^20 samples. Where tensor cores are off or absent the tiled kernels run."""
 
 
 def xla_wins(arch: Architecture, platform: str, samples: int) -> XlaWins | None:
     """The row of :data:`XLA_WINS` that sends ``arch`` on ``platform`` at ``samples`` to XLA, or None."""
     for row in XLA_WINS:
-        if (row.platform, row.dtype) == (platform, arch.dtype) and arch.widest_hidden >= row.widest_hidden:
-            if samples >= row.batch:
+        if (row.platform, row.dtype) == (platform, arch.dtype) and arch.hidden_pair >= row.hidden_pair:
+            if samples < row.below_batch:
                 return row
     return None
 
@@ -533,11 +541,15 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
         return Choice(
             BACKENDS["xla"],
             where,
-            f"networks whose widest hidden layer is {row.widest_hidden} or wider train faster on "
-            f"XLA's products than on the fused kernels on {where.name.upper()} (BENCHMARKS.md)",
+            f"networks with two adjacent hidden layers {row.hidden_pair} or wider train faster on "
+            f"XLA's products than on the fused kernels below {row.below_batch} samples on "
+            f"{where.name.upper()} (BENCHMARKS.md)",
         )
     skipped: list[str] = []
     for name in AUTO_ORDER:
+        if name == "tiled" and where.tensor_cores and not TILED_ON_TENSOR_CORE_GPUS:
+            skipped.append("tiled: slower than XLA's products on GPUs with tensor cores (BENCHMARKS.md)")
+            continue
         backend = BACKENDS[name]
         refusal = backend.unfit(arch, where)
         if refusal is None:
