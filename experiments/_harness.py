@@ -38,6 +38,8 @@ texture fit."""
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 """``slax.config.CUDA_LAUNCHES``, for flags parsed before slax is imported (tests pin the two equal)."""
+MLP_BACKENDS = ("auto", "thread_sums", "tiled", "tensor_cores", "xla")
+"""``slax._config.MLP_BACKENDS``, for the same reason (tests pin the two equal)."""
 
 
 def parse_first(parse: Callable[[], Any], name: str) -> None:

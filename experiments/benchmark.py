@@ -110,6 +110,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "(off, rows slax/<route>/simt), slax.config.tensor_cores (ignored on CPU; default: its value)",
     )
     parser.add_argument(
+        "--mlp-backend",
+        nargs="+",
+        choices=harness.MLP_BACKENDS,
+        default=None,
+        help="time slax's MLPs with each of these backends, one row each (slax/<route>/<backend>; "
+        "auto: slax's choice, slax.nn.describe says which; default: slax.config.mlp_backend)",
+    )
+    parser.add_argument(
         "--device",
         nargs="+",
         choices=("cpu", "vulkan"),
@@ -331,11 +339,14 @@ def step_keys(steps: int, devices: int | None = None) -> jax.Array:
 
 
 @functools.cache
-def _compiled_run(network, model, dtype, batch, steps, devices, flat, unroll, launch, tensor_cores, device):
+def _compiled_run(
+    network, model, dtype, batch, steps, devices, flat, unroll, launch, tensor_cores, device, backend
+):
     """:func:`training_run` and the keys of a call of ``steps`` steps, traced, compiled and run once
     (the warm-up) with the CUDA launch route, tensor-core setting and device kind given; kept, so
     that the rounds of ``--rounds`` time the same executable again."""
-    with slax.config.override(cuda_launch=launch, tensor_cores=tensor_cores, device_kind=device):
+    settings = dict(cuda_launch=launch, tensor_cores=tensor_cores, device_kind=device, mlp_backend=backend)
+    with slax.config.override(**settings):
         run, state = training_run(network, model, dtype, batch, devices, flat, unroll)
         keys = step_keys(steps, devices)
         jax.block_until_ready(run(state, keys))
@@ -359,6 +370,7 @@ def steps_per_second(
         slax.config.cuda_launch,
         slax.config.tensor_cores,
         slax.config.device_kind,
+        slax.config.mlp_backend,
     )
     times = []
     for _ in range(repeats):
@@ -374,35 +386,53 @@ def main(argv: list[str] | None = None) -> int:
         harness.refuse_flags("benchmark", problem)
     # slax's rows: one per CUDA launch route and tensor-core setting on a GPU; elsewhere the one
     # route there is, by its name, as slax.config has it.
-    tensor_cores, kind = slax.config.tensor_cores, slax.config.device_kind
+    tensor_cores, kind, backend = slax.config.tensor_cores, slax.config.device_kind, slax.config.mlp_backend
+    backends = args.mlp_backend or [backend]
+
+    def backend_suffix(name: str) -> str:
+        return f"/{name}" if args.mlp_backend else ""
+
     if harness.on_cuda():
         args.launch = args.launch or [slax.config.cuda_launch]
         args.tensor_cores = args.tensor_cores or ["on" if tensor_cores else "off"]
         args.device = None
         slax_rows = [
-            (f"slax/{launch}" + ("" if cores == "on" else "/simt"), launch, cores == "on", kind)
-            for launch, cores in itertools.product(args.launch, args.tensor_cores)
+            (
+                f"slax/{launch}" + ("" if cores == "on" else "/simt") + backend_suffix(name),
+                launch,
+                cores == "on",
+                kind,
+                name,
+            )
+            for launch, cores, name in itertools.product(args.launch, args.tensor_cores, backends)
         ]
     else:  # no CUDA route applies: the JSON records none
         args.launch = args.tensor_cores = None
         slax_rows = [
-            (f"slax/{route_of(device)}", slax.config.cuda_launch, tensor_cores, device)
-            for device in args.device or [kind]
+            (
+                f"slax/{route_of(device)}" + backend_suffix(name),
+                slax.config.cuda_launch,
+                tensor_cores,
+                device,
+                name,
+            )
+            for device, name in itertools.product(args.device or [kind], backends)
         ]
 
     # (row, model, parameters kept flat, CUDA launch route, tensor cores, device kind for CPU-placed
-    # JAX): slax once per route, tensor-core setting and device, then plain JAX.
-    def table_of(network: str) -> list[tuple[str, str, bool, str, bool, str | None]]:
+    # JAX, MLP backend): slax once per route, tensor-core setting, device and backend, then plain JAX.
+    def table_of(network: str) -> list[tuple[str, str, bool, str, bool, str | None, str]]:
         table = [
-            (row, "slax", keeps_parameters_flat("slax"), launch, cores, device)
-            for row, launch, cores, device in slax_rows
+            (row, "slax", keeps_parameters_flat("slax"), launch, cores, device, name)
+            for row, launch, cores, device, name in slax_rows
         ]
         jax_rows = TEXTURE_JAX_ROWS if network == "texture" else JAX_ROWS
         table += [
-            (row, model, flat, slax.config.cuda_launch, tensor_cores, kind) for row, model, flat in jax_rows
+            (row, model, flat, slax.config.cuda_launch, tensor_cores, kind, backend)
+            for row, model, flat in jax_rows
         ]
         if args.harness:  # its parameters one vector, as slax's: Adam's cheapest form (two fusions)
-            table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores, kind))
+            table.append(("harness", "harness", True, slax.config.cuda_launch, tensor_cores, kind, backend))
         return table
 
     networks = harness.workloads(args)
@@ -442,12 +472,15 @@ def main(argv: list[str] | None = None) -> int:
             devices=devices,
             unroll=args.unroll,
         )
-        rates = {}
-        for row, model, flat, launch, cores, device in table:
-            with slax.config.override(cuda_launch=launch, tensor_cores=cores, device_kind=device):
+        rates, chosen = {}, {}
+        for row, model, flat, launch, cores, device, name in table:
+            settings = dict(cuda_launch=launch, tensor_cores=cores, device_kind=device, mlp_backend=name)
+            with slax.config.override(**settings):
                 rates[row] = time_steps(model=model, flat=flat)
+                if model == "slax":
+                    chosen[row] = backend_taken(network, dtype, batch)
         jax_rate = max(rates[row] for row in ("jax", "jax/flat") if row in rates)
-        for model, _, flat, _, _, _ in table:
+        for model, _, flat, _, _, _, _ in table:
             rate = rates[model]
             row = {
                 "round": round_index,
@@ -468,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bytes": nbytes,
                 "times_floor": 1 / (rate * floor) if floor else None,
                 "speedup_vs_jax": None if model == "harness" else rate / jax_rate,
+                "mlp_backend": chosen.get(model),
             }
             rows.append(row)
             times_floor = f"{row['times_floor']:>7.1f}x" if floor else f"{'-':>8}"
@@ -483,6 +517,19 @@ def main(argv: list[str] | None = None) -> int:
         summary = {**harness.provenance(args.device), "peaks": peaks, "args": vars(args)}
         harness.write_json(args.json, {**summary, "rows": rows})
     return 0
+
+
+def backend_taken(network: str, dtype: str, batch: int) -> str | None:
+    """The MLP backend slax's training step of ``network`` takes at ``batch`` with slax.config's
+    settings (slax.nn.describe's first word; the call the step makes: the fused loss and gradient
+    of a squared error, else the gradient of mlp_apply); None for the texture fit."""
+    sizes = harness.network_sizes(network)
+    if sizes is None:
+        return None
+    params = nn.mlp_init(jax.random.key(0), sizes, dtype)
+    fused = network == "polynomial" or harness.wide_architecture(network) is not None
+    line = nn.describe(params, (batch, sizes[0]))["mlp_loss_and_grad" if fused else "jax.grad of mlp_apply"]
+    return line.split(":", 1)[0]
 
 
 def route_of(device: str | None) -> str:

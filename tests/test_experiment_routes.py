@@ -67,6 +67,7 @@ def test_benchmark_names_every_cpu_device_it_times(device_kind):
 def test_flags_parsed_before_slax_is_imported_match_slax():
     """The scripts parse flags before importing slax: the copies of slax's choices they use agree."""
     assert harness.CUDA_LAUNCHES == slax.config.CUDA_LAUNCHES
+    assert harness.MLP_BACKENDS == slax._config.MLP_BACKENDS
     assert harness.NETWORKS == {"polynomial": polynomial.SIZES, "digits": digits.SIZES, "sdf": sdf.SIZES}
 
 

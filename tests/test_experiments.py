@@ -340,13 +340,17 @@ def test_benchmark_times_the_sdf_step_beside_plain_jax(tmp_path):
 def test_benchmark_times_a_wide_network_beside_plain_jax(tmp_path):
     """``--network wide``: an architecture of --width and --hidden-layers, fitted by squared error to
     random targets of its output width, its rows naming it and recording its sizes; its floor as
-    the other MLPs' (no input gradient for the first layer)."""
+    the other MLPs' (no input gradient for the first layer). ``--mlp-backend``: a slax row per
+    backend, each recording the backend the step took."""
     arguments = ["--network", "wide", "--width", "16", "--hidden-layers", "2", "--wide-input", "8"]
     arguments += ["--wide-output", "2", "--batch", "64", "--steps", "2", "--repeats", "1"]
     arguments += ["--peak-tflops", "1", "--peak-gbps", "10", "--json", str(tmp_path / "bench.json")]
+    arguments += ["--mlp-backend", "auto", "xla"]
     assert benchmark.main(arguments) == 0
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
-    models = [f"slax/{slax.launch_route()}", "jax", "jax/flat", "jax-f32"]
+    route = slax.launch_route()
+    models = [f"slax/{route}/auto", f"slax/{route}/xla", "jax", "jax/flat", "jax-f32"]
+    assert [r["mlp_backend"] for r in rows] == ["tiled", "xla", None, None, None]
     assert [(r["network"], r["model"]) for r in rows] == [("wide-8-16x2-2", model) for model in models]
     assert {(tuple(r["sizes"]), r["width"], r["hidden_layers"]) for r in rows} == {((8, 16, 16, 2), 16, 2)}
     assert rows[0]["flops"] == 6 * 64 * (8 * 16 + 16 * 16 + 16 * 2) - 2 * 64 * 8 * 16
