@@ -102,7 +102,7 @@ for dtype in float16 float32; do
     wide() {  # wide NAME WIDTHS LAYERS
       "$PY" experiments/benchmark.py --network wide --width $2 --hidden-layers $3 --wide-input 32 \
         --wide-output 16 --batch 16384 262144 1048576 --dtype "$DTYPE" --steps 20 --repeats 3 \
-        --launch ptx --json "$OUTDIR/bench-wide-$DTYPE-$1.json"
+        --launch ptx --mlp-backend auto tiled xla --json "$OUTDIR/bench-wide-$DTYPE-$1.json"
     }
     wide shallow "16 32 64 128" "2 4" && wide deep 64 8'
 done
