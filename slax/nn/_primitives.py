@@ -3,9 +3,9 @@ network's Jacobian-vector product) that links forward and backward in JAX's diff
 
 Each takes the input batch (and ``dy`` or the target), then every layer's bias and weight, and
 lowers to one launch of its kernel (slax/nn/_kernels.py) through ``slang_kernel_p``, like every
-slax kernel; the tangent lowers to its plain-JAX twin (slax/nn/_reference.py). ``sizes`` and
-``dtype`` name the architecture; ``group_ndim`` leading axes of the data are groups (vmapped calls)
-whose gradients are summed apart.
+slax kernel; the tangent lowers to its plain-JAX twin (slax/nn/_reference.py). ``sizes``, ``dtype``
+and ``activations`` (one name per layer, slax/nn/_activations.py) name the architecture;
+``group_ndim`` leading axes of the data are groups (vmapped calls) whose gradients are summed apart.
 
 Gradients are summed without atomics: per thread group in a fixed order, then over groups by XLA,
 so they are bit-identical from run to run.
@@ -35,8 +35,14 @@ fused loss and gradient, run on tensor cores (slax/nn/_kernels.py, ``kernel_layo
 
 
 @functools.cache
-def _kernel(sizes: tuple[int, ...], dtype: str, entry: str, tensor_cores: bool) -> KernelSpec:
-    return KernelSpec(entry, source=mlp_source(sizes, dtype, tensor_cores))
+def _kernel(
+    sizes: tuple[int, ...],
+    dtype: str,
+    entry: str,
+    tensor_cores: bool,
+    activations: tuple[str, ...] | None = None,
+) -> KernelSpec:
+    return KernelSpec(entry, source=mlp_source(sizes, dtype, tensor_cores, activations))
 
 
 def _tensor_cores(platform: str, routes: LaunchRoutes) -> bool:
@@ -61,12 +67,12 @@ def _packed(params) -> jax.Array:
     return jnp.concatenate([p.reshape(-1).astype(jnp.float32) for p in params])
 
 
-def _kernel_parameters(params, sizes, dtype: str, tensor_cores: bool) -> list[jax.Array]:
+def _kernel_parameters(params, sizes, dtype: str, activations, tensor_cores: bool) -> list[jax.Array]:
     """The parameter operands of ``sizes``'s kernels: the packed parameters, and for tiled kernels
     the same with every weight transposed, which their forward pass reads along its rows, or for
     tensor-core kernels the weights as mma.sync fragments (each one small XLA fusion, shared by
     the forward and backward launches of a step)."""
-    layout = kernel_layout(sizes, tensor_cores, dtype)
+    layout = kernel_layout(sizes, tensor_cores, dtype, activations)
     if layout.thread_sums:
         return [_packed(params)]
     if layout.tensor_cores:
@@ -102,17 +108,18 @@ def _forward_shapes(x, sizes, keep_hidden):
     return shapes + [x.shape[:-1] + (hidden_width(sizes),)] if keep_hidden else shapes
 
 
-def _forward_abstract_eval(x, *params, sizes, dtype, keep_hidden, routes):
+def _forward_abstract_eval(x, *params, sizes, dtype, activations, keep_hidden, routes):
     return [result_aval(shape, dtype, (x, *params)) for shape in _forward_shapes(x, sizes, keep_hidden)]
 
 
-def _forward(x, *params, sizes, dtype, keep_hidden, routes, platform):
+def _forward(x, *params, sizes, dtype, activations, keep_hidden, routes, platform):
     samples = math.prod(x.shape[:-1])
     tensor_cores = _tensor_cores(platform, routes)
-    count = kernel_layout(sizes, tensor_cores, dtype).forward_threads(samples)
+    count = kernel_layout(sizes, tensor_cores, dtype, activations).forward_threads(samples)
+    entry = "mlp_forward_hidden" if keep_hidden else "mlp_forward"
     return run_kernel(
-        _kernel(sizes, dtype, "mlp_forward_hidden" if keep_hidden else "mlp_forward", tensor_cores),
-        [x, *_kernel_parameters(params, sizes, dtype, tensor_cores)],
+        _kernel(sizes, dtype, entry, tensor_cores, activations),
+        [x, *_kernel_parameters(params, sizes, dtype, activations, tensor_cores)],
         tuple((shape, dtype) for shape in _forward_shapes(x, sizes, keep_hidden)),
         count,
         (("count", count), ("samples", samples)),
@@ -123,13 +130,13 @@ def _forward(x, *params, sizes, dtype, keep_hidden, routes, platform):
 # --- gradients ----------------------------------------------------------------------------------
 
 
-def _backward_abstract_eval(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+def _backward_abstract_eval(*operands, sizes, dtype, activations, group_ndim, hidden, input_gradient, routes):
     x = operands[0]
     dx = [result_aval(x.shape, x.dtype, operands)] if input_gradient else []
     return dx + [result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)]
 
 
-def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes):
+def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, activations, group_ndim, loss_scale, routes):
     operands = (x, target, *params)
     return [result_aval(x.shape[:group_ndim], jnp.float32, operands)] + [
         result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, sizes, group_ndim)
@@ -137,13 +144,24 @@ def _loss_grad_abstract_eval(x, target, *params, sizes, dtype, group_ndim, loss_
 
 
 def _run_gradient_kernel(
-    entry, operands, num_data, extra_results, x, sizes, dtype, group_ndim, routes, platform, scalars=()
+    entry,
+    operands,
+    num_data,
+    extra_results,
+    x,
+    sizes,
+    dtype,
+    activations,
+    group_ndim,
+    routes,
+    platform,
+    scalars=(),
 ):
     """Launches ``entry``, a gradient kernel (see slax/nn/_kernels.py for the layout), on
     ``operands``, ``num_data`` per-sample arrays then the parameters, and adds up the thread groups'
     partial sums of each group: ``[loss per group, *extra results, *parameter gradients]``."""
     tensor_cores = _tensor_cores(platform, routes)
-    layout = kernel_layout(sizes, tensor_cores, dtype)
+    layout = kernel_layout(sizes, tensor_cores, dtype, activations)
     groups = math.prod(x.shape[:group_ndim])
     per_group = math.prod(x.shape[:-1]) // max(groups, 1)
     threads, blocks, share = layout.gradient_launch(groups * per_group, per_group, entry)
@@ -158,8 +176,8 @@ def _run_gradient_kernel(
         )
     data, params = operands[:num_data], operands[num_data:]
     partial, *extra = run_kernel(
-        _kernel(sizes, dtype, entry, tensor_cores),
-        [*data, *_kernel_parameters(params, sizes, dtype, tensor_cores)],
+        _kernel(sizes, dtype, entry, tensor_cores, activations),
+        [*data, *_kernel_parameters(params, sizes, dtype, activations, tensor_cores)],
         (((groups * blocks, layout.sums), "float32"), *extra_results),
         count,
         (
@@ -175,7 +193,7 @@ def _run_gradient_kernel(
     return [summed[..., -1], *extra, *_unpacked(summed, sizes, x.shape[:group_ndim])]
 
 
-def _backward(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes, platform):
+def _backward(*operands, sizes, dtype, activations, group_ndim, hidden, input_gradient, routes, platform):
     """``x, [hidden,] dy, *params -> [dx,] *grads``: with ``hidden``, from the hidden activations
     the forward pass kept (``mlp_forward_p`` with ``keep_hidden``); ``dx`` only with
     ``input_gradient`` (else ``mlp_backward_params``, which computes none)."""
@@ -188,6 +206,7 @@ def _backward(*operands, sizes, dtype, group_ndim, hidden, input_gradient, route
         x,
         sizes,
         dtype,
+        activations,
         group_ndim,
         routes,
         platform,
@@ -208,7 +227,7 @@ def _backward_dead_code(used_outputs: list[bool], equation):
     return [True] * len(equation.invars), equation
 
 
-def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes, platform):
+def _loss_grad(x, target, *params, sizes, dtype, activations, group_ndim, loss_scale, routes, platform):
     return _run_gradient_kernel(
         "mlp_loss_grad",
         [x, target, *params],
@@ -217,6 +236,7 @@ def _loss_grad(x, target, *params, sizes, dtype, group_ndim, loss_scale, routes,
         x,
         sizes,
         dtype,
+        activations,
         group_ndim,
         routes,
         platform,
@@ -245,22 +265,38 @@ def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
 # order, with the kernels where a derivative is first order in the network.
 
 
-def _forward_jvp(primals, tangents, *, sizes, dtype, keep_hidden, routes):
+def _forward_jvp(primals, tangents, *, sizes, dtype, activations, keep_hidden, routes):
     """The forward kernel, keeping the hidden activations the backward kernel reads where the
     network has them (``hidden_width``), and mlp_tangent_p. Where the forward call kept them itself
     (an outer derivative of this rule), their tangent is the twin's."""
     x, *params = primals
     outputs = mlp_forward_p.bind(
-        x, *params, sizes=sizes, dtype=dtype, keep_hidden=hidden_width(sizes) > 0, routes=routes
+        x,
+        *params,
+        sizes=sizes,
+        dtype=dtype,
+        activations=activations,
+        keep_hidden=hidden_width(sizes) > 0,
+        routes=routes,
     )
     y, hidden = outputs[0], outputs[1:]
     dx, *dparams = [instantiate_zeros(t) for t in tangents]
     dy = mlp_tangent_p.bind(
-        x, *hidden, dx, *params, *dparams, sizes=sizes, dtype=dtype, hidden=bool(hidden), routes=routes
+        x,
+        *hidden,
+        dx,
+        *params,
+        *dparams,
+        sizes=sizes,
+        dtype=dtype,
+        activations=activations,
+        hidden=bool(hidden),
+        routes=routes,
     )
     if not keep_hidden:
         return [y], dy
-    _, (_, dhidden) = jax.jvp(functools.partial(forward_twin, dtype=dtype), list(primals), [dx, *dparams])
+    twin = functools.partial(forward_twin, dtype=dtype, activations=activations)
+    _, (_, dhidden) = jax.jvp(twin, list(primals), [dx, *dparams])
     return outputs, [*dy, dhidden]
 
 
@@ -272,18 +308,18 @@ def _tangent_operands(operands, hidden: bool):
     return x, rest[: kept - 1], rest[kept - 1], rest[kept : kept + count], rest[kept + count :]
 
 
-def _tangent_abstract_eval(*operands, sizes, dtype, hidden, routes):
+def _tangent_abstract_eval(*operands, sizes, dtype, activations, hidden, routes):
     x = operands[0]
     return [result_aval(x.shape[:-1] + (sizes[-1],), dtype, operands)]
 
 
-def _tangent(*operands, sizes, dtype, hidden, routes):
+def _tangent(*operands, sizes, dtype, activations, hidden, routes):
     """mlp_tangent_p's value, from its twin (no kernel computes a Jacobian-vector product)."""
     x, _, dx, params, dparams = _tangent_operands(operands, hidden)
-    return [tangent_twin(x, dx, params, dparams, dtype)]
+    return [tangent_twin(x, dx, params, dparams, dtype, activations)]
 
 
-def _tangent_transpose(cotangents, *operands, sizes, dtype, hidden, routes):
+def _tangent_transpose(cotangents, *operands, sizes, dtype, activations, hidden, routes):
     """The backward kernel: ``dy -> dx, *dparams`` (``dx`` only where it is wanted)."""
     x, kept, dx, params, dparams = _tangent_operands(operands, hidden)
     _refuse_nonlinear("mlp_tangent", [x, *kept, *params])
@@ -299,6 +335,7 @@ def _tangent_transpose(cotangents, *operands, sizes, dtype, hidden, routes):
         *params,
         sizes=sizes,
         dtype=dtype,
+        activations=activations,
         group_ndim=0,
         hidden=hidden,
         input_gradient=input_gradient,
@@ -317,9 +354,9 @@ def _tangent_jvp(primals, tangents, **params):
     return _linear_map_jvp(mlp_tangent_p, _tangent, linear, primals, tangents, params)
 
 
-def _backward_twin(*operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+def _backward_twin(*operands, sizes, dtype, activations, group_ndim, hidden, input_gradient, routes):
     x, dy, params = operands[0], operands[1 + hidden], operands[2 + hidden :]
-    return backward_twin(x, dy, params, dtype, group_ndim, input_gradient)
+    return backward_twin(x, dy, params, dtype, activations, group_ndim, input_gradient)
 
 
 def _backward_jvp(primals, tangents, **params):
@@ -327,7 +364,9 @@ def _backward_jvp(primals, tangents, **params):
     return _linear_map_jvp(mlp_backward_p, _backward_twin, linear, primals, tangents, params)
 
 
-def _backward_transpose(cotangents, *operands, sizes, dtype, group_ndim, hidden, input_gradient, routes):
+def _backward_transpose(
+    cotangents, *operands, sizes, dtype, activations, group_ndim, hidden, input_gradient, routes
+):
     """The Jacobian-vector product: ``dx, *dparams -> dy``, per group for vmapped groups."""
     x, kept, dy, params = operands[0], operands[1 : 1 + hidden], operands[1 + hidden], operands[2 + hidden :]
     _refuse_nonlinear("mlp_backward", [x, *kept, *params])
@@ -338,7 +377,16 @@ def _backward_transpose(cotangents, *operands, sizes, dtype, group_ndim, hidden,
 
     def tangent(x, kept, dx, dparams):
         return mlp_tangent_p.bind(
-            x, *kept, dx, *params, *dparams, sizes=sizes, dtype=dtype, hidden=hidden, routes=routes
+            x,
+            *kept,
+            dx,
+            *params,
+            *dparams,
+            sizes=sizes,
+            dtype=dtype,
+            activations=activations,
+            hidden=hidden,
+            routes=routes,
         )[0]
 
     for _ in range(group_ndim):  # each group's parameter cotangent is its own tangent
