@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 
@@ -41,7 +42,15 @@ class MLPParams:
         check_activation("MLPParams", "activation", self.activation)
         check_activation("MLPParams", "output_activation", self.output_activation)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int | slice) -> Any:
+        """The layers, as on a list of them.
+
+        Args:
+          index: a layer's index, or a slice.
+
+        Returns:
+          That layer's ``{"weight", "bias"}`` dict, or a list of them.
+        """
         return self.layers[index]
 
     def __len__(self) -> int:
@@ -51,7 +60,14 @@ class MLPParams:
         return iter(self.layers)
 
     def with_layers(self, layers: list[dict[str, jax.Array]]) -> MLPParams:
-        """The same network's activations on other ``layers`` (gradients, updates)."""
+        """The same activations on other layers (gradients, updates, rescaled weights).
+
+        Args:
+          layers: one ``{"weight", "bias"}`` dict per layer.
+
+        Returns:
+          :class:`MLPParams` holding ``layers`` and this network's activations.
+        """
         return dataclasses.replace(self, layers=layers)
 
 
