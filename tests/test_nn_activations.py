@@ -26,12 +26,17 @@ NARROW, WIDE = (3, 8, 8, 2), (5, 40, 40, 3)
 """One network per CPU kernel family: a sample per thread, and SIMT tiles (kernel_layout)."""
 PAIRS = [("sine", "tanh"), ("tanh", "sine"), ("sigmoid", "relu"), ("relu", "sigmoid"), ("none", "leaky_relu")]
 """(hidden, output) activations: with the defaults (leaky_relu, none), which tests/test_nn.py
-covers, every activation is a hidden and an output layer's once."""
+covers, every activation is a hidden and an output layer's once, in float32."""
+HALF_PAIRS = [("sine", "tanh"), ("relu", "sigmoid"), ("none", "leaky_relu")]
+"""Those of them in float16, which round as float32 does but for the storage (fewer kernels to
+build): every activation once."""
+CASES = [(pair, "float32") for pair in PAIRS] + [(pair, "float16") for pair in HALF_PAIRS]
 WEIGHT_SCALE = 3.0
 """Weights three times mlp_init's, so that pre-activations reach past pi/2, where sine's derivative
 cos z is negative (and so not sqrt(1 - sin^2 z)), and sigmoid and tanh bend."""
 
 
+@pytest.mark.one_device_kind
 def test_the_routes_are_those_named():
     assert nn_kernels.kernel_layout(NARROW).thread_sums
     assert not nn_kernels.kernel_layout(WIDE).thread_sums and nn_kernels.kernel_layout(WIDE).tile is not None
@@ -51,8 +56,7 @@ def _network(sizes, pair, dtype, seed):
     return params, mlp_inputs(params, keys[1], 300, dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("pair", PAIRS, ids="-".join)
+@pytest.mark.parametrize(("pair", "dtype"), CASES, ids=["-".join((*pair, dtype)) for pair, dtype in CASES])
 @pytest.mark.parametrize("sizes", [NARROW, WIDE], ids=lambda s: "-".join(map(str, s)))
 def test_each_activation_matches_the_twin(sizes, pair, dtype):
     """mlp_apply, its derivatives for params and x in both modes, and mlp_loss_and_grad, against
@@ -91,6 +95,7 @@ def test_hessian_of_a_smooth_network_matches_the_twin(activation):
     assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]  # (3, 2, 3, 2)
 
 
+@pytest.mark.one_device_kind
 def test_params_are_a_pytree_that_keeps_the_activations():
     """jax.tree.map, an optax Adam step and ravel_pytree keep MLPParams and its activations;
     ravel_pytree's order is a list of layers' (each layer's bias, then its weight: the kernels'
@@ -117,6 +122,7 @@ def test_params_are_a_pytree_that_keeps_the_activations():
     )
 
 
+@pytest.mark.one_device_kind
 def test_a_list_of_layers_means_the_default_activations():
     params = nn.mlp_init(jax.random.key(2), (3, 5, 2))
     x = jax.random.uniform(jax.random.key(3), (8, 3), minval=-1.0, maxval=1.0)
@@ -124,6 +130,7 @@ def test_a_list_of_layers_means_the_default_activations():
     assert (params.activation, params.output_activation) == ("leaky_relu", "none")
 
 
+@pytest.mark.one_device_kind
 @pytest.mark.parametrize("argument", ["activation", "output_activation"])
 def test_unknown_activations_are_refused_listing_the_six(argument):
     with pytest.raises(ValueError, match=f"mlp_init: {argument} must be one of 'leaky_relu', 'relu', 'none'"):
