@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from slax._function import SlangFunction
+from slax.nn._activations import ACTIVATIONS
+from slax.nn._params import split_params
 
 RELATIVE_TOLERANCE = {"float32": 2e-5, "float16": 1e-2}
 """Normwise relative tolerance per dtype: a few float32 ulps, about ten float16 ulps."""
@@ -184,28 +186,32 @@ def _at_full_precision(fn: Callable[..., Any]) -> Callable[..., Any]:
     return full_precision
 
 
-def away_from_kinks(params: list[dict[str, jax.Array]], x: jax.Array, margin: float = 3e-3) -> jax.Array:
-    """The rows of ``x`` whose hidden pre-activations in the MLP ``params`` all exceed ``margin``.
+def away_from_kinks(params: Any, x: jax.Array, margin: float = 3e-3) -> jax.Array:
+    """The rows of ``x`` whose pre-activations in the MLP ``params`` exceed ``margin`` in every layer
+    whose activation has a kink (LeakyReLU's and ReLU's at 0).
 
-    LeakyReLU has no derivative at 0, and a pre-activation within rounding error of 0 may fall on
-    either side in two correct implementations (in float16 that error is ~1e-3): the gradients of
-    that sample then differ by the slope ratio, not by rounding. Gradient checks of networks
-    compare on samples away from the kinks, as finite-difference checks of ReLU networks do.
+    Such an activation has no derivative at 0, and a pre-activation within rounding error of 0 may
+    fall on either side in two correct implementations (in float16 that error is ~1e-3): the
+    gradients of that sample then differ by the slopes' ratio, not by rounding. Gradient checks of
+    networks compare on samples away from the kinks, as finite-difference checks of ReLU networks
+    do.
 
     Args:
-      params: an MLP's parameters (:data:`slax.nn.Params`).
+      params: an MLP's parameters (:data:`slax.nn.Params`), whose activations it follows.
       x: inputs ``(batch, in)``.
-      margin: the smallest magnitude a hidden pre-activation may have.
+      margin: the smallest magnitude a pre-activation at a kink may have.
 
     Returns:
       The rows of ``x`` that are kept, ``(kept, in)``.
     """
+    layers, activations = split_params(params)
     h = np.asarray(x, np.float32)
     keep = np.ones(h.shape[0], bool)
-    for layer in params[:-1]:
+    for layer, name in zip(layers, activations):
         z = h @ np.asarray(layer["weight"], np.float32).T + np.asarray(layer["bias"], np.float32)
-        keep &= np.all(np.abs(z) > margin, axis=-1)
-        h = np.where(z > 0, z, 0.01 * z)
+        if ACTIVATIONS[name].kink:
+            keep &= np.all(np.abs(z) > margin, axis=-1)
+        h = np.asarray(ACTIVATIONS[name].function(jnp.asarray(z)))
     return x[np.flatnonzero(keep)]
 
 

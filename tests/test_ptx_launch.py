@@ -219,6 +219,29 @@ def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, 
     assert fenced != tensor_cores  # rereadStagedParameters, per sample
 
 
+@needs_tools
+@pytest.mark.parametrize("case", ["tensor_cores", "tiles", "warp_mma"])
+def test_activations_lower_in_every_cuda_kernel_family(report, case):
+    """Networks with other activations lower for CUDA to the family their layout names: tanh and
+    sigmoid on the wide network's tensor cores; sine, whose hidden layers keep z (which the
+    tensor-core products cannot read as their input), on its SIMT tiles; sine and sigmoid in the
+    narrow float16 network's warp tiles. Their PTX assembles (test_all_ptx_assembles_for_the_h100)."""
+    (fused,) = _launches(report, f"activations_loss_and_grad_{case}")
+    assert fused["name"] == "mlp_loss_grad"
+    tensor_cores = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+    warp_tiles = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    if case == "warp_mma":  # the narrow network's gradient: its backward kernel alone, per sample
+        assert warp_tiles in fused["ptx"]
+        assert [launch["name"] for launch in _launches(report, f"activations_apply_grad_{case}")] == [
+            "mlp_backward_params"
+        ]
+        return
+    forward, backward = _launches(report, f"activations_apply_grad_{case}")
+    assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward_params")
+    for launch in (fused, forward, backward):
+        assert (tensor_cores in launch["ptx"]) == (case == "tensor_cores"), launch["name"]
+
+
 def _tile_copies(ptx: str) -> dict[str, int]:
     """The asynchronous tile copies in ``ptx`` by size (cp.async.cg of 16 bytes, cp.async.ca of 4),
     and its waits for them (cp.async.wait_all). Asserts that no group barrier follows a copy before

@@ -166,9 +166,9 @@ def test_weight_fragments_are_where_the_layout_and_the_kernels_read_them(dtype):
     fragments = tc.weight_fragments(weights, dtype)
     assert fragments.dtype == jnp.float32
     weight_pieces = tc.pieces(dtype)[1]
-    network = Network(
-        sizes, layer_pairs(sizes), parameter_offsets(sizes)[0], [0.01, 1.0], dtype, kernel_layout(sizes).sums
-    )
+    activations = ["LeakyReLU", "Identity"]
+    offsets, sums = parameter_offsets(sizes)[0], kernel_layout(sizes).sums
+    network = Network(sizes, layer_pairs(sizes), offsets, activations, dtype, sums)
     products = tc.TensorCoreProducts(network, layout)
     sections = []
     for k, weight in enumerate(weights):

@@ -50,6 +50,7 @@ from slax._config import MLP_BACKENDS, LaunchRoutes, config
 from slax._kernel_primitive import UINT_MAX, run_kernel
 from slax._ptx_launch import compute_capability
 from slax.nn import _kernels, _warp_mma_kernels
+from slax.nn._activations import ACTIVATIONS
 from slax.nn._architecture import Architecture
 from slax.nn._kernels import THREAD_SUMS_LIMIT, mlp_source, parameter_offsets, warp_mma_fits
 from slax.nn._reference import FULL_PRECISION, apply_twin, backward_twin, forward_twin, loss_grad_twin
@@ -255,7 +256,7 @@ def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
     """Kernel ``entry`` of ``arch``'s Slang source, specialised for tensor cores or not: one
     source per specialisation, whichever family asks (each family's entry points are
     the source's)."""
-    return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores))
+    return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores, arch.activations))
 
 
 def packed(params) -> jax.Array:
@@ -402,6 +403,12 @@ class TensorCores(_Tiles):
                 "its tile does not fit 48 KiB of group-shared memory, or its weight gradients 96 "
                 "registers a thread (slax/nn/_tensor_core_kernels.py)"
             )
+        kept_inputs = [name for name in arch.activations[:-1] if ACTIVATIONS[name].keeps_input]
+        if kept_inputs:
+            return (
+                f"a hidden {kept_inputs[0]} layer keeps its input z, and the tensor-core products read "
+                "a hidden layer's kept tile as their input (shaders/nn/activations.slang)"
+            )
         return None
 
     def summary(self, arch, platform, operation):
@@ -439,17 +446,17 @@ class Xla(Backend):
     def forward(self, arch, platform, x, params, keep_hidden, routes):
         precision = XLA_PRECISION[arch.dtype]
         if keep_hidden:
-            return forward_twin(x, *params, dtype=arch.dtype, precision=precision)
-        return [apply_twin(x, params, arch.dtype, precision)]
+            return forward_twin(x, *params, dtype=arch.dtype, activations=arch.activations, precision=precision)
+        return [apply_twin(x, params, arch.dtype, arch.activations, precision)]
 
     def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes):
         x, dy = data[0], data[-1]  # the hidden activations between them: the twin recomputes them
         precision = XLA_PRECISION[arch.dtype]
-        return backward_twin(x, dy, params, arch.dtype, group_ndim, input_gradient, precision)
+        return backward_twin(x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision)
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         return loss_grad_twin(
-            x, target, params, arch.dtype, group_ndim, loss_scale, XLA_PRECISION[arch.dtype]
+            x, target, params, arch.dtype, arch.activations, group_ndim, loss_scale, XLA_PRECISION[arch.dtype]
         )
 
 

@@ -1,7 +1,8 @@
 """Slang source for the MLP kernels of one architecture (layer sizes and dtype).
 
-The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``: LeakyReLU (slope
-0.01) on hidden layers, affine output layer (slope 1). The entry points share one ``Network``:
+The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``, each with its
+activation's Slang type (slax/nn/_activations.py; by default LeakyReLU on hidden layers, an affine
+output layer). The entry points share one ``Network``:
 
 - ``mlp_forward``: ``x, params -> y``.
 - ``mlp_backward``: ``x, dy, params -> partial sums, dx``; ``bwd_diff`` of the network.
@@ -53,6 +54,7 @@ import functools
 
 from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
+from slax.nn._activations import ACTIVATIONS, HIDDEN_DEFAULT, OUTPUT_DEFAULT, layer_activations
 from slax.nn._tensor_core_kernels import TensorCoreLayout, TensorCoreProducts, tensor_core_layout
 from slax.nn._tiled_kernels import (
     Network,
@@ -67,8 +69,6 @@ from slax.nn._warp_mma_kernels import (
     warp_mma_loss_grad,
 )
 
-HIDDEN_SLOPE = 0.01
-OUTPUT_SLOPE = 1.0
 SCRATCH_BUDGET_FLOATS = 4096
 """Group-shared floats a narrow network's kernels use for their staged parameters and their
 thread group's sum: 16 KiB, the least any Vulkan device offers (maxComputeSharedMemorySize)."""
@@ -144,16 +144,26 @@ class KernelLayout:
 
 
 @functools.cache
-def kernel_layout(sizes: tuple[int, ...], tensor_cores: bool = False, dtype: str = "float32") -> KernelLayout:
+def kernel_layout(
+    sizes: tuple[int, ...],
+    tensor_cores: bool = False,
+    dtype: str = "float32",
+    activations: tuple[str, ...] | None = None,
+) -> KernelLayout:
     """How the kernels of ``sizes`` sum and read parameters; with ``tensor_cores`` (JAX on CUDA), a
-    wide network whose tensor-core layout in ``dtype`` exists takes it, and a narrow one that
-    :func:`warp_mma_fits` runs its fused loss and gradient in warp tiles."""
+    wide network whose tensor-core layout in ``dtype`` exists takes it, unless a hidden layer's
+    activation (``activations``, one name per layer; None: the defaults) keeps its input (the
+    tensor-core products read a hidden layer's tile as it is kept: sine networks run the SIMT
+    tiles), and a narrow one that :func:`warp_mma_fits` runs its fused loss and gradient in warp
+    tiles."""
     _, total = parameter_offsets(sizes)
     thread_sums = total + 1 <= THREAD_SUMS_LIMIT
     warp_mma = tensor_cores and warp_mma_fits(sizes, dtype)
+    hidden_keep_inputs = any(ACTIVATIONS[name].keeps_input for name in (activations or ())[:-1])
     tile = None
     if not thread_sums:
-        tile = (tensor_core_layout(sizes, dtype) if tensor_cores else None) or tile_layout(sizes)
+        tensor_tile = tensor_core_layout(sizes, dtype) if tensor_cores and not hidden_keep_inputs else None
+        tile = tensor_tile or tile_layout(sizes)
     return KernelLayout(
         parameters=total,
         sums=total + 1,
@@ -273,15 +283,20 @@ struct GroupScratch : {interface}
 }}"""
 
 
-def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -> str:
-    """The kernels of ``sizes`` in ``dtype``, those of :func:`kernel_layout` (sizes, tensor_cores, dtype)."""
-    layout = kernel_layout(sizes, tensor_cores, dtype)
+def mlp_source(
+    sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False, activations: tuple[str, ...] | None = None
+) -> str:
+    """The kernels of ``sizes`` in ``dtype`` with each layer's activation named in ``activations``
+    (slax/nn/_activations.py; None: the defaults), those of :func:`kernel_layout` (sizes,
+    tensor_cores, dtype, activations)."""
+    activations = activations or layer_activations(len(sizes) - 1, HIDDEN_DEFAULT, OUTPUT_DEFAULT)
+    layout = kernel_layout(sizes, tensor_cores, dtype, activations)
     layers = layer_pairs(sizes)
     offsets, _ = parameter_offsets(sizes)
-    slopes = [OUTPUT_SLOPE if k == len(layers) - 1 else HIDDEN_SLOPE for k in range(len(layers))]
+    types = [ACTIVATIONS[name].slang for name in activations]
     if not layout.thread_sums:
         tile = layout.wide_tile
-        network = Network(sizes, layers, offsets, slopes, dtype, layout.sums)
+        network = Network(sizes, layers, offsets, types, dtype, layout.sums)
         products: TensorCoreProducts | TiledProducts
         if isinstance(tile, TensorCoreLayout):
             modules = ["nn.mlp", "nn.tiled", "nn.tensor_cores"]
@@ -291,11 +306,8 @@ def mlp_source(sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False) -
         preamble = _preamble(dtype, tile.scratch, modules, fragments=layout.tensor_cores)
         return preamble + tile_kernels_source(network, products)
     fields = "\n".join(
-        f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums> layer{k};"
-        for k, ((i, o), w) in enumerate(zip(layers, offsets))
-    )
-    slope_fields = "\n".join(
-        f"        net.layer{k}.negativeSlope = {slope};" for k, slope in enumerate(slopes)
+        f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums, {a}> layer{k};"
+        for k, ((i, o), w, a) in enumerate(zip(layers, offsets, types))
     )
     chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
     n_in, n_out = sizes[0], sizes[-1]
@@ -369,7 +381,7 @@ void {name}(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, 
     )
     modules = ["nn.mlp", "nn.warp_mma"] if layout.warp_mma else ["nn.mlp"]
     loss_grad = (
-        warp_mma_loss_grad(layer_pairs(sizes), offsets, slopes, layout.sums, layout.scratch)
+        warp_mma_loss_grad(layer_pairs(sizes), offsets, types, layout.sums, layout.scratch)
         if layout.warp_mma
         else f"""{LOSS_GRAD_ENTRY}
 {{{loss_grad_loop}
@@ -387,7 +399,6 @@ struct Network
     static Network create()
     {{
         Network net;
-{slope_fields}
         return net;
     }}
 

@@ -2,10 +2,12 @@
 its primitives), the fused loss-and-gradient, and the same network in plain JAX
 (slax/nn/_reference.py).
 
-Parameters are a list of ``{"weight": (out, in), "bias": (out,)}`` dicts, one per layer. Hidden
-layers apply LeakyReLU (slope 0.01), the output layer is affine. The primitives
-(slax/nn/_primitives.py) run each call on one of the backends (slax/nn/_backends.py: Slang kernels
-from ``shaders/nn/``, or XLA's own products), which :func:`describe` names.
+Parameters are :class:`MLPParams` (slax/nn/_params.py): a list of ``{"weight": (out, in), "bias":
+(out,)}`` dicts, one per layer, and the activations of the hidden layers and of the output layer
+(slax/nn/_activations.py; a plain list of layers means LeakyReLU with slope 0.01, then an affine
+output layer). The primitives (slax/nn/_primitives.py) run each call on one of the backends
+(slax/nn/_backends.py: Slang kernels from ``shaders/nn/``, or XLA's own products), which
+:func:`describe` names.
 
 Half precision: parameters and activations are stored as float16, but every dot product is summed in
 float32 inside the kernels, gradients flow backwards between layers in float32 and parameter
@@ -27,38 +29,55 @@ import numpy as np
 from slax._config import current_routes
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices, mean_over_devices
+from slax.nn._activations import HIDDEN_DEFAULT, OUTPUT_DEFAULT, check_activation
 from slax.nn._architecture import Architecture
 from slax.nn._backends import OPERATIONS, BackendRequest, choose
 from slax.nn._kernels import layer_pairs
+from slax.nn._params import MLPParams, split_params
 from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
 
-Params = list[dict[str, jax.Array]]
-"""An MLP's parameters: one ``{"weight": (out, in), "bias": (out,)}`` dict per layer, input first,
-all of one dtype (float32 or float16)."""
+Params = MLPParams | list[dict[str, jax.Array]]
+"""An MLP's parameters: :class:`MLPParams` (layers and activations), or a plain list of one
+``{"weight": (out, in), "bias": (out,)}`` dict per layer, input first, all of one dtype (float32 or
+float16), with the default activations (LeakyReLU, then an affine output layer)."""
 SUPPORTED_DTYPES = ("float32", "float16")
 
 
 # --- public API ----------------------------------------------------------------------------------
 
 
-def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -> Params:
-    """Initial parameters: weights and biases uniform in ±1/sqrt(fan_in), as torch.nn.Linear.
+def mlp_init(
+    key: jax.Array,
+    sizes: tuple[int, ...],
+    dtype: Any = jnp.float32,
+    *,
+    activation: str = HIDDEN_DEFAULT,
+    output_activation: str = OUTPUT_DEFAULT,
+) -> MLPParams:
+    """Initial parameters: weights and biases uniform in ±1/sqrt(fan_in), as torch.nn.Linear, for
+    every activation (a sine network may want SIREN's initialisation instead: replace the weights).
 
     Args:
       key: a JAX PRNG key.
       sizes: layer widths from input to output, e.g. ``(4, 16, 4)``.
       dtype: ``jnp.float32`` or ``jnp.float16``.
+      activation: the hidden layers' activation: ``"leaky_relu"`` (slope 0.01), ``"relu"``,
+        ``"none"``, ``"sigmoid"``, ``"tanh"`` or ``"sine"`` (``sin z``).
+      output_activation: the output layer's, one of the same (``"none"``: affine).
 
     Returns:
-      The parameters (:data:`Params`), one ``{"weight": (out, in), "bias": (out,)}`` per layer.
+      The parameters (:class:`MLPParams`): one ``{"weight": (out, in), "bias": (out,)}`` per
+      layer, and the activations, which :func:`mlp_apply` and the other functions use.
 
     Raises:
-      ValueError: fewer than two widths, or a width below 1.
+      ValueError: fewer than two widths, a width below 1, or an unknown activation.
       TypeError: a dtype other than float32 or float16.
     """
     if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
         raise ValueError(f"slax.nn.mlp_init: sizes must be >= 2 positive widths, got {sizes}.")
     _check_dtype("mlp_init", "dtype", jnp.dtype(dtype))
+    check_activation("mlp_init", "activation", activation)
+    check_activation("mlp_init", "output_activation", output_activation)
     params = []
     for k, (n_in, n_out) in zip(jax.random.split(key, len(sizes) - 1), layer_pairs(sizes)):
         bound = 1.0 / math.sqrt(n_in)
@@ -69,7 +88,7 @@ def mlp_init(key: jax.Array, sizes: tuple[int, ...], dtype: Any = jnp.float32) -
                 "bias": jax.random.uniform(bkey, (n_out,), jnp.float32, -bound, bound).astype(dtype),
             }
         )
-    return params
+    return MLPParams(params, activation, output_activation)
 
 
 def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
@@ -96,14 +115,15 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
         forced by ``slax.config.mlp_backend`` that cannot run the network, or a batch beyond the
         kernels' 32-bit indices.
     """
-    _architecture("mlp_apply", params, x)  # validates before anything touches the arguments
-    leaves = [*_flat(params), x]
+    activations = _architecture("mlp_apply", params, x).activations  # validates first
+    layers, _ = split_params(params)
+    leaves = [*_flat(layers), x]
     request = BackendRequest.current()
 
     def call(axes, *leaves):
         del axes  # per sample: nothing sums over the batch (jax.grad sums params' gradients)
         *flat, x = vary_alike(list(leaves))
-        arch = _architecture("mlp_apply", _unflat(flat), x)
+        arch = _architecture("mlp_apply", _unflat(flat), x, activations)
         _refuse_unfit(arch, x, request)
         outputs = mlp_forward_p.bind(
             x, *flat, arch=arch, keep_hidden=False, request=request, routes=current_routes()
@@ -126,7 +146,8 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
       target: ``(batch, out)``, of ``x``'s dtype.
 
     Returns:
-      ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params``.
+      ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params`` (of its
+      type: :class:`MLPParams` with its activations, or a list of layers).
 
     Raises:
       TypeError: as :func:`mlp_apply`, or ``target`` not an array.
@@ -143,6 +164,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     request = BackendRequest.current()
     _refuse_unfit(arch, x, request)
     routes = current_routes()
+    layers, _ = split_params(params)
 
     def call(axes, x, target, *flat):
         """The mean loss and its gradient over this device's samples, then over the devices
@@ -166,10 +188,10 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
         return loss, *grads
 
     has_batch = x.ndim > 1
-    leaves = [x, target, *_flat(params)]
+    leaves = [x, target, *_flat(layers)]
     batched = [has_batch, has_batch] + [False] * (len(leaves) - 2)
     loss, *grads = across_devices(call, leaves, batched, [False] * (1 + len(leaves) - 2))
-    return loss, _unflat(grads)
+    return loss, params.with_layers(_unflat(grads)) if isinstance(params, MLPParams) else _unflat(grads)
 
 
 def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, str]:
@@ -240,9 +262,18 @@ def _require_array(function: str, name: str, value: Any) -> None:
         )
 
 
-def _architecture(function: str, params: Params, x: jax.Array) -> Architecture:
+def _architecture(
+    function: str, params: Params, x: jax.Array, activations: tuple[str, ...] | None = None
+) -> Architecture:
+    """The network's :class:`Architecture`, after checking ``params`` and ``x``: the activations
+    :class:`MLPParams` holds, else ``activations``, else the defaults."""
+    if isinstance(params, MLPParams):
+        params, activations = split_params(params)
     if not isinstance(params, (list, tuple)) or not params:
-        raise TypeError(f"slax.nn.{function}: params must be a non-empty list of layers from mlp_init.")
+        raise TypeError(
+            f"slax.nn.{function}: params must be slax.nn.MLPParams or a non-empty list of layers, "
+            f"from mlp_init; got {type(params).__name__}."
+        )
     sizes: list[int] = []
     dtype = None
     for k, layer in enumerate(params):
@@ -280,14 +311,14 @@ def _architecture(function: str, params: Params, x: jax.Array) -> Architecture:
             f"slax.nn.{function}: x has dtype {x.dtype} but the parameters are {dtype}; cast x "
             f"with x.astype(jnp.{dtype})."
         )
-    return Architecture(tuple(sizes), str(dtype))
+    return Architecture(tuple(sizes), str(dtype), activations or ())
 
 
-def _flat(params: Params) -> list[jax.Array]:
+def _flat(params: list[dict[str, jax.Array]]) -> list[jax.Array]:
     """Each layer's bias, then its weight: the order of ``jax.tree.leaves(params)`` and of the
     kernels' flat layout (slax/nn/_kernels.py)."""
     return [a for layer in params for a in (layer["bias"], layer["weight"])]
 
 
-def _unflat(flat) -> Params:
+def _unflat(flat) -> list[dict[str, jax.Array]]:
     return [{"weight": w, "bias": b} for b, w in zip(flat[0::2], flat[1::2])]

@@ -138,7 +138,7 @@ def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     if not keep_hidden:
         return [y], dy
     _, (_, dhidden) = jax.jvp(
-        functools.partial(forward_twin, dtype=arch.dtype), list(primals), [dx, *dparams]
+        functools.partial(forward_twin, dtype=arch.dtype, activations=arch.activations), list(primals), [dx, *dparams]
     )
     return outputs, [*dy, dhidden]
 
@@ -159,7 +159,7 @@ def _tangent_abstract_eval(*operands, arch, hidden, request, routes):
 def _tangent(*operands, arch, hidden, request, routes):
     """mlp_tangent_p's value, from its twin (no kernel computes a Jacobian-vector product)."""
     x, _, dx, params, dparams = _tangent_operands(operands, hidden)
-    return [tangent_twin(x, dx, params, dparams, arch.dtype)]
+    return [tangent_twin(x, dx, params, dparams, arch.dtype, arch.activations)]
 
 
 def _tangent_transpose(cotangents, *operands, arch, hidden, request, routes):
@@ -198,7 +198,7 @@ def _tangent_jvp(primals, tangents, **params):
 
 def _backward_twin(*operands, arch, group_ndim, hidden, input_gradient, request, routes):
     x, dy, params = operands[0], operands[1 + hidden], operands[2 + hidden :]
-    return backward_twin(x, dy, params, arch.dtype, group_ndim, input_gradient)
+    return backward_twin(x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient)
 
 
 def _backward_jvp(primals, tangents, **params):

@@ -15,13 +15,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from slax.nn._kernels import HIDDEN_SLOPE, OUTPUT_SLOPE
+from slax.nn._activations import ACTIVATIONS
+from slax.nn._params import split_params
 
 FULL_PRECISION = jax.lax.Precision.HIGHEST
 
 
 def mlp_apply_reference(
-    params: list[dict[str, jax.Array]],
+    params: Any,
     x: jax.Array,
     storage_dtype: Any = None,
     precision: jax.lax.Precision | None = FULL_PRECISION,
@@ -39,7 +40,7 @@ def mlp_apply_reference(
     exact of the two. Benchmarks pass ``None`` to time what a plain JAX program gets by default.
 
     Args:
-      params: the network's parameters (:data:`slax.nn.Params`).
+      params: the network's parameters (:data:`slax.nn.Params`), whose activations it applies.
       x: inputs ``(..., in)``.
       storage_dtype: the dtype activations are rounded to; ``None``, the parameters'.
       precision: the matrix products' precision.
@@ -47,12 +48,13 @@ def mlp_apply_reference(
     Returns:
       The outputs ``(..., out)``, of dtype ``storage_dtype``.
     """
-    storage = jnp.dtype(storage_dtype or params[0]["weight"].dtype)
-    return _layer_outputs(params, x, storage, precision)[-1].astype(storage)
+    layers, activations = split_params(params)
+    storage = jnp.dtype(storage_dtype or layers[0]["weight"].dtype)
+    return _apply(layers, activations, x, storage, precision)
 
 
 def mlp_loss_reference(
-    params: list[dict[str, jax.Array]],
+    params: Any,
     x: jax.Array,
     target: jax.Array,
     storage_dtype: Any = None,
@@ -76,19 +78,26 @@ def mlp_loss_reference(
     return jnp.mean(jnp.sum(error * error, axis=-1))
 
 
-def _layer_outputs(params, x: jax.Array, storage, precision) -> list[jax.Array]:
-    """Every layer's output (float32 holding ``storage`` values), from the first to the last."""
-    h = _round_to(x.astype(jnp.float32), storage)
-    outputs = []
-    for k, layer in enumerate(params):
+def _apply(layers, activations, x: jax.Array, storage, precision) -> jax.Array:
+    """The network's output, as ``storage``."""
+    return _layer_values(layers, activations, x, storage, precision)[-1][1].astype(storage)
+
+
+def _layer_values(layers, activations, x: jax.Array, storage, precision) -> list[tuple[jax.Array, jax.Array]]:
+    """Every layer's ``(kept, output)``, from the first to the last, float32 holding ``storage``
+    values: its output y, and what the kernels keep of it (y, or its pre-activation z where the
+    activation keeps its input: ``shaders/nn/activations.slang``)."""
+    y = _round_to(x.astype(jnp.float32), storage)
+    values = []
+    for layer, name in zip(layers, activations):
         weight = layer["weight"].astype(jnp.float32)
-        z = jnp.matmul(h, weight.T, precision=precision) + layer["bias"].astype(jnp.float32)
-        h = _round_to(z, storage)
-        slope = OUTPUT_SLOPE if k == len(params) - 1 else HIDDEN_SLOPE
-        if slope != 1.0:
-            h = _round_to(jnp.where(h > 0, h, slope * h), storage)
-        outputs.append(h)
-    return outputs
+        z = _round_to(
+            jnp.matmul(y, weight.T, precision=precision) + layer["bias"].astype(jnp.float32), storage
+        )
+        activation = ACTIVATIONS[name]
+        y = _round_to(activation.function(z), storage)
+        values.append((z if activation.keeps_input else y, y))
+    return values
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -112,30 +121,44 @@ def _layers(flat) -> list[dict[str, jax.Array]]:
     return [{"weight": w, "bias": b} for b, w in zip(flat[0::2], flat[1::2])]
 
 
-def forward_twin(x: jax.Array, *flat: jax.Array, dtype: str, precision=FULL_PRECISION) -> list[jax.Array]:
-    """``mlp_forward_hidden``'s results: ``[y, hidden]``, ``hidden`` each sample's hidden layers'
-    outputs one after the other (slax/nn/_kernels.py, ``hidden_width``)."""
-    outputs = [h.astype(dtype) for h in _layer_outputs(_layers(flat), x, jnp.dtype(dtype), precision)]
-    return [outputs[-1], jnp.concatenate(outputs[:-1], axis=-1)]
+def forward_twin(
+    x: jax.Array, *flat: jax.Array, dtype: str, activations: tuple[str, ...], precision=FULL_PRECISION
+) -> list[jax.Array]:
+    """``mlp_forward_hidden``'s results: ``[y, hidden]``, ``hidden`` what each sample's hidden
+    layers keep, one after the other (slax/nn/_kernels.py, ``hidden_width``)."""
+    values = _layer_values(_layers(flat), activations, x, jnp.dtype(dtype), precision)
+    hidden = [kept.astype(dtype) for kept, _ in values[:-1]]
+    return [values[-1][1].astype(dtype), jnp.concatenate(hidden, axis=-1)]
 
 
-def apply_twin(x: jax.Array, flat, dtype: str, precision=FULL_PRECISION) -> jax.Array:
+def apply_twin(
+    x: jax.Array, flat, dtype: str, activations: tuple[str, ...], precision=FULL_PRECISION
+) -> jax.Array:
     """``mlp_forward``'s result: the network's output."""
-    return mlp_apply_reference(_layers(flat), x, dtype, precision)
+    return _apply(_layers(flat), activations, x, jnp.dtype(dtype), precision).astype(dtype)
 
 
-def tangent_twin(x: jax.Array, dx: jax.Array, flat, tangents, dtype: str) -> jax.Array:
+def tangent_twin(
+    x: jax.Array, dx: jax.Array, flat, tangents, dtype: str, activations: tuple[str, ...]
+) -> jax.Array:
     """The network's Jacobian-vector product at ``(x, flat)`` along ``(dx, tangents)``."""
 
     def network(x, flat):
-        return mlp_apply_reference(_layers(flat), x, dtype)
+        return _apply(_layers(flat), activations, x, jnp.dtype(dtype), FULL_PRECISION)
 
     tangents = [t.astype(jnp.float32) for t in tangents]
     return jax.jvp(network, (x, [p.astype(jnp.float32) for p in flat]), (dx, tangents))[1]
 
 
 def backward_twin(
-    x, dy, flat, dtype: str, group_ndim: int, input_gradient: bool, precision=FULL_PRECISION
+    x,
+    dy,
+    flat,
+    dtype: str,
+    activations: tuple[str, ...],
+    group_ndim: int,
+    input_gradient: bool,
+    precision=FULL_PRECISION,
 ) -> list[jax.Array]:
     """``mlp_backward``'s results: ``[dx,] *gradients``, the network's vector-Jacobian product with
     ``dy``, each gradient summed over the samples of each of the ``group_ndim`` leading axes'
@@ -145,7 +168,9 @@ def backward_twin(
     layers = _layers(flat)
 
     def one_group(x, dy):
-        y, pullback = jax.vjp(lambda x, layers: mlp_apply_reference(layers, x, dtype, precision), x, layers)
+        y, pullback = jax.vjp(
+            lambda x, layers: _apply(layers, activations, x, jnp.dtype(dtype), precision), x, layers
+        )
         dx, grads = pullback(dy.astype(y.dtype))
         return dx, [a for layer in grads for a in (layer["bias"], layer["weight"])]
 
@@ -156,7 +181,14 @@ def backward_twin(
 
 
 def loss_grad_twin(
-    x, target, flat, dtype: str, group_ndim: int, loss_scale: float, precision=FULL_PRECISION
+    x,
+    target,
+    flat,
+    dtype: str,
+    activations: tuple[str, ...],
+    group_ndim: int,
+    loss_scale: float,
+    precision=FULL_PRECISION,
 ) -> list[jax.Array]:
     """``mlp_loss_grad``'s results: ``[loss, *gradients]``, per group of the ``group_ndim``
     leading axes: the sum of each sample's squared error weighted by ``loss_scale``, and its
@@ -167,7 +199,7 @@ def loss_grad_twin(
 
     def one_group(x, target):
         def loss(layers):
-            error = mlp_apply_reference(layers, x, dtype, precision).astype(jnp.float32)
+            error = _apply(layers, activations, x, jnp.dtype(dtype), precision).astype(jnp.float32)
             error = error - target.astype(jnp.float32)
             return jnp.float32(loss_scale) * jnp.sum(error * error)
 

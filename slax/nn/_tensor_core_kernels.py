@@ -285,11 +285,12 @@ typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
     def forward(self, k: int, summing: bool) -> str:
         s, (n_in, n_out) = self.samples, self.network.layers[k]
         act, weight, _ = pieces(self.network.dtype)
-        epilogue = f"BiasActivation<T, {self.network.offsets[k]}, Parameters, Tile{k + 1}>"
+        offset, activation = self.network.offsets[k], self.network.activations[k]
+        epilogue = f"BiasActivation<T, {offset}, Parameters, Tile{k + 1}, {activation}>"
         return (
             f"        warpRowProduct<{s}, {n_in}, {n_out}, {act}, {weight}, {self._chunk(n_out)}, Tile{k}, "
             f"{epilogue}>(warp, lane, {self._fragments(self.layout.forward_fragments[k])}, "
-            f"{epilogue}({self.network.slopes[k]}));\n        groupBarrier();"
+            f"{epilogue}());\n        groupBarrier();"
         )
 
     def begin_sums(self) -> str:
@@ -312,7 +313,7 @@ typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
             f"(local, biasSums{k});",
         ]
         if k > 0:
-            epilogue, arguments = f"ActivationGradient<Tile{k}>", f"{self.network.slopes[k - 1]}"
+            epilogue, arguments = f"ActivationGradient<Tile{k}, {self.network.activations[k - 1]}>", ""
             lines.append(f"        groupBarrier();  // the weight gradient above was Tile{k}'s last reader")
         elif input_gradient:
             epilogue, arguments = f"InputGradient<T, {n_in}>", "dx, tile"

@@ -122,15 +122,32 @@ def block_shape(rows: int, cols: int, terms: int) -> tuple[int, int]:
 @dataclasses.dataclass(frozen=True)
 class Network:
     """What a tile kernel source needs of the network: its widths, layers' (in, out), each layer's
-    parameter offset (its bias; its weight follows) and LeakyReLU slope, the dtype, and the length
-    of a row of partial sums."""
+    parameter offset (its bias; its weight follows) and activation (its ``IActivation`` type in
+    ``shaders/nn/activations.slang``), the dtype, and the length of a row of partial sums.
+
+    Layer k's output tile, ``Tile{k + 1}``, holds what its activation keeps (y, or z where the
+    activation keeps its input); :meth:`layer_input` and :meth:`output` read y from it."""
 
     sizes: tuple[int, ...]
     layers: list[tuple[int, int]]
     offsets: list[int]
-    slopes: list[float]
+    activations: list[str]
     dtype: str
     sums: int
+
+    def layer_input(self, k: int) -> str:
+        """The matrix of layer k's input values: the input tile, or the outputs of layer k - 1."""
+        return "Tile0" if k == 0 else f"LayerOutputs<{self.activations[k - 1]}, T, Tile{k}>"
+
+    @property
+    def output(self) -> str:
+        """The matrix of the network's output values."""
+        return self.layer_input(len(self.layers))
+
+    @property
+    def affine_output(self) -> bool:
+        """Whether the output layer has no activation: its output gradient is dy itself."""
+        return self.activations[-1] == "Identity"
 
     @property
     def hidden(self) -> int:
@@ -252,19 +269,27 @@ def tile_kernels_source(network: Network, products: TileProducts) -> str:
     {fill("x", sizes[0], sizes[0], 0, 0, False)}
     {filled("    ")}
 {chain}{store_hidden() if keep_hidden else ""}
-    storeTile<T, {s}, {sizes[-1]}, {sizes[-1]}, Tile{last + 1}>(y, tile, first, end);"""
+    storeTile<T, {s}, {sizes[-1]}, {sizes[-1]}, {network.output}>(y, tile, first, end);"""
 
     def gradient_body(from_hidden: bool, input_gradient: bool) -> str:
-        if from_hidden:
+        if from_hidden and network.affine_output:
             inputs = f"""{fill_hidden()}
         {fill("dy", sizes[-1], sizes[-1], 0, last + 1, True)}
         {filled("        ")}"""
+        elif from_hidden:  # dy times the output activation's derivative, at z the last layer recomputes
+            inputs = f"""{fill_hidden()}
+        {filled("        ")}
+{products.forward(last, True)}
+        tileOutputGradient<T, {s}, {sizes[-1]}, {network.activations[-1]}, Tile{last + 1}>(
+            dy, tile, first, end);
+        groupBarrier();"""
         else:
             chain = "\n".join(products.forward(k, True) for k in range(len(network.layers)))
             inputs = f"""
         {filled("        ")}
 {chain}
-        tileSquaredError<T, {s}, {sizes[-1]}, Tile{last + 1}, Losses>(target, tile, loss_scale, first, end);
+        tileSquaredError<T, {s}, {sizes[-1]}, {network.activations[-1]}, Tile{last + 1}, Losses>(
+            target, tile, loss_scale, first, end);
         groupBarrier();"""
         layers_back = "\n".join(products.backward(k, input_gradient) for k in range(last, -1, -1))
         return f"""{roles(True)}
@@ -383,8 +408,8 @@ typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
         bm, bn = block_shape(s, n_out, n_in)
         return (
             f"        tileForward<T, {s}, {n_in}, {n_out}, {self.network.offsets[k]}, {bm}, {bn}, "
-            f"Parameters, TransposedParameters, Tile{k}, Tile{k + 1}>"
-            f"(first, end, {self.network.slopes[k]});\n"
+            f"Parameters, TransposedParameters, {self.network.layer_input(k)}, Tile{k + 1}, "
+            f"{self.network.activations[k]}>(first, end);\n"
             "        groupBarrier();"
         )
 
@@ -395,8 +420,8 @@ typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
         s, (n_in, n_out), offset = self.samples, self.network.layers[k], self.network.offsets[k]
         wm, wn = block_shape(n_out, n_in, s)
         lines = [
-            f"        tileParameterGradient<{s}, {n_in}, {n_out}, {offset}, {wm}, {wn}, Tile{k}, "
-            f"Tile{k + 1}>(first, end, sums, t == 0);"
+            f"        tileParameterGradient<{s}, {n_in}, {n_out}, {offset}, {wm}, {wn}, "
+            f"{self.network.layer_input(k)}, Tile{k + 1}>(first, end, sums, t == 0);"
         ]
         if k > 0 or input_gradient:
             xm, xn = block_shape(s, n_in, n_out)
@@ -407,8 +432,8 @@ typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
         lines.append("        groupBarrier();")
         if k > 0:
             lines.append(
-                f"        tileActivationGradient<{s}, {n_in}, Gradient, Tile{k}>(first, end, "
-                f"{self.network.slopes[k - 1]});\n        groupBarrier();"
+                f"        tileActivationGradient<{s}, {n_in}, {self.network.activations[k - 1]}, Gradient, "
+                f"Tile{k}>(first, end);\n        groupBarrier();"
             )
         elif input_gradient:
             lines.append(f"        storeTile<T, {s}, {n_in}, {n_in}, Gradient>(dx, tile, first, end);")

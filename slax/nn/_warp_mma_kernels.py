@@ -34,11 +34,12 @@ tiles)."""
 
 
 def warp_mma_loss_grad(
-    layers: list[tuple[int, int]], offsets: list[int], slopes: list[float], row: int, scratch: int
+    layers: list[tuple[int, int]], offsets: list[int], activations: list[str], row: int, scratch: int
 ) -> str:
     """``mlp_loss_grad`` of the network whose layers are ``layers`` ((in, out) pairs, at most
-    WARP_MMA_WIDTH wide), starting at ``offsets`` in the flat parameter layout, with LeakyReLU
-    ``slopes`` (1: affine), writing rows of ``row`` partial sums. Each warp leaves its sums in a row
+    WARP_MMA_WIDTH wide), starting at ``offsets`` in the flat parameter layout, with
+    ``activations`` (``IActivation`` types, ``shaders/nn/activations.slang``), writing rows of
+    ``row`` partial sums. Each warp leaves its sums in a row
     of the preamble's group-shared ``GroupScratch`` (``scratch`` floats), and the thread group adds
     the warps' rows in order."""
     if GROUP_SIZE // 32 * row > scratch:
@@ -48,17 +49,20 @@ def warp_mma_loss_grad(
     sizes = [layers[0][0]] + [n_out for _, n_out in layers]
     last = len(layers) - 1
     setup = "\n".join(
-        f"    let layer{k} = HalfLayer<{i}, {o}, {w}>(params, lane, {slope});\n"
+        f"    let layer{k} = HalfLayer<{i}, {o}, {w}, {activation}>(params, lane);\n"
         f"    var sums{k} = HalfLayerSums();"
-        for k, ((i, o), w, slope) in enumerate(zip(layers, offsets, slopes))
+        for k, ((i, o), w, activation) in enumerate(zip(layers, offsets, activations))
     )
-    forward = "\n".join(f"        let h{k + 1} = layer{k}.forward(h{k});" for k in range(len(layers)))
+    forward = "\n".join(
+        f"        uint4 kept{k + 1};\n        let h{k + 1} = layer{k}.forward(h{k}, kept{k + 1});"
+        for k in range(len(layers))
+    )
     backward = []
     for k in reversed(range(len(layers))):
         input_gradient = "true" if k else "false"  # nothing reads the input's gradient
         backward.append(f"        layer{k}.backward(h{k}, d{k + 1}, sums{k}, {input_gradient}, d{k});")
         if k:
-            backward.append(f"        layer{k - 1}.activationGradient(h{k}, d{k});")
+            backward.append(f"        layer{k - 1}.activationGradient(kept{k}, d{k});")
     gradients = " ".join(f"float4 d{k}[2];" for k in range(len(layers) + 1))
     reduce = "\n".join(
         f"    for (int j = 0; j < 2; j++) sums{k}.bias[j] = reduceOverRows(sums{k}.bias[j]);\n"
@@ -96,7 +100,8 @@ def warp_mma_loss_grad(
         }}
 {forward}
         {gradients}
-        loss += squaredErrors<{sizes[-1]}>(h{last + 1}, targetRows, activeTop, activeBottom, d{last + 1});
+        loss += squaredErrors<{sizes[-1]}>(h{last + 1}, targetRows, activeTop, activeBottom, t, d{last + 1});
+        layer{last}.activationGradient(kept{last + 1}, d{last + 1});
 {chr(10).join(backward)}
     }}
 {reduce}

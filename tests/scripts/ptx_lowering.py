@@ -268,6 +268,26 @@ def main() -> None:
             rows,
             jnp.asarray(rng.uniform(size=(1000, sizes[-1])), dtype),
         )
+    # activations besides the defaults, in each CUDA kernel family: a wide network on tensor cores
+    # (tanh, then sigmoid) and on the SIMT tiles (sine, whose hidden layers keep z), a narrow
+    # float16 network's warp tiles (sine, then sigmoid); each its loss and gradient, and the
+    # forward and backward kernels of a gradient
+    for case, sizes, dtype, hidden, output in [
+        ("tensor_cores", (4, 16, 16, 4), jnp.float16, "tanh", "sigmoid"),
+        ("tiles", (4, 16, 16, 4), jnp.float32, "sine", "tanh"),
+        ("warp_mma", (4, 16, 4), jnp.float16, "sine", "sigmoid"),
+    ]:
+        network = slax.nn.mlp_init(
+            jax.random.key(3), sizes, dtype, activation=hidden, output_activation=output
+        )
+        rows = jnp.asarray(rng.uniform(size=(1000, sizes[0])), dtype)
+        targets = jnp.asarray(rng.uniform(size=(1000, sizes[-1])), dtype)
+        cases[f"activations_loss_and_grad_{case}"] = (slax.nn.mlp_loss_and_grad, network, rows, targets)
+        cases[f"activations_apply_grad_{case}"] = (
+            jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).astype(jnp.float32).sum()),
+            network,
+            rows,
+        )
     cases["mlp_apply_grad_with_input_float32"] = (
         jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum(), (0, 1)),
         *cases["mlp_apply_grad_float32"][1:],
