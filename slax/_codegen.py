@@ -14,8 +14,8 @@ For a function ``f`` slax writes up to five entry points, each following the cal
   ``bwd_diff`` makes.
 
 A tensor parameter (SlangPy's ``ITensor``, ``IDiffTensor``, ``IWTensor``, ``IWDiffTensor``) is built
-as slax's concrete type over its operand's pointer (``shaders/slax/tensor.slang``); written tensors
-and gradient buffers are results updated in place (:class:`ResultSlot`).
+as slax's concrete type over its operand's pointer (``shaders/slax/tensor.slang``); written tensors,
+their tangents and gradient buffers are results updated in place (:class:`ResultSlot`).
 
 Each thread handles one grid point. Operand ``k`` is read at its row-major offset for that point, its
 broadcast axes (compiled into the kernel) left out, times its element size; results are dense over
@@ -49,6 +49,9 @@ class Mode(enum.Enum):
 
 
 NAME_PREFIX = "slax_"
+
+_NULL = "(uint*)0"
+"""A null fault record: a kernel that records nothing."""
 
 
 def name_prefix(taken: Iterable[str]) -> str:
@@ -99,8 +102,10 @@ def operand_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
     loads' backward adds into; ``tangent_of_tangent``: ``dx`` (the inner tangent), ``dx`` (the outer
     tangent of the primal), ``dx`` (the outer tangent of the inner tangent);
     ``tangent_of_cotangent``: ``dy`` (the cotangent), ``dx`` (the primal's tangent), ``dy`` (the
-    cotangent's tangent). Second derivatives of functions with tensor parameters are refused before
-    a kernel is written."""
+    cotangent's tangent). A differentiable input tensor's tangent is a whole array of its shape; a
+    differentiable written tensor's tangent is written into its zeroed operand (:func:`result_slots`).
+    Last, a zeroed fault record (:data:`FAULT`) where the kernel keeps one (:func:`keeps_fault_record`).
+    Second derivatives of functions with tensor parameters are refused before a kernel is written."""
     leaves = [leaf for value in signature.inputs for leaf in value.leaves]
     dx = differentiable_leaves(signature.inputs, input_differentiable)
     dy = differentiable_leaves(signature.outputs, output_differentiable)
@@ -113,7 +118,7 @@ def operand_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
         Mode.TANGENT_OF_COTANGENT: dy + dx + dy,
     }
     leaves += extra[mode]
-    if _checks_bounds(signature, mode):  # the zeroed fault record, updated in place
+    if keeps_fault_record(signature, mode):  # the zeroed fault record, updated in place
         leaves.append(FAULT)
     return leaves
 
@@ -122,13 +127,28 @@ def _checks_bounds(signature: Signature, mode: Mode) -> bool:
     return signature.bounds_checked and mode is Mode.PRIMAL
 
 
+def _checks_tangents(signature: Signature, mode: Mode) -> bool:
+    """Does a forward-mode kernel record a load or store that dropped its tangent (SlangPy's
+    rank-specific index forms, ``shaders/slax/tensor.slang``)?"""
+    return mode is Mode.TANGENT and any(
+        _diff_tensor(value, written=False) or _diff_tensor(value, written=True) for value in signature.params
+    )
+
+
+def keeps_fault_record(signature: Signature, mode: Mode) -> bool:
+    """Does the kernel take a fault record (its last operand, updated in place): a bounds-checked
+    primal kernel's first index outside a tensor, or a forward-mode kernel's first load or store
+    that dropped its tangent?"""
+    return _checks_bounds(signature, mode) or _checks_tangents(signature, mode)
+
+
 @dataclasses.dataclass(frozen=True)
 class ResultSlot:
     """A kernel result: its leaf, and where its shape comes from. By default it is dense over the
     grid (``grid + leaf.shape``); ``like_operand`` shapes it as that operand (a tensor's result);
     ``aliased`` makes it that operand's buffer, updated in place through the operand's pointer (a
     written tensor, a gradient buffer); a ``scratch`` result (``leaf.shape``) is where a written
-    tensor's stores go while ``bwd_diff`` replays the function, and is dropped."""
+    tensor's stores go while ``fwd_diff`` or ``bwd_diff`` replays the function, and is dropped."""
 
     leaf: Leaf
     like_operand: int | None = None
@@ -139,35 +159,43 @@ class ResultSlot:
 def result_slots(signature: Signature, mode: Mode) -> list[ResultSlot]:
     """The kernel's results in order: the outputs (``PRIMAL``), the tangents of the differentiable
     outputs (``TANGENT``, and their second tangents in ``TANGENT_OF_TANGENT``) or the cotangents of
-    the differentiable inputs and a scratch result per written tensor (``COTANGENT``; their tangents
-    in ``TANGENT_OF_COTANGENT``)."""
+    the differentiable inputs (``COTANGENT``; their tangents in ``TANGENT_OF_COTANGENT``). A
+    written tensor's tangent is its zeroed operand, updated in place; ``TANGENT`` and ``COTANGENT``
+    add a scratch result per written tensor, and the fault record last where the kernel keeps one."""
     position = {id(value): k for k, value in enumerate(signature.inputs)}  # tensors have one leaf
     first = [sum(len(v.leaves) for v in signature.inputs[:k]) for k in range(len(signature.inputs))]
 
     def operand(value: Value) -> int:
         return first[position[id(value)]]
 
+    scratch = [
+        ResultSlot(dataclasses.replace(value.leaves[0], shape=value.tensor.element), scratch=True)
+        for value in signature.inputs
+        if value.tensor is not None and value.tensor.written
+    ]
+    fault = []
+    if keeps_fault_record(signature, mode):
+        fault = [ResultSlot(FAULT, len(operand_leaves(signature, mode)) - 1, aliased=True)]
     if mode is Mode.PRIMAL:
         slots = [
             ResultSlot(leaf, operand(value), aliased=True) if value.tensor else ResultSlot(leaf)
             for value in signature.outputs
             for leaf in value.leaves
         ]
-        if _checks_bounds(signature, mode):
-            slots.append(ResultSlot(FAULT, len(operand_leaves(signature, mode)) - 1, aliased=True))
-        return slots
+        return slots + fault
     if mode is Mode.TANGENT_OF_TANGENT:
         return [ResultSlot(leaf) for leaf in differentiable_leaves(signature.outputs, output_differentiable)]
     if mode is Mode.TANGENT_OF_COTANGENT:
         return [ResultSlot(leaf) for leaf in differentiable_leaves(signature.inputs, input_differentiable)]
     if mode is Mode.TANGENT:
-        return [
-            ResultSlot(leaf, operand(value)) if value.tensor else ResultSlot(leaf)
+        slots = [
+            ResultSlot(leaf, operand(value), aliased=True) if value.tensor else ResultSlot(leaf)
             for value in signature.outputs
             if output_differentiable(value)
             for leaf in value.leaves
             if leaf.differentiable
         ]
+        return slots + scratch + fault
     accumulator = len(operand_leaves(signature, mode)) - sum(
         _diff_tensor(v, written=False) for v in signature.inputs
     )
@@ -180,11 +208,7 @@ def result_slots(signature: Signature, mode: Mode) -> list[ResultSlot]:
             accumulator += 1
         else:
             slots += [ResultSlot(leaf) for leaf in value.leaves if leaf.differentiable]
-    for value in signature.inputs:
-        if value.tensor and value.tensor.written:
-            element = value.tensor.element
-            slots.append(ResultSlot(dataclasses.replace(value.leaves[0], shape=element), scratch=True))
-    return slots
+    return slots + scratch
 
 
 def result_leaves(signature: Signature, mode: Mode) -> list[Leaf]:
@@ -314,10 +338,14 @@ class _KernelWriter:
         for d in reversed(range(self.rank)):
             grid = self.names.grid(d)
             emit(f"uint {local(f'c{d}')} = {rest} % {grid}; {rest} = {rest} / {grid};")
-        self.fault = "(uint*)0"
-        if _checks_bounds(self.sig, self.mode):
+        record = _NULL
+        if keeps_fault_record(self.sig, self.mode):
             k = len(self.operands) - 1
-            self.fault = f"{self.names.operand(k)} + ({self._operand_offset(k)}) * {FAULT.size}"
+            record = f"{self.names.operand(k)} + ({self._operand_offset(k)}) * {FAULT.size}"
+        self.fault = record if _checks_bounds(self.sig, self.mode) else _NULL
+        self.dropped_tangent = record if _checks_tangents(self.sig, self.mode) else _NULL
+        first_scratch = sum(not slot.aliased and not slot.scratch for slot in self.result_slots)
+        self.scratch_results = itertools.count(first_scratch)
         self.tensor_ids = {id(v): k for k, v in enumerate(v for v in self.sig.params if v.tensor)}
         for value in self.sig.inputs:
             self._load_value(value)
@@ -376,14 +404,23 @@ class _KernelWriter:
 
     def _load_tensor(self, value: Value) -> None:
         """Builds a tensor parameter's value over its operand (at the thread's grid point: a tensor
-        vmapped over a grid axis is one tensor per index of it). In ``bwd_diff``, which replays the
-        function's stores, a written tensor's primal is a scratch result instead (below)."""
+        vmapped over a grid axis is one tensor per index of it). In ``fwd_diff`` and ``bwd_diff``,
+        which replay the function's stores, a written tensor's primal is a scratch result instead,
+        and in ``fwd_diff`` a differentiable one's tangent is its operand (:func:`result_slots`).
+        An input tensor's tangent is bound where ``fwd_diff`` reads tangents (``_tangent_call``)."""
         var = self._declare(value)
         assert value.tensor is not None
-        if self.mode is Mode.COTANGENT and value.tensor.written:
-            self.next_operand += 1
+        if value.tensor.kernel_type != "SlaxTensor":  # where forward mode records a dropped tangent
+            tracked = _diff_tensor(value, written=value.tensor.written)
+            self.lines.append(f"{var}._dropped_tangent = {self.dropped_tangent if tracked else _NULL};")
+        pointer = self._next_operand_pointer(value.leaves[0])
+        if self.mode is Mode.PRIMAL or not value.tensor.written:
+            self._bind_tensor(var + _primal_field(value), value, pointer)
             return
-        self._bind_tensor(var + _primal_field(value), value, self._next_operand_pointer(value.leaves[0]))
+        scratch = self.names.result(next(self.scratch_results))
+        self._bind_tensor(var + _primal_field(value), value, scratch, scratch=True)
+        if self.mode is Mode.TANGENT and output_differentiable(value):
+            self._bind_tensor(var + "._tangent", value, pointer)
 
     def _next_operand_pointer(self, leaf: Leaf) -> str:
         k = self.next_operand
@@ -399,7 +436,7 @@ class _KernelWriter:
         shape = leaf.shape[:rank]
         strides = [0 if scratch else math.prod(shape[d + 1 :]) for d in range(rank)]
         self.lines += [
-            f"{target}._fault = {'(uint*)0' if scratch else self.fault};",
+            f"{target}._fault = {_NULL if scratch else self.fault};",
             f"{target}._id = {self.tensor_ids[id(value)]};",
             f"{target}._data = ({leaf.slang_type}*)({pointer});",
             f"{target}._shape = {{{', '.join(str(n) for n in shape)}}};",
@@ -533,9 +570,11 @@ class _KernelWriter:
         for value in self.sig.outputs:
             self._store_value(value)
 
-    def _tangent_call(self) -> None:
-        """``fwd_diff(f)``: a differential pair for each differentiable parameter (an ``out`` one's
-        starts empty), and the tangents of the differentiable outputs read from the pairs."""
+    def _forward_arguments(self, pair_of: Callable[[Value], str], order: int) -> list[str]:
+        """The arguments of ``fwd_diff`` nested ``order`` times, in the parameters' order: a pair
+        ``{name}_pair`` for each differentiable parameter, an input's ``pair_of(value)`` (which may
+        declare locals first), an ``out`` one's empty; the others as they are (an ``out`` one
+        declared)."""
         args = []
         for value in self.sig.params:
             if not _is_diff(value):
@@ -543,11 +582,24 @@ class _KernelWriter:
                 continue
             pair = self.local(value, "_pair")
             if value.direction is Direction.OUT:
-                self.lines.append(f"var {pair} = diffPair({self._declare(value)});")
+                self.lines.append(f"var {pair} = {'diffPair(' * order}{self._declare(value)}{')' * order};")
             else:
-                tangent = self._load_differential(value, "_t", tangent=True)
-                self.lines.append(f"var {pair} = diffPair({self.local(value)}, {tangent});")
+                self.lines.append(f"var {pair} = {pair_of(value)};")
             args.append(pair)
+        return args
+
+    def _tangent_call(self) -> None:
+        """``fwd_diff(f)``: a differential pair for each differentiable parameter (an ``out`` one's
+        starts empty), and the tangents of the differentiable outputs read from the pairs. An input
+        tensor's tangent is bound where its loads' forward derivative reads it."""
+        tangents = {}
+        for value in self.sig.inputs:
+            if _diff_tensor(value, written=False):
+                pointer = self._next_operand_pointer(value.leaves[0])
+                self._bind_tensor(self.local(value) + "._tangent", value, pointer)
+            elif _is_diff(value):
+                tangents[id(value)] = self._load_differential(value, "_t", tangent=True)
+        args = self._forward_arguments(lambda v: f"diffPair({self.local(v)}, {tangents[id(v)]})", order=1)
         self._call(f"fwd_diff({self.sig.name})", args, self.names.local("result_pair"))
         for value in self.sig.outputs:
             if _is_diff(value):
@@ -569,12 +621,6 @@ class _KernelWriter:
             if _diff_tensor(value, written=False):  # its loads' backward adds into the zeroed buffer
                 pointer = self._next_operand_pointer(value.leaves[0])
                 self._bind_tensor(self.local(value) + "._grad_out._tensor", value, pointer)
-        scratch = sum(not slot.aliased and not slot.scratch for slot in self.result_slots)
-        for value in self.sig.inputs:
-            if value.tensor is not None and value.tensor.written:
-                target = self.local(value) + _primal_field(value)
-                self._bind_tensor(target, value, self.names.result(scratch), scratch=True)
-                scratch += 1
         args = []
         pairs = []
         for value in self.sig.params:
@@ -604,19 +650,12 @@ class _KernelWriter:
             role: {id(v): self._load_differential(v, role, tangent=True) for v in inputs}
             for role in ("_t", "_e", "_et")
         }
-        args = []
-        for value in self.sig.params:
-            if not _is_diff(value):
-                args.append(self._declare(value) if value.direction is Direction.OUT else self.local(value))
-                continue
-            pair = self.local(value, "_pair")
-            if value.direction is Direction.OUT:
-                self.lines.append(f"var {pair} = diffPair(diffPair({self._declare(value)}));")
-            else:
-                t, e, et = (loaded[role][id(value)] for role in ("_t", "_e", "_et"))
-                inner = f"diffPair({self.local(value)}, {t})"
-                self.lines.append(f"var {pair} = diffPair({inner}, diffPair({e}, {et}));")
-            args.append(pair)
+
+        def pair_of(value: Value) -> str:
+            t, e, et = (loaded[role][id(value)] for role in ("_t", "_e", "_et"))
+            return f"diffPair(diffPair({self.local(value)}, {t}), diffPair({e}, {et}))"
+
+        args = self._forward_arguments(pair_of, order=2)
         self._call(f"fwd_diff(fwd_diff({self.sig.name}))", args, self.names.local("result_pair"))
         for value in self.sig.outputs:
             if _is_diff(value):
@@ -658,16 +697,9 @@ class _KernelWriter:
         emit("{")
         start = len(self.lines)
         numbering = iter(range(len(components)))
-        args = []
-        for value in self.sig.params:
-            if not _is_diff(value):
-                args.append(self._declare(value) if value.direction is Direction.OUT else self.local(value))
-                continue
-            pair = self.local(value, "_pair")
-            if value.direction is Direction.OUT:
-                emit(f"var {pair} = diffPair(diffPair({self._declare(value)}));")
-                args.append(pair)
-                continue
+
+        def pair_of(value: Value) -> str:
+            """The pair along the input component the loop is at: ``e_k``, one 1 among 0s."""
             given = {}
             for k, leaf in enumerate(value.leaves):
                 if leaf.differentiable:
@@ -681,9 +713,9 @@ class _KernelWriter:
                 if not value.is_struct
                 else self._tangent_of_leaves(value, given, self.local(value, "_e"))
             )
-            inner = f"diffPair({self.local(value)}, {tangents[id(value)]})"
-            emit(f"var {pair} = diffPair({inner}, diffPair({direction}));")
-            args.append(pair)
+            return f"diffPair(diffPair({self.local(value)}, {tangents[id(value)]}), diffPair({direction}))"
+
+        args = self._forward_arguments(pair_of, order=2)
         self._call(f"fwd_diff(fwd_diff({self.sig.name}))", args, self.names.local("result_pair"))
         emit(f"float {total} = 0.0;")
         for value in outputs:

@@ -28,6 +28,7 @@ from slax._codegen import (
     Mode,
     ResultSlot,
     input_differentiable,
+    keeps_fault_record,
     kernel_source,
     operand_leaves,
     output_differentiable,
@@ -127,17 +128,36 @@ def check_bounds(function: FunctionSpec, operands, routes: LaunchRoutes) -> None
     record = slang_call_p.bind(
         *jax.lax.stop_gradient(list(operands)), fault, function=checked, routes=routes
     )[-1]
-    tensors = [value for value in signature.params if value.tensor is not None]
-    jax.debug.callback(functools.partial(_raise_if_outside, function.name, tensors), record)
+    _raise_on_fault(checked, record)
 
 
-def _raise_if_outside(name: str, tensors, record) -> None:
+_DROPPED_TANGENT = 0xFFFFFFFF
+"""The axis a fault record names for a load or store that dropped its tangent
+(``SLAX_DROPPED_TANGENT`` in ``shaders/slax/tensor.slang``)."""
+
+
+def _raise_on_fault(function: FunctionSpec, record) -> None:
+    """Raises, when the kernel has run, the fault its record (:data:`FAULT`) holds, if any."""
+    tensors = [value for value in function.signature.params if value.tensor is not None]
+    jax.debug.callback(functools.partial(_raise_if_fault, function.name, tensors), record)
+
+
+def _raise_if_fault(name: str, tensors, record) -> None:
     records = np.asarray(record).reshape(-1, FAULT.size)
     found = records[records[:, 0] != 0]
     if not len(found):
         return
     position, axis, index = (int(v) for v in found[0])
     value = tensors[position - 1]
+    if axis == _DROPPED_TANGENT:
+        raise NotImplementedError(
+            f"slax: forward mode (jax.jvp, jax.jacfwd) through Slang function {name!r} would drop the "
+            f"tangent of its tensor parameter {value.name!r} ({value.slang_type}): it indexes the "
+            "tensor with SlangPy's rank-specific forms (x[i], w[i, j], x.load(i)), built on reads "
+            "and writes SlangPy does not declare differentiable. Index it with one array or vector "
+            "(int at[1] = { i }; x[at], or w[int2(j, i)]), whose load and store carry tangents; "
+            "jax.grad, jax.vjp and jax.jacrev work either way."
+        )
     shape = value.leaves[0].shape[: value.tensor.rank]
     raise IndexError(
         f"slax: Slang function {name!r} indexed its tensor parameter {value.name!r} (shape {shape}) "
@@ -234,14 +254,14 @@ def _require_mode(function: FunctionSpec, mode: Mode) -> None:
             f"on it, or [BackwardDerivativeOf({name})] on g)."
         )
     tensors = [value.name for value in function.signature.params if value.tensor is not None]
-    if mode in (Mode.TANGENT, Mode.TANGENT_OF_TANGENT, Mode.TANGENT_OF_COTANGENT) and tensors:
+    if mode in (Mode.TANGENT_OF_TANGENT, Mode.TANGENT_OF_COTANGENT) and tensors:
         raise NotImplementedError(
-            f"slax: Slang function {name!r} takes tensor parameter(s) {', '.join(map(repr, tensors))}, "
-            "and forward mode (jax.jvp, jax.jacfwd) and second derivatives (jax.hessian, jax.grad of "
-            "jax.grad) through tensors are not supported: SlangPy's tensor loads and stores have "
-            "backward derivatives only (their fwd_diff carries no tangent), so slax would return "
-            "zeros. jax.grad, jax.vjp and jax.jacrev work; for a Jacobian-vector product, "
-            "differentiate a pure-JAX twin, or pass the values element-wise."
+            f"slax: second derivatives (jax.hessian, jax.jacfwd of jax.grad, jax.grad of jax.grad) of "
+            f"Slang function {name!r} are not supported: it takes tensor parameter(s) "
+            f"{', '.join(map(repr, tensors))}, and slax's second-order kernels nest fwd_diff, which "
+            "would need a tangent of each tensor's tangent (and run once per input component: every "
+            "element of a tensor). First derivatives work: jax.jvp, jax.jacfwd, jax.grad, jax.vjp, "
+            "jax.jacrev."
         )
     if mode in (Mode.TANGENT_OF_TANGENT, Mode.TANGENT_OF_COTANGENT):
         _require_nested(function, mode)
@@ -298,11 +318,7 @@ def _call_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes
     if all(type(t) is Zero for t in live) or not any(out_mask):
         return outputs, [_zero_tangent(o) for o in outputs]
     live = [instantiate_zeros(t) for t in live]
-    computed = slang_tangent_p.bind(*primals, *live, function=function, routes=routes)
-    check_finite(
-        f"fwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *live], computed
-    )
-    diff_tangents = iter(computed)
+    diff_tangents = iter(_forward(function, routes, primals, live))
     out_tangents = [next(diff_tangents) if diff else _zero_tangent(o) for o, diff in zip(outputs, out_mask)]
     return outputs, out_tangents
 
@@ -311,13 +327,40 @@ def _zero_tangent(primal) -> Zero:
     return Zero(jax.typeof(primal).to_tangent_aval())
 
 
+def _forward(function: FunctionSpec, routes: LaunchRoutes, primals, tangents) -> list:
+    """``fwd_diff(f)`` at ``primals`` along ``tangents``: the tangents of the differentiable
+    outputs. A function with differentiable tensors also passes a zeroed fault record, whose
+    dropped tangent raises when the kernel has run (``keeps_fault_record``); it and the scratch
+    results are dropped."""
+    record = (
+        [jnp.zeros(FAULT.shape, jnp.uint32)] if keeps_fault_record(function.signature, Mode.TANGENT) else []
+    )
+    outputs = slang_tangent_p.bind(*primals, *tangents, *record, function=function, routes=routes)
+    if record:
+        _raise_on_fault(function, outputs[-1])
+    outputs = outputs[: _num_tangents(function)[1]]
+    check_finite(
+        f"fwd_diff of Slang function {function.name!r} ({function.path})", [*primals, *tangents], outputs
+    )
+    return outputs
+
+
+def _num_tangents(function: FunctionSpec) -> tuple[int, int]:
+    """How many tangent operands the forward-mode kernel takes and tangent results it gives, before
+    its fault record (and its scratch results)."""
+    signature = function.signature
+    inputs = sum(_differentiable_mask(signature.inputs, input_differentiable))
+    return inputs, sum(_differentiable_mask(signature.outputs, output_differentiable))
+
+
 def _tangent_transpose(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
-    primals, tangents = operands[: _num_primals(function)], operands[_num_primals(function) :]
+    n, (inputs, outputs) = _num_primals(function), _num_tangents(function)
+    primals, tangents = operands[:n], operands[n : n + inputs]
     _require_linear_only_in(function, Mode.TANGENT, primals)
-    cotangents = [instantiate_zeros(ct) for ct in cotangents]
+    cotangents = [instantiate_zeros(ct) for ct in cotangents[:outputs]]
     buffers = _gradient_buffers(function, primals)
     grads = _bind(slang_cotangent_p, function, routes, primals, [*cotangents, *buffers])
-    return [None] * len(primals) + _sum_to_shapes(grads, tangents)
+    return [None] * n + _sum_to_shapes(grads, tangents) + [None] * (len(operands) - n - inputs)
 
 
 def _gradient_buffers(function: FunctionSpec, primals) -> list[jax.Array]:
@@ -361,12 +404,13 @@ def _live_tangents(function: FunctionSpec, tangents) -> list | None:
 def _tangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchRoutes):
     """``fwd_diff(f)`` is linear in its tangents, whose own tangents pass through it; a tangent of
     its primal inputs makes the second tangent ``fwd_diff(fwd_diff(f))`` (forward over forward)."""
-    n = _num_primals(function)
+    n, (inputs, results) = _num_primals(function), _num_tangents(function)
     outputs = slang_tangent_p.bind(*primals, function=function, routes=routes)
     outer = _live_tangents(function, tangents[:n])
-    inner = [instantiate_zeros(t) for t in tangents[n:]]
+    inner = [instantiate_zeros(t) for t in tangents[n : n + inputs]]
     if outer is None:
-        return outputs, _bind(slang_tangent_p, function, routes, primals[:n], inner)
+        linear = _forward(function, routes, primals[:n], inner)
+        return outputs, linear + [_zero_tangent(o) for o in outputs[results:]]
     _require_mode(function, Mode.TANGENT_OF_TANGENT)  # at trace time, before a kernel is written
     return outputs, _bind(slang_tangent_of_tangent_p, function, routes, primals, [*outer, *inner])
 
@@ -457,7 +501,7 @@ def _tangent_of_cotangent_transpose(cotangents, *operands, function: FunctionSpe
     else:
         grads += [None] * len(dx)
     if any(is_undefined_primal(t) for t in dct):
-        grads += _sum_to_shapes(_bind(slang_tangent_p, function, routes, x, w), dct)
+        grads += _sum_to_shapes(_forward(function, routes, x, w), dct)
     else:
         grads += [None] * len(dct)
     return grads

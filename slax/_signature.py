@@ -97,12 +97,19 @@ _REFUSED_TENSOR_TYPES = {
     "RWTensor": "a read-write tensor updated in place",
     "RWDiffTensor": "a read-write tensor updated in place",
     "AtomicTensor": "a read-write tensor updated in place",
-    "Tensor": "SlangPy's concrete tensor, which holds a StructuredBuffer",
-    "WTensor": "SlangPy's concrete tensor, which holds a StructuredBuffer",
-    "DiffTensor": "SlangPy's concrete tensor, which holds StructuredBuffers",
-    "WDiffTensor": "SlangPy's concrete tensor, which holds StructuredBuffers",
-    "PrimalTensor": "SlangPy's concrete tensor, which holds a StructuredBuffer",
 }
+_CONCRETE_TENSOR_TYPES = {
+    "Tensor": "ITensor",
+    "WTensor": "IWTensor",
+    "DiffTensor": "SlaxDiffTensor",
+    "WDiffTensor": "SlaxWDiffTensor",
+    "PrimalTensor": "IDiffTensor",
+}
+"""SlangPy's concrete tensors, and what to declare instead. Compiled for SlangPy's CPU device or
+Vulkan they hold ``StructuredBuffer``/``RWByteAddressBuffer`` resources (pointers only when compiled
+for CUDA, ``StorageTraits`` in SlangPy's ``core.slang``), which a kernel handed XLA's buffers as
+pointers cannot make; slax's types (``shaders/slax/tensor.slang``) have the same members over
+pointers on every route."""
 _TENSOR_ARGUMENTS = re.compile(r"^\w+<(.+),\s*(\d+)>$")
 
 
@@ -263,7 +270,7 @@ def _read_value(
 
 
 def _is_tensor(slang_type: spy.TypeReflection) -> bool:
-    return slang_type.name in _TENSOR_TYPES or slang_type.name in _REFUSED_TENSOR_TYPES
+    return slang_type.name in (*_TENSOR_TYPES, *_REFUSED_TENSOR_TYPES, *_CONCRETE_TENSOR_TYPES)
 
 
 def _read_tensor(name, slang_type, no_diff, function, layout) -> Value:
@@ -271,6 +278,23 @@ def _read_tensor(name, slang_type, no_diff, function, layout) -> Value:
     completes with the tensor's dims. A written tensor is ``inout``: its operand is the zeroed
     array the kernel writes into, which the call returns."""
     base = slang_type.name
+    found = _TENSOR_ARGUMENTS.match(slang_type.full_name)
+    if base in _CONCRETE_TENSOR_TYPES:
+        instead = _CONCRETE_TENSOR_TYPES[base]
+        instead += f"<{found.group(1)}, {found.group(2)}>" if found else "<T, D>"
+        raise TypeError(
+            f"slax: parameter {name!r} of Slang function {function!r} has type "
+            f"{slang_type.full_name!r}, SlangPy's concrete tensor, which holds StructuredBuffer "
+            "resources on SlangPy's CPU device and Vulkan (pointers only on CUDA) that no slax kernel "
+            "can make from XLA's buffers; slax refuses it on every route, so that a module runs the "
+            f"same on each. Declare it {instead} instead"
+            + (
+                " (`import slax.tensor;`): SlangPy's members (`_primal`, `_grad_out`, `_grad_in`) over "
+                "pointers, so a custom derivative writing `_grad_out.add(idx, g)` reads the same."
+                if instead.startswith("Slax")
+                else "."
+            )
+        )
     if base in _REFUSED_TENSOR_TYPES:
         raise TypeError(
             f"slax: parameter {name!r} of Slang function {function!r} has type "
@@ -281,7 +305,6 @@ def _read_tensor(name, slang_type, no_diff, function, layout) -> Value:
             "SlaxDiffTensor<T, D> or SlaxWDiffTensor<T, D> (`import slax.tensor;`), whose `_primal`, "
             "`_grad_out` and `_grad_in` are SlangPy's DiffTensor's."
         )
-    found = _TENSOR_ARGUMENTS.match(slang_type.full_name)
     element = layout.find_type_by_name(found.group(1)) if found else None
     if found is None or element is None:
         raise TypeError(

@@ -113,5 +113,4 @@ TENSOR_EXAMPLES = (
         lambda r, d: (_uniform(r, d, 5, 7, 3), _uniform(r, d, 40, 2, low=0.0, high=1.0)),
     ),
 )
-"""Functions of :data:`TENSOR_MODULE`; they differentiate in reverse mode only (SlangPy's tensor
-loads have backward derivatives only)."""
+"""Functions of :data:`TENSOR_MODULE`, which differentiate in forward and reverse mode (first order)."""

@@ -96,14 +96,16 @@ def test_custom_activation_writes_its_gradient_buffer(mod):
 
 def test_buffer_read_through_a_custom_derivative(mod):
     """Slang's autodiff guide's pattern: parameters read by getParam, whose backward derivative adds
-    into the gradient buffer; every grid point reads the same two parameters."""
-    params = jnp.array([0.7, -1.3])
+    into the gradient buffer and whose forward derivative reads the tangent buffer; every grid
+    point reads the same two parameters."""
+    params, tangent = jnp.array([0.7, -1.3]), jnp.array([0.4, 1.1])
     x = jax.random.normal(jax.random.key(4), (100,))
     target = 3.0 * x - 2.0
     loss = lambda f: lambda p: ((f(p) - target) ** 2).mean()  # noqa: E731
     slang, twin = loss(lambda p: mod.fit_line(p, x)), loss(lambda p: p[0] * x + p[1])
     close(slang(params), twin(params))
     close(jax.grad(slang)(params), jax.grad(twin)(params))
+    close(jax.jvp(slang, (params,), (tangent,))[1], jax.jvp(twin, (params,), (tangent,))[1])
 
 
 @pytest.fixture(scope="module")
@@ -180,14 +182,15 @@ def test_jit_vmap_scan_and_pytrees(mod, bilinear, texture_and_uv):
 
 
 def test_check_grads_covers_tensor_examples(rng):
-    """slax.testing.check_grads on each function of shaders/tensor_examples.slang (reverse mode),
-    as experiments/gradcheck.py runs it."""
+    """slax.testing.check_grads on each function of shaders/tensor_examples.slang (forward and
+    reverse mode), as experiments/gradcheck.py runs it."""
     module = slax.load_module(TENSOR_MODULE)
     for example in TENSOR_EXAMPLES:
         args = example.draw(rng, jnp.float32)
-        report = check_grads(getattr(module, example.name), example.twin, *args, modes=("rev",))
+        report = check_grads(getattr(module, example.name), example.twin, *args)
         assert report.passed, report
         assert {row.argument for row in report.rows if row.check == "rev"} == {"texture", "uv"}
+        assert any(row.check == "fwd" for row in report.rows)
 
 
 def test_indices_outside_a_tensor_are_clamped(mod):
@@ -216,11 +219,61 @@ def test_debug_bounds_names_the_parameter_and_the_index(mod, monkeypatch):
     close(mod.read_at(values, outside), values[jnp.array([2, 2]), jnp.array([1, 3])])  # off: clamped
 
 
-@pytest.mark.one_device_kind
-def test_forward_mode_through_tensors_is_refused(bilinear, texture_and_uv):
+def test_jvp_through_tensors_matches_twins(mod, bilinear, texture_and_uv):
+    """jax.jvp carries tangent tensors through fwd_diff: an input tensor's tangent is read where
+    the function reads it, a written tensor's tangent written where it writes; under jit and vmap."""
     texture, uv, _ = texture_and_uv
-    with pytest.raises(NotImplementedError, match=r"'bilinear' takes tensor parameter\(s\) 'texture'"):
-        jax.jvp(lambda t: bilinear(t, uv), (texture,), (texture,))
+    keys = jax.random.split(jax.random.key(10), 4)
+    dtexture, duv = jax.random.normal(keys[0], texture.shape), jax.random.normal(keys[1], uv.shape)
+    jvp = jax.jit(jax.jvp, static_argnums=0)
+    for got, want in zip(
+        jvp(bilinear, (texture, uv), (dtexture, duv)), jax.jvp(bilinear_twin, (texture, uv), (dtexture, duv))
+    ):
+        close(got, want)
+    textures, dtextures = jnp.stack([texture, 1.0 - texture]), jnp.stack([dtexture, -dtexture])
+    batched = jax.vmap(lambda t, dt: jvp(lambda t: bilinear(t, uv), (t,), (dt,)))(textures, dtextures)
+    want = jax.vmap(lambda t, dt: jax.jvp(lambda t: bilinear_twin(t, uv), (t,), (dt,)))(textures, dtextures)
+    for got, expected in zip(batched, want):
+        close(got, expected)
+
+    x, dx = jax.random.normal(keys[2], (37,)), jax.random.normal(keys[3], (37,))
+    scalars, dscalars = (0.7, -1.3, 0.4), (0.2, 1.1, -0.6)
+
+    def slang(a, b, c, x):
+        n = x.shape[0]
+        return mod.polynomial_by_array(slax.grid((n,)), a, b, c, x, jax.ShapeDtypeStruct((n,), jnp.float32))
+
+    twin = lambda a, b, c, x: a * x * x + b * x + c  # noqa: E731
+    primals, tangents = (*scalars, x), (*dscalars, dx)
+    for got, want in zip(jvp(slang, primals, tangents), jax.jvp(twin, primals, tangents)):
+        close(got, want)
+    close(jax.jacfwd(slang, 3)(*scalars, x[:5]), jax.jacfwd(twin, 3)(*scalars, x[:5]))
+
+    albedo, light = jax.random.uniform(keys[0], (4, 6, 3)), jax.random.uniform(keys[1], (4, 6, 3))
+    dalbedo, dlight = jax.random.normal(keys[2], (4, 6, 3)), jax.random.normal(keys[3], (4, 6, 3))
+    shade = lambda a, b: mod.shade(slax.grid((4, 6)), a, b, (4, 6, 3))  # noqa: E731
+    close(jvp(shade, (albedo, light), (dalbedo, dlight))[1], albedo * dlight)  # albedo is an ITensor
+
+
+@pytest.mark.one_device_kind
+def test_forward_mode_that_would_drop_a_tangent_raises(mod):
+    """SlangPy's rank-specific index forms (`x[idx]`, `result[idx] = ...`) have no forward
+    derivative that carries a tangent: jax.jvp raises, naming the function and the parameter,
+    rather than return zeros, whether the load's tangent or the store's would be lost."""
+    x = jnp.array([1.0, 2.0, 3.0, 4.0])
+    message = r"'polynomial' would drop the tangent of its tensor parameter 'x'"
+    with pytest.raises(NotImplementedError, match=message):
+        jax.jvp(lambda x: polynomial(mod, 2.0, 8.0, -1.0, x), (x,), (x,))
+    with pytest.raises(NotImplementedError, match=r"'polynomial' would drop the tangent"):
+        jax.jvp(lambda a: polynomial(mod, a, 8.0, -1.0, x), (2.0,), (1.0,))
+
+
+@pytest.mark.one_device_kind
+def test_second_derivatives_through_tensors_are_refused(bilinear, texture_and_uv):
+    texture, uv, _ = texture_and_uv
+    message = r"second derivatives .* 'bilinear' .* tensor parameter\(s\) 'texture'"
+    with pytest.raises(NotImplementedError, match=message):
+        jax.jacfwd(jax.grad(lambda t: bilinear(t, uv[:2]).sum()))(texture)
 
 
 @pytest.mark.one_device_kind
@@ -257,6 +310,12 @@ def test_forward_mode_through_tensors_is_refused(bilinear, texture_and_uv):
             lambda m, b, x: m.concrete_tensor(slax.grid((5, 7)), x, (5, 7, 3)),
             TypeError,
             "'albedo'.*StructuredBuffer",
+        ),
+        (
+            lambda m, b, x: m.concrete_activation(slax.grid((4,)), x[0, :4, 0]),
+            TypeError,
+            r"'input' of Slang function 'concrete_activation' has type 'DiffTensor<float, 1>'.*"
+            r"Declare it SlaxDiffTensor<float, 1> instead",
         ),
     ],
 )
