@@ -4,7 +4,9 @@ take runs on every device kind this machine has (``SLAX_TEST_DEVICES`` picks som
 
 The markers decide what CI's legs run (``.ci/run``): the first runs everything (the README's test
 command); the other JAX releases run the tests marked ``jax_version``, those that exercise how slax
-plugs into JAX (its rules, lowerings, sharding, and the API in ``slax/_jax_api.py``)."""
+plugs into JAX (its rules, lowerings, sharding, and the API in ``slax/_jax_api.py``): one
+representative of each mechanism, so a test parametrized over kernels (examples, sizes, dtypes)
+marks one parameter (``pytest.param(..., marks=pytest.mark.jax_version)``), not all of them."""
 
 from __future__ import annotations
 

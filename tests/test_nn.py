@@ -22,13 +22,14 @@ from slax.nn import _tiled_kernels as nn_tiled
 from slax.nn._architecture import Architecture
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
-pytestmark = pytest.mark.jax_version
-
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
+FLOAT32_ON_EVERY_JAX = pytest.param("float32", marks=pytest.mark.jax_version)
+"""A dtype parameter whose tests CI runs on every JAX release: the rules are the same for float16,
+which changes the kernels alone."""
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("batch", [1, 31, 1000])
+@pytest.mark.parametrize("batch", [1, pytest.param(31, marks=pytest.mark.jax_version), 1000])
 @pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
 def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     keys = jax.random.split(jax.random.key(batch + len(sizes)), 3)
@@ -44,7 +45,7 @@ def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     check_grads(loss(nn.mlp_apply), loss(reference), params, x, raises=True)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", [FLOAT32_ON_EVERY_JAX, "float16"])
 @pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
 def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtype, lowered):
     """A training step differentiates the parameters only: nothing reads x's cotangent, and
@@ -90,7 +91,7 @@ def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtyp
     assert backward_kernels() == ["mlp_backward_params"]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", [FLOAT32_ON_EVERY_JAX, "float16"])
 def test_loss_and_grad_matches_reference(dtype):
     keys = jax.random.split(jax.random.key(7), 4)
     params = nn.mlp_init(keys[0], (3, 7, 5), dtype)
@@ -149,6 +150,7 @@ def test_layers_too_wide_for_the_kernels_run_on_xla_and_forcing_a_kernel_is_refu
         jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(shapes)
 
 
+@pytest.mark.jax_version
 def test_batches_past_uint_indices_are_refused_before_they_run():
     """The kernels number threads and index samples' elements with 32-bit uints. A wide network
     runs a thread group of 256 threads per tile, one sample a tile at 3-2048-2048-3, so 2**24
@@ -228,6 +230,7 @@ def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads
             assert relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
 
 
+@pytest.mark.jax_version
 def test_an_empty_batch_launches_nothing_and_gives_zeros():
     """No samples: no kernel runs (a launch would read past the empty buffers), the output is empty,
     and the loss and every gradient are zero, as for plain JAX's sum over no samples."""
@@ -316,6 +319,7 @@ def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks
             cached.cache_clear()
 
 
+@pytest.mark.jax_version
 def test_vmap_gives_per_example_gradients():
     keys = jax.random.split(jax.random.key(4), 2)
     params = nn.mlp_init(keys[0], (3, 7, 5))
@@ -330,6 +334,7 @@ def test_vmap_gives_per_example_gradients():
         assert relative_error(g, w) < RELATIVE_TOLERANCE["float32"]
 
 
+@pytest.mark.jax_version
 def test_vmap_over_parameters():
     keys = jax.random.split(jax.random.key(5), 3)
     stacked = jax.vmap(lambda k: nn.mlp_init(k, (3, 7, 5)))(jax.random.split(keys[0], 3))
@@ -339,6 +344,7 @@ def test_vmap_over_parameters():
     assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
 
 
+@pytest.mark.jax_version
 def test_training_matches_pure_jax():
     """A short jitted optax run: loss falls by >= 10x and follows the pure-JAX run step by step."""
     keys = jax.random.split(jax.random.key(6), 2)
@@ -396,6 +402,7 @@ def test_ravelled_parameters_are_the_kernels_layout():
         )
 
 
+@pytest.mark.jax_version
 def test_scan_over_apply():
     params = nn.mlp_init(jax.random.key(8), (5, 9, 5))
     x = draw_uniform(jax.random.key(9), (4, 5), "float32")
@@ -430,6 +437,7 @@ def test_errors_are_specific():
         nn.mlp_init(jax.random.key(0), (3, 4), jnp.int32)
 
 
+@pytest.mark.jax_version
 @pytest.mark.parametrize("transform", ["grad", "jvp", "hessian"])
 def test_differentiating_loss_and_grad_points_to_mlp_apply(transform):
     params = nn.mlp_init(jax.random.key(0), (3, 4, 2))
@@ -490,6 +498,7 @@ def test_the_cpu_device_gives_the_vulkan_routes_results(dtype):
         assert relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
 
 
+@pytest.mark.jax_version
 def test_lists_are_refused_as_jax_numpy_refuses_them():
     """A list for x (or target) is refused naming the function and argument, as jax.numpy's
     functions refuse lists, rather than failing on a missing attribute."""

@@ -1,4 +1,6 @@
-"""Every Python snippet in README.md runs as written."""
+"""Every Python snippet in README.md runs as written, on one device kind (``one_device_kind``): what
+they show runs on every route in the tests of the modules they call; here they are checked as text a
+reader copies."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import pytest
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+pytestmark = pytest.mark.one_device_kind
 
 
 def test_readme_has_snippets():
@@ -52,7 +56,6 @@ def _this_environment_as_a_venv(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.mark.slow
-@pytest.mark.one_device_kind
 def test_the_two_commands_work_without_a_vulkan_driver_and_say_which_route(tmp_path, device_kind):
     """scripts/train.sh and scripts/test.sh on a machine whose Vulkan loader finds no driver:
     setup installs nothing (a C++ compiler is here), says slax uses SlangPy's CPU device, and
