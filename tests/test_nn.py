@@ -151,7 +151,7 @@ def test_layers_too_wide_for_the_kernels_run_on_xla_and_forcing_a_kernel_is_refu
 
 
 @pytest.mark.jax_version
-def test_batches_past_uint_indices_are_refused_before_they_run():
+def test_batches_past_uint_indices_are_refused_before_they_run(fused_kernels):
     """The kernels number threads and index samples' elements with 32-bit uints. A wide network
     runs a thread group of 256 threads per tile, one sample a tile at 3-2048-2048-3, so 2**24
     samples would launch 2**32 threads, whose numbers wrap to 0: the kernel would skip every sample

@@ -446,13 +446,17 @@ class Xla(Backend):
     def forward(self, arch, platform, x, params, keep_hidden, routes):
         precision = XLA_PRECISION[arch.dtype]
         if keep_hidden:
-            return forward_twin(x, *params, dtype=arch.dtype, activations=arch.activations, precision=precision)
+            return forward_twin(
+                x, *params, dtype=arch.dtype, activations=arch.activations, precision=precision
+            )
         return [apply_twin(x, params, arch.dtype, arch.activations, precision)]
 
     def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes):
         x, dy = data[0], data[-1]  # the hidden activations between them: the twin recomputes them
         precision = XLA_PRECISION[arch.dtype]
-        return backward_twin(x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision)
+        return backward_twin(
+            x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision
+        )
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         return loss_grad_twin(
@@ -485,13 +489,16 @@ class XlaWins:
 
 XLA_WINS = (
     XlaWins("cuda", "float32", 128, 1 << 16),
-    XlaWins("cuda", "float16", 128, 1 << 16),
+    XlaWins("cuda", "float16", 128, 1 << 62),
 )
-"""Where ``"auto"`` takes ``xla`` although the tensor-core kernels fit: measured on an H100 against
-plain JAX in one run (BENCHMARKS.md, wide networks), 32-128-128-16 trained at 0.88x plain JAX's
-samples/s in float32 and 0.87x in float16 at 2^14 samples (at 2^18, 1.29x and 1.06x). Networks
-without two adjacent 128-wide layers (64-128-64-10: 1.11-1.34x at 2^12) keep the kernels. On the
-CPU routes the Slang kernels stay the default (they are what CI tests)."""
+"""Where ``"auto"`` takes ``xla`` although the tensor-core kernels fit, measured against plain JAX
+in one run (BENCHMARKS.md, wide networks): 32-128-128-16 trained at 0.88x plain JAX's samples/s in
+float32 and 0.87x in float16 at 2^14 samples on an H100 (cross-entropy), and in float16 at 0.65x at
+2^18 on an H200 (squared error), where on the H100 it had reached only 1.03-1.06x: float16 networks
+with two adjacent 128-wide layers run on XLA at every batch, float32 ones below 2^16 (1.28-1.29x
+from 2^18 on the H100). Networks without two adjacent 128-wide layers (64-128-64-10: 1.11-1.34x at
+2^12) keep the kernels. On the CPU routes the Slang kernels stay the default (they are what CI
+tests)."""
 
 TILED_ON_TENSOR_CORE_GPUS = False
 """Whether ``"auto"`` takes the tiled (SIMT) kernels on a GPU whose tensor cores slax may use,
@@ -499,6 +506,10 @@ for a network the tensor-core kernels do not run: no, XLA's products instead. Me
 (BENCHMARKS.md, wide networks): 32-64x8-16 (eight 64-wide hidden layers) trained at 0.33-0.66x
 plain JAX's samples/s on the tiled kernels, 32-128x4-16 at 0.17-0.28x, in both dtypes, from 2^14
 to 2^20 samples. Where tensor cores are off or absent the tiled kernels run."""
+
+
+def _below(batch: int) -> str:
+    return f" below {batch} samples" if batch < 1 << 32 else ""
 
 
 def xla_wins(arch: Architecture, platform: str, samples: int) -> XlaWins | None:
@@ -548,8 +559,8 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
         return Choice(
             BACKENDS["xla"],
             where,
-            f"networks with two adjacent hidden layers {row.hidden_pair} or wider train faster on "
-            f"XLA's products than on the fused kernels below {row.below_batch} samples on "
+            f"{arch.dtype} networks with two adjacent hidden layers {row.hidden_pair} or wider train "
+            f"faster on XLA's products than on the fused kernels{_below(row.below_batch)} on "
             f"{where.name.upper()} (BENCHMARKS.md)",
         )
     skipped: list[str] = []

@@ -138,7 +138,9 @@ def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     if not keep_hidden:
         return [y], dy
     _, (_, dhidden) = jax.jvp(
-        functools.partial(forward_twin, dtype=arch.dtype, activations=arch.activations), list(primals), [dx, *dparams]
+        functools.partial(forward_twin, dtype=arch.dtype, activations=arch.activations),
+        list(primals),
+        [dx, *dparams],
     )
     return outputs, [*dy, dhidden]
 
