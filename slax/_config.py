@@ -103,13 +103,20 @@ def _parse_switch(value: str | None, source: str, default: bool) -> bool:
     )
 
 
-def _parse_cuda_launch(value, name: str = "cuda_launch"):
-    if value not in CUDA_LAUNCHES:
-        raise ValueError(
-            f"slax: cuda_launch must be one of {CUDA_LAUNCHES} (slax.config.cuda_launch or "
-            f"SLAX_CUDA_LAUNCH); got {value!r}."
-        )
-    return value
+def _one_of(choices: tuple[str, ...], variable: str):
+    """A parser of a setting that takes one of ``choices`` (also environment variable ``variable``)."""
+
+    def parse(value, name: str):
+        if value not in choices:
+            raise ValueError(
+                f"slax: {name} must be one of {choices} (slax.config.{name} or {variable}); got {value!r}."
+            )
+        return value
+
+    return parse
+
+
+_parse_cuda_launch = _one_of(CUDA_LAUNCHES, "SLAX_CUDA_LAUNCH")
 
 
 def _parse_tensor_cores(value, name: str = "tensor_cores"):
@@ -121,13 +128,7 @@ def _parse_tensor_cores(value, name: str = "tensor_cores"):
     return value
 
 
-def _parse_mlp_backend(value, name: str = "mlp_backend"):
-    if value not in MLP_BACKENDS:
-        raise ValueError(
-            f"slax: mlp_backend must be one of {MLP_BACKENDS} (slax.config.mlp_backend or "
-            f"SLAX_MLP_BACKEND); got {value!r}."
-        )
-    return value
+_parse_mlp_backend = _one_of(MLP_BACKENDS, "SLAX_MLP_BACKEND")
 
 
 def _parse_device(value, name: str):
@@ -150,7 +151,7 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[..., Any]]] = {
         _parse_tensor_cores,
     ),
     "mlp_backend": (
-        lambda: _parse_mlp_backend(os.environ.get("SLAX_MLP_BACKEND") or "auto"),
+        lambda: _parse_mlp_backend(os.environ.get("SLAX_MLP_BACKEND") or "auto", "mlp_backend"),
         _parse_mlp_backend,
     ),
     "reflection_device": (
