@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -124,3 +125,25 @@ def plot_image_fits(
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save(fig, path, dpi=100)
+
+
+def plot_training(
+    name: str,
+    out: pathlib.Path,
+    args: argparse.Namespace,
+    device: dict[str, str],
+    curves: dict[str, np.ndarray],
+    loss_label: str,
+    figures: dict[str, Callable[[str], Any]],
+) -> None:
+    """Every plot of a training experiment ``name``, where matplotlib is installed (:func:`can_plot`):
+    says which (:func:`announce`), draws loss.png from ``curves`` (:func:`plot_loss_curves`, with
+    ``loss_label`` on its axis), then each of the script's own ``figures``, a file name mapped to
+    the function that draws that file given the plots' title (:func:`plot_title`)."""
+    if not can_plot():
+        return
+    announce(name, out, ["loss.png", *figures])
+    title = plot_title(name, args, device)
+    plot_loss_curves(out, curves, loss_label, title)
+    for draw in figures.values():
+        draw(title)

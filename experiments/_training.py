@@ -7,6 +7,7 @@ printed line per chunk.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import pathlib
 import time
@@ -16,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-from _checkpoints import load_checkpoint, save_checkpoint
+from _checkpoints import checkpoint_path, load_checkpoint, save_checkpoint
 from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
@@ -159,6 +160,25 @@ class TrainingRun:
             "samples_per_s": rate * batch if rate else None,
         }
 
+    def results(self, batch: int, quality: dict[str, Any]) -> dict[str, Any]:
+        """One model's entry in metrics.json: its own ``quality`` measures, then the mean loss of
+        the last 50 steps and :meth:`speed`."""
+        return {
+            **quality,
+            "train_loss_mean_last_50_steps": float(self.losses[-50:].mean()),
+            **self.speed(batch),
+        }
+
+
+def result_line(name: str, quality: str, results: dict[str, Any], decimals: int = 0) -> str:
+    """The line an experiment prints for model ``name`` after training: ``quality`` (its own
+    measures, as text), then the steps per second (with ``decimals``, 0 where fewer than one's
+    noise) and the compile time from ``results`` (:meth:`TrainingRun.results`)."""
+    return (
+        f"{name}: {quality}, {results['steps_per_s'] or 0:.{decimals}f} steps/s "
+        f"(compiling took {results['compile_time_s']:.1f} s more)"
+    )
+
 
 def compile_chunks(run_chunk: Any, state: Any, keys: jax.Array, start: int, chunk: int) -> float:
     """Compiles ``run_chunk`` for every chunk length a run from step ``start`` uses, before any step is
@@ -240,3 +260,45 @@ def train_in_chunks(
                 save_checkpoint(checkpoint, state, done, key, np.concatenate(losses))
                 last_saved = done
     return TrainingRun(state, np.concatenate(losses), seconds, steps - start, evaluations, compile_seconds)
+
+
+def fit(
+    name: str,
+    params: Any,
+    loss_and_grad: LossAndGrad,
+    optimizer: optax.GradientTransformation,
+    draw_batch: Callable[[jax.Array], Batch],
+    key: jax.Array,
+    args: argparse.Namespace,
+    out: pathlib.Path,
+    *,
+    flat: bool | None = None,
+    evaluate: Callable[[Any], float] | None = None,
+) -> tuple[TrainingRun, Any]:
+    """Trains model ``name`` from ``params`` as every training experiment does; returns the run and
+    its final parameters, in ``params``' own form.
+
+    The parameters are kept as :func:`parameter_state` keeps them (``flat``: by default as
+    :func:`keeps_parameters_flat` says for ``name``), each step is one :func:`training_step` of
+    ``optimizer`` on ``loss_and_grad`` over a batch ``draw_batch`` draws, with the step keys split
+    from ``key``, and :func:`train_in_chunks` runs them with the script's common flags
+    (``args.steps``, ``--chunk``, ``--devices``, and the checkpoint flags, saved under ``out`` as
+    :func:`_checkpoints.checkpoint_path` names them). ``evaluate``, if given, is called with the
+    parameters (in ``params``' form) after every chunk, for the progress bar and
+    ``TrainingRun.evaluations``."""
+    flat = keeps_parameters_flat(name) if flat is None else flat
+    stored, loss_and_grad, to_params = parameter_state(params, loss_and_grad, flat)
+    sharding = batch_sharding(args.devices)
+    run = train_in_chunks(
+        training_step(loss_and_grad, optimizer, draw_batch, sharding),
+        (stored, optimizer.init(stored)),
+        key,
+        args.steps,
+        args.chunk,
+        name,
+        evaluate=None if evaluate is None else lambda state: evaluate(to_params(state[0])),
+        checkpoint=checkpoint_path(out, args, name),
+        checkpoint_every=args.checkpoint_every,
+        sharding=sharding,
+    )
+    return run, to_params(run.state[0])

@@ -45,15 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _checkpoints import checkpoint_path
-from _training import (
-    batch_sharding,
-    cast,
-    keeps_parameters_flat,
-    parameter_state,
-    train_in_chunks,
-    training_step,
-)
+from _training import cast, fit, result_line
 
 from slax import nn
 
@@ -150,43 +142,22 @@ def main(argv: list[str] | None = None) -> int:
     results, losses, accuracy_curves, confusion = {}, {}, {}, {}
     for name in ("slax", "jax"):
         logits, loss_and_grad = make_model(name, dtype)
-        stored, loss_and_grad, to_params = parameter_state(params, loss_and_grad, keeps_parameters_flat(name))
-        predict = jax.jit(
-            lambda stored, logits=logits, to_params=to_params: jnp.argmax(
-                logits(to_params(stored), x_test), axis=-1
-            )
-        )
+        predict = jax.jit(lambda params, logits=logits: jnp.argmax(logits(params, x_test), axis=-1))
 
-        def accuracy(state, predict=predict):
-            return float(jnp.mean(predict(state[0]) == y_test))
+        def accuracy(params, predict=predict):
+            return float(jnp.mean(predict(params) == y_test))
 
-        sharding = batch_sharding(args.devices)
-        run = train_in_chunks(
-            training_step(loss_and_grad, optimizer, draw_batch, sharding),
-            (stored, optimizer.init(stored)),
-            data_key,
-            args.steps,
-            args.chunk,
-            name,
-            evaluate=accuracy,
-            checkpoint=checkpoint_path(out, args, name),
-            checkpoint_every=args.checkpoint_every,
-            sharding=sharding,
+        run, final = fit(
+            name, params, loss_and_grad, optimizer, draw_batch, data_key, args, out, evaluate=accuracy
         )
         losses[name], accuracy_curves[name] = run.losses, run.evaluations
-        predicted = np.asarray(predict(run.state[0]))
+        predicted = np.asarray(predict(final))
         confusion[name] = np.zeros((10, 10), int)
         np.add.at(confusion[name], (np.asarray(y_test), predicted), 1)
-        results[name] = {
-            "test_accuracy": float(np.mean(predicted == np.asarray(y_test))),
-            "train_loss_mean_last_50_steps": float(run.losses[-50:].mean()),
-            **run.speed(args.batch),
-        }
-        print(
-            f"{name}: test accuracy {results[name]['test_accuracy']:.4f}, "
-            f"{results[name]['steps_per_s'] or 0:.0f} steps/s "
-            f"(compiling took {results[name]['compile_time_s']:.1f} s more)"
+        results[name] = run.results(
+            args.batch, {"test_accuracy": float(np.mean(predicted == np.asarray(y_test)))}
         )
+        print(result_line(name, f"test accuracy {results[name]['test_accuracy']:.4f}", results[name]))
 
     harness.write_metrics(
         out,
@@ -198,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
             **results,
         },
     )
-    if plots.can_plot():
-        plots.announce("digits", out, ["loss.png", "accuracy.png", "confusion.png"])
-        title = plots.plot_title("digits", args, device)
-        plots.plot_loss_curves(out, losses, "training loss (cross-entropy)", title)
-        plot_accuracy(out, accuracy_curves, title)
-        plot_confusion(out, confusion, title)
+    plots.plot_training(
+        "digits",
+        out,
+        args,
+        device,
+        losses,
+        "training loss (cross-entropy)",
+        {
+            "accuracy.png": lambda title: plot_accuracy(out, accuracy_curves, title),
+            "confusion.png": lambda title: plot_confusion(out, confusion, title),
+        },
+    )
     harness.report_outputs(out)
     accuracy = results["slax"]["test_accuracy"]
     met = harness.met_target("slax test accuracy", accuracy, args.target_accuracy, at_least=True)

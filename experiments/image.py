@@ -76,15 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import texture
-from _checkpoints import checkpoint_path
-from _training import (
-    batch_sharding,
-    cast,
-    keeps_parameters_flat,
-    parameter_state,
-    train_in_chunks,
-    training_step,
-)
+from _training import cast, fit, result_line
 
 from slax import nn
 
@@ -155,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
     draw_batch = texture.batch_drawer(texture.bilinear_reference, photograph, args.batch)
     fns = loss_and_grad_fns(args.frequencies, args.dtype)
-    sharding = batch_sharding(args.devices)
     disagreement = grad_disagreement(fns, params, draw_batch, grad_key)
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
@@ -164,33 +155,12 @@ def main(argv: list[str] | None = None) -> int:
 
     results, curves, fitted = {}, {}, {}
     for name, fn in fns.items():
-        stored, fn, to_params = parameter_state(params, fn, keeps_parameters_flat(name))
-        step = training_step(fn, optimizer, draw_batch, sharding)
-        run = train_in_chunks(
-            step,
-            (stored, optimizer.init(stored)),
-            data_key,
-            args.steps,
-            args.chunk,
-            name,
-            checkpoint=checkpoint_path(out, args, name),
-            checkpoint_every=args.checkpoint_every,
-            sharding=sharding,
-        )
+        run, final = fit(name, params, fn, optimizer, draw_batch, data_key, args, out)
         curves[name] = run.losses
-        fitted[name] = reconstruct(name, to_params(run.state[0]), args.frequencies, args.dtype, args.size)
+        fitted[name] = reconstruct(name, final, args.frequencies, args.dtype, args.size)
         mse = float(np.mean((fitted[name] - np.asarray(photograph)) ** 2))
-        results[name] = {
-            "image_mse": mse,
-            "image_psnr_db": texture.psnr(mse),
-            "train_loss_mean_last_50_steps": float(run.losses[-50:].mean()),
-            **run.speed(args.batch),
-        }
-        print(
-            f"{name}: image PSNR {texture.psnr(mse):.2f} dB (MSE {mse:.3e}), "
-            f"{results[name]['steps_per_s'] or 0:.1f} steps/s "
-            f"(compiling took {results[name]['compile_time_s']:.1f} s more)"
-        )
+        results[name] = run.results(args.batch, {"image_mse": mse, "image_psnr_db": texture.psnr(mse)})
+        print(result_line(name, f"image PSNR {texture.psnr(mse):.2f} dB (MSE {mse:.3e})", results[name], 1))
 
     metrics = {
         "config": harness.run_config(args),
@@ -201,11 +171,19 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     harness.write_metrics(out, metrics)
-    if plots.can_plot():
-        plots.announce("image", out, ["loss.png", "image.png"])
-        title = plots.plot_title("image", args, device)
-        plots.plot_loss_curves(out, curves, "training loss (squared error)", title)
-        plots.plot_image_fits(out / "image.png", np.asarray(photograph), fitted, "fit", title)
+    plots.plot_training(
+        "image",
+        out,
+        args,
+        device,
+        curves,
+        "training loss (squared error)",
+        {
+            "image.png": lambda title: plots.plot_image_fits(
+                out / "image.png", np.asarray(photograph), fitted, "fit", title
+            )
+        },
+    )
     harness.report_outputs(out)
     met = harness.met_target(
         "slax image PSNR (dB)", results["slax"]["image_psnr_db"], args.target_psnr, at_least=True

@@ -45,15 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _checkpoints import checkpoint_path
-from _training import (
-    batch_sharding,
-    cast,
-    keeps_parameters_flat,
-    parameter_state,
-    train_in_chunks,
-    training_step,
-)
+from _training import cast, fit, result_line
 
 from slax import nn
 
@@ -179,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
     fns = loss_and_grad_fns(args.dtype)
-    sharding = batch_sharding(args.devices)
     disagreement = grad_disagreement(fns, params, grad_key, args.batch)
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
@@ -188,32 +179,14 @@ def main(argv: list[str] | None = None) -> int:
 
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
-        stored, fn, to_params = parameter_state(params, fn, keeps_parameters_flat(name))
-        step = training_step(fn, optimizer, lambda key: sample(key, args.batch), sharding)
-        run = train_in_chunks(
-            step,
-            (stored, optimizer.init(stored)),
-            data_key,
-            args.steps,
-            args.chunk,
-            name,
-            checkpoint=checkpoint_path(out, args, name),
-            checkpoint_every=args.checkpoint_every,
-            sharding=sharding,
+        run, final = fit(
+            name, params, fn, optimizer, lambda key: sample(key, args.batch), data_key, args, out
         )
         predict = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
-        final = to_params(run.state[0])
         mse = test_mse(predict, final, jnp.dtype(args.dtype), test_key)
         trained[name], curves[name] = final, run.losses
-        results[name] = {
-            "test_mse": mse,
-            "train_loss_mean_last_50_steps": float(run.losses[-50:].mean()),
-            **run.speed(args.batch),
-        }
-        print(
-            f"{name}: held-out MSE {mse:.3e}, {results[name]['steps_per_s'] or 0:.0f} steps/s "
-            f"(compiling took {results[name]['compile_time_s']:.1f} s more)"
-        )
+        results[name] = run.results(args.batch, {"test_mse": mse})
+        print(result_line(name, f"held-out MSE {mse:.3e}", results[name]))
 
     metrics = {
         "config": harness.run_config(args),
@@ -222,11 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     harness.write_metrics(out, metrics)
-    if plots.can_plot():
-        plots.announce("polynomial", out, ["loss.png", "surfaces.png"])
-        title = plots.plot_title("polynomial", args, device)
-        plots.plot_loss_curves(out, curves, "training loss (squared error)", title)
-        plot_surfaces(out, trained, jnp.dtype(args.dtype), title)
+    plots.plot_training(
+        "polynomial",
+        out,
+        args,
+        device,
+        curves,
+        "training loss (squared error)",
+        {"surfaces.png": lambda title: plot_surfaces(out, trained, jnp.dtype(args.dtype), title)},
+    )
     harness.report_outputs(out)
     met = harness.met_target("slax held-out MSE", results["slax"]["test_mse"], args.target_mse)
     return 0 if met else 1

@@ -50,15 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _checkpoints import checkpoint_path
-from _training import (
-    batch_sharding,
-    cast,
-    keeps_parameters_flat,
-    parameter_state,
-    train_in_chunks,
-    training_step,
-)
+from _training import cast, fit, result_line
 
 from slax import nn
 
@@ -183,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
     dtype = jnp.dtype(args.dtype)
     fns = {name: jax.value_and_grad(sdf_loss(model(name), dtype)) for name in ("slax", "jax")}
-    sharding = batch_sharding(args.devices)
     disagreement = grad_disagreement(fns, params, grad_key, min(args.batch, 4096))
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
@@ -192,30 +183,16 @@ def main(argv: list[str] | None = None) -> int:
 
     results, curves, trained = {}, {}, {}
     for name, fn in fns.items():
-        stored, fn, to_params = parameter_state(params, fn, keeps_parameters_flat(name))
-        step = training_step(fn, optimizer, lambda key: sample(key, args.batch), sharding)
-        run = train_in_chunks(
-            step,
-            (stored, optimizer.init(stored)),
-            data_key,
-            args.steps,
-            args.chunk,
-            name,
-            checkpoint=checkpoint_path(out, args, name),
-            checkpoint_every=args.checkpoint_every,
-            sharding=sharding,
+        run, final = fit(
+            name, params, fn, optimizer, lambda key: sample(key, args.batch), data_key, args, out
         )
-        trained[name], curves[name] = to_params(run.state[0]), run.losses
-        results[name] = {
-            **evaluate(model(name), trained[name], dtype, test_key),
-            "train_loss_mean_last_50_steps": float(run.losses[-50:].mean()),
-            **run.speed(args.batch),
-        }
-        print(
-            f"{name}: held-out squared distance error {results[name]['test_mse']:.3e}, eikonal residual "
-            f"{results[name]['eikonal_residual']:.3f}, {results[name]['steps_per_s'] or 0:.0f} steps/s "
-            f"(compiling took {results[name]['compile_time_s']:.1f} s more)"
+        trained[name], curves[name] = final, run.losses
+        results[name] = run.results(args.batch, evaluate(model(name), final, dtype, test_key))
+        quality = (
+            f"held-out squared distance error {results[name]['test_mse']:.3e}, eikonal residual "
+            f"{results[name]['eikonal_residual']:.3f}"
         )
+        print(result_line(name, quality, results[name]))
 
     metrics = {
         "config": harness.run_config(args),
@@ -226,11 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     harness.write_metrics(out, metrics)
-    if plots.can_plot():
-        plots.announce("sdf", out, ["loss.png", "slice.png"])
-        title = plots.plot_title("sdf", args, device)
-        plots.plot_loss_curves(out, curves, "training loss (distance + 0.1 eikonal)", title)
-        plot_slice(out, trained, dtype, title)
+    plots.plot_training(
+        "sdf",
+        out,
+        args,
+        device,
+        curves,
+        "training loss (distance + 0.1 eikonal)",
+        {"slice.png": lambda title: plot_slice(out, trained, dtype, title)},
+    )
     harness.report_outputs(out)
     error = results["slax"]["test_mse"]
     met = harness.met_target("slax held-out squared distance error", error, args.target_mse)

@@ -71,8 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _checkpoints import checkpoint_path
-from _training import batch_sharding, train_in_chunks, training_step
+from _training import fit, result_line
 
 import slax
 
@@ -177,47 +176,36 @@ def main(argv: list[str] | None = None) -> int:
     init_key, data_key, grad_key = jax.random.split(jax.random.key(args.seed), 3)
     texture = jax.random.uniform(init_key, photograph.shape)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
-    sharding = batch_sharding(args.devices)
     disagreement = grad_disagreement(texture, photograph, grad_key, args.batch)
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
         f"relative {disagreement['max_difference_relative_to_largest']:.3g}"
     )
 
-    def texture_psnr(state) -> float:
-        return psnr(float(jnp.mean((state[0] - photograph) ** 2)))
+    def texture_psnr(texture) -> float:
+        return psnr(float(jnp.mean((texture - photograph) ** 2)))
 
     results, curves, fitted = {}, {}, {}
     for name in ("slax", "jax"):
         sample = sampler(name)
-        step = training_step(
-            loss_and_grad(sample), optimizer, batch_drawer(sample, photograph, args.batch), sharding
-        )
-        run = train_in_chunks(
-            step,
-            (texture, optimizer.init(texture)),
-            data_key,
-            args.steps,
-            args.chunk,
+        draw_batch = batch_drawer(sample, photograph, args.batch)
+        # The texture is one array: nothing to flatten.
+        run, final = fit(
             name,
+            texture,
+            loss_and_grad(sample),
+            optimizer,
+            draw_batch,
+            data_key,
+            args,
+            out,
+            flat=False,
             evaluate=texture_psnr,
-            checkpoint=checkpoint_path(out, args, name),
-            checkpoint_every=args.checkpoint_every,
-            sharding=sharding,
         )
-        fitted[name], curves[name] = np.asarray(run.state[0]), run.losses
+        fitted[name], curves[name] = np.asarray(final), run.losses
         mse = float(np.mean((fitted[name] - np.asarray(photograph)) ** 2))
-        results[name] = {
-            "texture_mse": mse,
-            "texture_psnr_db": psnr(mse),
-            "train_loss_mean_last_50_steps": float(run.losses[-50:].mean()),
-            **run.speed(args.batch),
-        }
-        print(
-            f"{name}: texture PSNR {psnr(mse):.2f} dB (MSE {mse:.3e}), "
-            f"{results[name]['steps_per_s'] or 0:.1f} steps/s "
-            f"(compiling took {results[name]['compile_time_s']:.1f} s more)"
-        )
+        results[name] = run.results(args.batch, {"texture_mse": mse, "texture_psnr_db": psnr(mse)})
+        print(result_line(name, f"texture PSNR {psnr(mse):.2f} dB (MSE {mse:.3e})", results[name], 1))
 
     metrics = {
         "config": harness.run_config(args),
@@ -227,11 +215,19 @@ def main(argv: list[str] | None = None) -> int:
         **results,
     }
     harness.write_metrics(out, metrics)
-    if plots.can_plot():
-        plots.announce("texture", out, ["loss.png", "texture.png"])
-        title = plots.plot_title("texture", args, device)
-        plots.plot_loss_curves(out, curves, "training loss (squared error)", title)
-        plots.plot_image_fits(out / "texture.png", np.asarray(photograph), fitted, "texture", title)
+    plots.plot_training(
+        "texture",
+        out,
+        args,
+        device,
+        curves,
+        "training loss (squared error)",
+        {
+            "texture.png": lambda title: plots.plot_image_fits(
+                out / "texture.png", np.asarray(photograph), fitted, "texture", title
+            )
+        },
+    )
     harness.report_outputs(out)
     met = harness.met_target(
         "slax texture PSNR (dB)", results["slax"]["texture_psnr_db"], args.target_psnr, at_least=True

@@ -1,5 +1,6 @@
 """The experiments' shared modules (experiments/_harness.py, _training.py, _checkpoints.py): chunks
-compile before timing; checkpoints are atomic, the previous one is kept, damaged ones and changed
+compile before timing; one model's fit keeps slax's parameters flat and gives them back in their own
+form; checkpoints are atomic, the previous one is kept, damaged ones and changed
 flags are refused by name, resuming gives the uninterrupted run's bits, and bad flags are refused
 before anything is created."""
 
@@ -15,6 +16,7 @@ import _harness as harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from _checkpoints import (
     CheckpointError,
@@ -24,7 +26,7 @@ from _checkpoints import (
     save_checkpoint,
 )
 from _helpers import ROOT, run_python
-from _training import train_in_chunks
+from _training import TrainingRun, fit, result_line, train_in_chunks
 
 # The experiments' harness (chunks, checkpoints, flags) does not depend on the route.
 pytestmark = [pytest.mark.one_device_kind]
@@ -321,3 +323,56 @@ def test_wide_network_names_every_width_with_every_depth():
     assert harness.network_sizes("polynomial") == (4, 16, 4)
     assert harness.wide_architecture("polynomial") is None
     assert harness.network_sizes("texture") is None
+
+
+def _quadratic_loss_and_grad(params, x, y):
+    return jax.value_and_grad(lambda p: jnp.mean((x @ p["w"] + p["b"] - y) ** 2))(params)
+
+
+@pytest.mark.parametrize(("name", "flat"), [("slax", True), ("jax", False)])
+def test_fit_trains_in_the_models_parameter_form_and_returns_its_own(tmp_path, name, flat):
+    rng = np.random.default_rng(5)
+    params = {"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32), "b": jnp.zeros(2, jnp.float32)}
+    w_true = jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)
+
+    def draw_batch(key):
+        x = jax.random.normal(key, (16, 3))
+        return x, x @ w_true
+
+    args = argparse.Namespace(steps=12, chunk=5, devices=None, checkpoint_every=0, resume=False)
+    seen = []
+
+    def evaluate(p):
+        seen.append(jax.tree.structure(p))
+        return float(p["b"][0])
+
+    optimizer = optax.sgd(0.1)
+    run, final = fit(
+        name,
+        params,
+        _quadratic_loss_and_grad,
+        optimizer,
+        draw_batch,
+        jax.random.key(1),
+        args,
+        tmp_path,
+        evaluate=evaluate,
+    )
+    stored = run.state[0]
+    assert isinstance(stored, jax.Array) == flat  # slax's: one vector (parameter_state)
+    assert jax.tree.structure(final) == jax.tree.structure(params)
+    assert seen == [jax.tree.structure(params)] * 3  # after each of the chunks 5, 5, 2
+    assert len(run.losses) == 12 and run.losses[-1] < run.losses[0]
+    assert run.evaluations[-1] == (12, float(final["b"][0]))  # the last chunk's, on the final parameters
+
+
+def test_result_line_and_results_put_speed_after_the_models_own_measures():
+    run = TrainingRun(None, np.random.default_rng(2).random(80), 2.0, 100, [], 3.25)
+    results = run.results(64, {"test_mse": 0.5})
+    assert list(results)[:2] == ["test_mse", "train_loss_mean_last_50_steps"]
+    assert results["train_loss_mean_last_50_steps"] == pytest.approx(run.losses[-50:].mean())
+    assert results["steps_per_s"] == 50.0 and results["samples_per_s"] == 3200.0
+    assert result_line("slax", "held-out MSE 5.000e-01", results) == (
+        "slax: held-out MSE 5.000e-01, 50 steps/s (compiling took 3.2 s more)"
+    )
+    assert result_line("jax", "PSNR", results, 1) == "jax: PSNR, 50.0 steps/s (compiling took 3.2 s more)"
