@@ -50,7 +50,7 @@ from slax._compile import (
 )
 from slax._device import reflection_device
 from slax._jax_api import ffi_lowering, gpu_triton
-from slax._slang_c import CodeTarget, compile_entry_point
+from slax._ptx_compile import PtxCompileTimeout, compile_ptx
 from slax._sources import require_unchanged, snapshot
 
 WARP_SIZE = 32
@@ -131,13 +131,23 @@ def _arguments(spec: KernelSpec, entry: EntryPointParameters, values: dict) -> t
     return tuple(arguments)
 
 
+_timed_out: dict[str, str] = {}
+"""Content keys whose PTX compile ran past the time limit, with the message."""
+
+
 @functools.cache
 def _checked_ptx(spec: KernelSpec, content: str, expected: tuple[str, ...]) -> str:
     """``spec``'s PTX, compiled once per ``content`` (its Slang code's content key), after checking
     its entry signature is ``expected``."""
     # The module's files as they were loaded: from disk, or from a snapshot of them once edited.
     kept = snapshot(content)
-    ptx = compile_entry_point(spec, CodeTarget.PTX, kept)
+    if content in _timed_out:
+        raise PtxLaunchError(_timed_out[content])
+    try:
+        ptx = compile_ptx(spec, kept)
+    except PtxCompileTimeout as timeout:  # kept, so later lowerings fall back at once
+        _timed_out[content] = str(timeout)
+        raise PtxLaunchError(str(timeout)) from None
     if kept is None:  # Slang read the files on disk just now: they must still be those of ``content``.
         require_unchanged(content, f"the Slang module of kernel {spec.entry!r}")
     found = tuple(ptx_entry_parameter_types(ptx, spec.entry))

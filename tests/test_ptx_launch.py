@@ -26,10 +26,18 @@ from _helpers import ROOT, run_python
 import slax
 import slax.examples
 from slax import _sources
-from slax._compile import ROW_THREADS, KernelSpec
+from slax._compile import ROW_THREADS, KernelSpec, spec_content
 from slax._device import SHADER_DIR
 from slax._errors import SlangCompileError
-from slax._ptx_launch import PtxLauncher, PtxLaunchError, launch_plan, ptx_entry_parameter_types
+from slax._ptx_compile import timeout_s
+from slax._ptx_launch import (
+    PtxLauncher,
+    PtxLaunchError,
+    _checked_ptx,
+    _timed_out,
+    launch_plan,
+    ptx_entry_parameter_types,
+)
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
 from slax.nn._architecture import Architecture
 from slax.nn._backends import Platform, TensorCores, ThreadSums
@@ -59,9 +67,8 @@ def nvrtc(monkeypatch):
     monkeypatch.setenv("SLAX_NVRTC", str(NVRTC))
 
 
-@functools.cache
-def _report() -> dict:
-    env = {
+def _lowering_env() -> dict:
+    return {
         # It lowers for CUDA, which takes no SLAX_DEVICE (the device_kind fixture's choice for
         # CPU-placed JAX): slax refuses a Vulkan or CPU device for CUDA-placed computations.
         **{k: v for k, v in os.environ.items() if k != "SLAX_DEVICE"},
@@ -70,7 +77,11 @@ def _report() -> dict:
         "SLAX_CUDA_COMPUTE_CAPABILITY": "90",
         "JAX_PLATFORMS": "cpu",
     }
-    result = run_python("tests/scripts/ptx_lowering.py", env=env, timeout=1200)
+
+
+@functools.cache
+def _report() -> dict:
+    result = run_python("tests/scripts/ptx_lowering.py", env=_lowering_env(), timeout=1200)
     assert result.returncode == 0, result.stderr[-5000:]
     return json.loads(result.stdout.splitlines()[-1])  # the last line: SlangPy's CUDA device logs before it
 
@@ -494,3 +505,43 @@ def test_kernels_outside_the_convention_take_the_slangpy_route(tmp_path, cpu_pat
     with pytest.warns(UserWarning, match=r"numthreads\(8, 8, 1\).*runs on the SlangPy route instead"):
         lowered = launcher.lower(None, [], spec=square, scalars=(("count", 10),), count=10, aliases=())
     assert lowered == ("lowered by the fallback", "k")
+
+
+@needs_tools
+def test_linear_layer_vjp_lowers_or_falls_back_within_the_compile_limit(cpu_path):
+    """The backward kernel of SlangPy's linear_layer, whose PTX Slang 2026.12 takes minutes, without
+    end seen, to compile: lowering ends within the limit, with PTX launches or, past the limit, the kernel
+    handed to the SlangPy route with a warning naming it, the limit and SLAX_CUDA_LAUNCH=slangpy."""
+    env = {**_lowering_env(), "SLAX_PTX_COMPILE_TIMEOUT": "10"}
+    result = run_python("tests/scripts/ptx_lowering.py", "linear_layer", env=env, timeout=180)
+    assert result.returncode == 0, result.stderr[-5000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    if found["launches"] is not None and not found["warnings"]:
+        assert any("linear_layer" in name for name in found["launches"])
+    else:
+        (warning,) = [w for w in found["warnings"] if "SLAX_PTX_COMPILE_TIMEOUT" in w]
+        assert "'slax1_cotangent_linear_layer'" in warning and "within 10 s" in warning
+        assert "SLAX_CUDA_LAUNCH=slangpy" in warning and "runs on the SlangPy route instead" in warning
+
+
+@needs_tools
+def test_ptx_compile_past_the_limit_is_a_launch_refusal(nvrtc, monkeypatch):
+    """A compile past SLAX_PTX_COMPILE_TIMEOUT is killed and refused (the launcher then takes the
+    SlangPy route); the refusal is remembered for the kernel's content, so it is not waited out
+    twice."""
+    monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", "0.001")  # the child cannot even start
+    spec = KernelSpec("scale_shift_float", path=str(SHADER_DIR / "kernels" / "scale_shift.slang"))
+    content = spec_content(spec)
+    with pytest.raises(PtxLaunchError, match=r"'scale_shift_float' to PTX .*within 0.001 s"):
+        _checked_ptx(spec, content, ())
+    monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", "600")
+    with pytest.raises(PtxLaunchError, match="within 0.001 s"):
+        _checked_ptx(spec, content, ())
+    _timed_out.pop(content)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_ptx_compile_timeout_must_be_positive_seconds(monkeypatch, value):
+    monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"SLAX_PTX_COMPILE_TIMEOUT must be a number of seconds.*{value!r}"):
+        timeout_s()

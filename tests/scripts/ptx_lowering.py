@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 import zlib
 
 import jax
@@ -304,5 +305,27 @@ def main() -> None:
     json.dump({"launches": report, "route_switch": switch, "export": exported}, sys.stdout)
 
 
+def linear_layer_vjp() -> None:
+    """Only the vjp of SlangPy's linear_layer example (``ptx_lowering.py linear_layer``), whose
+    backward kernel Slang 2026.12 takes minutes, without end seen, to compile: its launches, or
+    what the PTX route warned when it gave the kernel to the SlangPy route (which has no CUDA
+    device here)."""
+    slax.config.cuda_launch = "ptx"
+    layer = slax.load_module("slangpy_examples").linear_layer
+    rng = np.random.default_rng(0)
+    weights, bias, x, cotangent = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(6, 9), 6, 9, 6])
+    function = lambda w, b, v: layer(slax.grid((6,)), w, b, v, (6,))  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            found = [
+                launch["name"]
+                for launch in launches(lambda *a: jax.vjp(function, *a)[1](cotangent), weights, bias, x)
+            ]
+        except slax.DeviceUnavailableError:
+            found = None
+    json.dump({"launches": found, "warnings": [str(w.message) for w in caught]}, sys.stdout)
+
+
 if __name__ == "__main__":
-    main()
+    linear_layer_vjp() if sys.argv[1:] == ["linear_layer"] else main()
