@@ -23,6 +23,12 @@ import numpy as np
 import slax
 import slax.examples
 from slax._ptx_launch import PTX_LAUNCH_TARGET, ptx_entry_parameter_types
+from slax.nn import _backends
+
+# This script checks that the MLP's kernels lower: "auto" takes them wherever they fit, as the
+# tests' fused_kernels fixture has it (tests/conftest.py), rather than XLA where they lose.
+_backends.XLA_WINS = ()
+_backends.TILED_ON_TENSOR_CORE_GPUS = True
 
 ACCUMULATE = """
 import slax.kernel;
