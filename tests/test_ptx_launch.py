@@ -20,6 +20,7 @@ import pathlib
 import re
 import subprocess
 
+import jax
 import pytest
 from _helpers import ROOT, run_python
 
@@ -545,3 +546,21 @@ def test_ptx_compile_timeout_must_be_positive_seconds(monkeypatch, value):
     monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", value)
     with pytest.raises(ValueError, match=f"SLAX_PTX_COMPILE_TIMEOUT must be a number of seconds.*{value!r}"):
         timeout_s()
+
+
+@pytest.mark.skipif(
+    not any(d.platform == "gpu" for d in jax.devices()),
+    reason="launches kernels on a GPU; without one, the tests above check the fallback's lowering",
+)
+def test_kernels_past_the_compile_limit_run_on_the_slangpy_route_on_a_gpu():
+    """On a GPU with the PTX route, kernels whose PTX does not compile within
+    SLAX_PTX_COMPILE_TIMEOUT (here none can) run on the SlangPy route, saying so, and give the
+    twins' values and gradients."""
+    env = {**os.environ, "SLAX_CUDA_LAUNCH": "ptx", "SLAX_PTX_COMPILE_TIMEOUT": "0.001"}
+    result = run_python("tests/scripts/ptx_fallback_gpu.py", env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-5000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert set(found["errors"]) == {"wave", "twist", "energy"}
+    assert all(error < 1e-5 for error in found["errors"].values()), found["errors"]
+    fallbacks = [w for w in found["warnings"] if "runs on the SlangPy route instead" in w]
+    assert fallbacks and all("within 0.001 s" in w for w in fallbacks), found["warnings"]
