@@ -161,11 +161,12 @@ def cpu_path():
 @pytest.fixture
 def fused_kernels(monkeypatch):
     """For a test about the MLP's Slang kernels: ``"auto"`` takes them wherever they fit, sending
-    none of the networks that XLA_WINS sends to XLA on a GPU there, and taking the tiled kernels
-    where the tensor-core ones do not fit."""
+    none of the networks that XLA_WINS sends to XLA on a GPU there, nor second derivatives
+    (SECOND_ORDER_ON_XLA), and taking the tiled kernels where the tensor-core ones do not fit."""
     from slax.nn import _backends
 
     monkeypatch.setattr(_backends, "XLA_WINS", ())
+    monkeypatch.setattr(_backends, "SECOND_ORDER_ON_XLA", ())
     monkeypatch.setattr(_backends, "TILED_ON_TENSOR_CORE_GPUS", True)
 
 

@@ -11,7 +11,7 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-from _helpers import draw_uniform, mlp_inputs, relative_error, run_python
+from _helpers import draw_uniform, equations, mlp_inputs, relative_error, run_python
 from _training import cast
 
 import slax
@@ -208,12 +208,47 @@ def test_describe_names_the_backend_of_each_operation_and_why(
     x = jnp.zeros((1 << 18, sizes[0]), dtype)
     answer = nn.describe(params, x, platform)
     assert answer == nn.describe(params, x.shape, platform)
-    assert list(answer) == ["mlp_apply", "jax.grad of mlp_apply", "mlp_loss_and_grad"]
+    assert list(answer) == [
+        "mlp_apply",
+        "jax.grad of mlp_apply",
+        "mlp_loss_and_grad",
+        "second derivatives of mlp_apply",
+    ]
     where = "CPU" if platform == "cpu" else f"CUDA sm_{capability}"
     assert answer["mlp_apply"].startswith(f"{apply}: {_ids(sizes)} {dtype} on {where}, ")
     assert answer["jax.grad of mlp_apply"].startswith(f"{apply}: ")
     assert answer["mlp_loss_and_grad"].startswith(f"{loss_and_grad}: ")
     assert says in answer["mlp_loss_and_grad"]
+    second = answer["second derivatives of mlp_apply"]
+    if platform == "cuda":  # SECOND_ORDER_ON_XLA
+        assert second.startswith("xla: ") and "second derivatives of the network run faster" in second
+    else:
+        assert second.startswith(f"{apply}: ")
+
+
+def _requests(function, *args):
+    """The backend request of every MLP primitive in ``function``'s jaxpr, by primitive."""
+    jaxpr = jax.make_jaxpr(function)(*args).jaxpr
+    found = equations(jaxpr, lambda e: e.primitive.name.startswith("slang_mlp_"))
+    return [(e.primitive.name, e.params["request"]) for e in found]
+
+
+@pytest.mark.one_device_kind
+def test_second_derivatives_launch_with_the_second_order_request():
+    """The launches in a second derivative's rules (the eikonal loss's parameter gradient, the
+    Hessian in x) carry ``second_order``, which sends them to XLA on CUDA (SECOND_ORDER_ON_XLA);
+    a first-order gradient's launches, and the inner gradient's own, do not."""
+    params, x, _ = _problem(WIDE, "float32")
+    first = _requests(jax.grad(_wavy(nn.mlp_apply), (0, 1)), params, x)
+    assert first and not any(request.second_order for _, request in first)
+    inner = _requests(jax.grad(lambda x: nn.mlp_apply(params, x).sum()), x)
+    assert inner and not any(request.second_order for _, request in inner)
+    for function, args in (
+        (jax.grad(_eikonal(nn.mlp_apply)), (params, x)),
+        (jax.hessian(lambda x: nn.mlp_apply(params, x).sum()), (x[:3],)),
+    ):
+        launches = [(name, r) for name, r in _requests(function, *args) if name != "slang_mlp_tangent"]
+        assert launches and all(request.second_order for _, request in launches), launches
 
 
 def test_describe_refuses_a_platform_it_does_not_lower_for():

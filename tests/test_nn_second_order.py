@@ -4,7 +4,9 @@ float32 and float16.
 
 On one device kind (``one_device_kind``): no kernel computes a second derivative; the rules compose
 the first-order kernels (which tests/test_nn.py runs on every route, narrow and tiled, in both
-dtypes) with the twin's derivatives, so a route changes nothing here that test_nn does not catch."""
+dtypes) with the twin's derivatives, so a route changes nothing here that test_nn does not catch.
+On a GPU, where ``"auto"`` runs second derivatives on XLA (SECOND_ORDER_ON_XLA; the xla backend's
+own test covers that path), these tests take the kernels (the ``fused_kernels`` fixture)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from _training import cast
 from slax import nn
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
-pytestmark = pytest.mark.one_device_kind
+pytestmark = [pytest.mark.one_device_kind, pytest.mark.usefixtures("fused_kernels")]
 
 SIZES = [(3, 7, 5), (3, 16, 16, 1)]  # 68 parameters run a sample per thread; 353 run in tiles
 DTYPES = ["float32", "float16"]

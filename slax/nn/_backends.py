@@ -68,10 +68,14 @@ class BackendRequest:
     Attributes:
       backend: ``"auto"`` or a backend's name (``slax.config.mlp_backend``).
       tensor_cores: whether kernels may run on tensor cores (``slax.config.tensor_cores``).
+      second_order: the call is a launch of a second (or higher) derivative's rules: the outer
+        derivative of a loss that holds a derivative of the network, as an eikonal loss does
+        (slax/nn/_primitives.py sets it; :data:`SECOND_ORDER_ON_XLA`).
     """
 
     backend: str = "auto"
     tensor_cores: bool = True
+    second_order: bool = False
 
     @classmethod
     def current(cls) -> BackendRequest:
@@ -508,6 +512,15 @@ plain JAX's samples/s on the tiled kernels, 32-128x4-16 at 0.17-0.28x, in both d
 to 2^20 samples. Where tensor cores are off or absent the tiled kernels run."""
 
 
+SECOND_ORDER_ON_XLA = ("cuda",)
+"""Platforms where ``"auto"`` runs second derivatives of the network (:attr:`BackendRequest.second_order`)
+on XLA's products rather than on the first-order kernels: there, what a second derivative adds runs
+in the plain-JAX twin anyway (no kernel computes it), and the first-order kernels beside it, each a
+separate pass over the activations, cost more than XLA's fusion of the whole derivative. Measured on an
+H100 (BENCHMARKS.md, the signed distance field): the eikonal step of 3-64-64-64-1 at 2^16 and 2^18
+samples. On the CPU routes the kernels stay (they are what CI tests)."""
+
+
 def _below(batch: int) -> str:
     return f" below {batch} samples" if batch < 1 << 32 else ""
 
@@ -523,6 +536,9 @@ def xla_wins(arch: Architecture, platform: str, samples: int) -> XlaWins | None:
 
 OPERATIONS = {"forward": "mlp_apply", "backward": "jax.grad of mlp_apply", "loss_grad": "mlp_loss_and_grad"}
 """The operations, and the calls of slax.nn that run them."""
+SECOND_ORDER_CALL = "second derivatives of mlp_apply"
+"""The calls of the launches in second derivatives' rules (:attr:`BackendRequest.second_order`), as
+:func:`slax.nn.describe` names them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,6 +570,13 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
                 "slax choose, or 'xla', which runs every network."
             )
         return Choice(backend, where, "forced by slax.config.mlp_backend")
+    if request.second_order and platform in SECOND_ORDER_ON_XLA:
+        return Choice(
+            BACKENDS["xla"],
+            where,
+            f"second derivatives of the network run faster on XLA's products than through the "
+            f"first-order kernels on {where.name.upper()} (BENCHMARKS.md)",
+        )
     row = xla_wins(arch, platform, samples)
     if row is not None:
         return Choice(

@@ -19,6 +19,7 @@ optimiser and cast them to float16 for the kernels (see experiments/polynomial.p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -31,7 +32,7 @@ from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices, mean_over_devices
 from slax.nn._activations import HIDDEN_DEFAULT, OUTPUT_DEFAULT, check_activation
 from slax.nn._architecture import Architecture
-from slax.nn._backends import OPERATIONS, BackendRequest, choose
+from slax.nn._backends import OPERATIONS, SECOND_ORDER_CALL, BackendRequest, choose
 from slax.nn._kernels import layer_pairs
 from slax.nn._params import MLPParams, split_params
 from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
@@ -210,10 +211,11 @@ def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, s
       platform: ``"cpu"`` or ``"cuda"``, where the call runs; default: JAX's default platform.
 
     Returns:
-      For each call, ``"mlp_apply"``, ``"jax.grad of mlp_apply"`` and ``"mlp_loss_and_grad"``, a
-      line ``"backend: network on platform, how; why"``, e.g. ``"tensor_cores: 64-128-64-10
-      float16 on CUDA sm_90, tiles of 16 samples per thread group as mma.sync; the fused kernels
-      that fit"``.
+      For each call, ``"mlp_apply"``, ``"jax.grad of mlp_apply"``, ``"mlp_loss_and_grad"`` and
+      ``"second derivatives of mlp_apply"`` (``jax.hessian``, or ``jax.grad`` of a loss holding
+      ``jax.grad`` of the network: their launches), a line ``"backend: network on platform, how;
+      why"``, e.g. ``"tensor_cores: 64-128-64-10 float16 on CUDA sm_90, tiles of 16 samples per
+      thread group as mma.sync; the fused kernels that fit"``.
 
     Raises:
       TypeError, ValueError: parameters or ``x`` as :func:`mlp_apply` refuses them, a platform
@@ -226,8 +228,11 @@ def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, s
     platform = _default_platform() if platform is None else platform
     if platform not in PLATFORMS:
         raise ValueError(f"slax.nn.describe: platform must be one of {PLATFORMS}; got {platform!r}.")
-    choice = choose(arch, platform, math.prod(x.shape[:-1]), BackendRequest.current())
-    return {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
+    samples, request = math.prod(x.shape[:-1]), BackendRequest.current()
+    choice = choose(arch, platform, samples, request)
+    answer = {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
+    second = choose(arch, platform, samples, dataclasses.replace(request, second_order=True))
+    return answer | {SECOND_ORDER_CALL: second.describe(arch, "backward")}
 
 
 # --- checks and flattening -------------------------------------------------------------------------

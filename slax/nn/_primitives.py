@@ -12,6 +12,7 @@ apart.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._primitive import check_finite, declare_primitive, result_aval
-from slax.nn._backends import choose
+from slax.nn._backends import XLA_PRECISION, choose
 from slax.nn._kernels import hidden_width
 from slax.nn._reference import backward_twin, forward_twin, tangent_twin
 
@@ -122,11 +123,20 @@ def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
 # order, with the kernels where a derivative is first order in the network.
 
 
+def _second_order(request):
+    """The request of a launch in a derivative's own rules (an outer derivative: second order),
+    which :func:`~slax.nn._backends.choose` may send elsewhere than first-order calls."""
+    return dataclasses.replace(request, second_order=True)
+
+
 def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     """The forward kernel, keeping the hidden activations the backward kernel reads where the
     network has them (``hidden_width``), and mlp_tangent_p. Where the forward call kept them itself
-    (an outer derivative of this rule), their tangent is the twin's."""
+    (an outer derivative of this rule: a second derivative), their tangent is the twin's, and the
+    launches are second order's."""
     x, *params = primals
+    if keep_hidden:
+        request = _second_order(request)
     outputs = mlp_forward_p.bind(
         x, *params, arch=arch, keep_hidden=hidden_width(arch.sizes) > 0, request=request, routes=routes
     )
@@ -138,7 +148,9 @@ def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     if not keep_hidden:
         return [y], dy
     _, (_, dhidden) = jax.jvp(
-        functools.partial(forward_twin, dtype=arch.dtype, activations=arch.activations),
+        functools.partial(
+            forward_twin, dtype=arch.dtype, activations=arch.activations, precision=XLA_PRECISION[arch.dtype]
+        ),
         list(primals),
         [dx, *dparams],
     )
@@ -161,7 +173,7 @@ def _tangent_abstract_eval(*operands, arch, hidden, request, routes):
 def _tangent(*operands, arch, hidden, request, routes):
     """mlp_tangent_p's value, from its twin (no kernel computes a Jacobian-vector product)."""
     x, _, dx, params, dparams = _tangent_operands(operands, hidden)
-    return [tangent_twin(x, dx, params, dparams, arch.dtype, arch.activations)]
+    return [tangent_twin(x, dx, params, dparams, arch.dtype, arch.activations, XLA_PRECISION[arch.dtype])]
 
 
 def _tangent_transpose(cotangents, *operands, arch, hidden, request, routes):
@@ -200,10 +212,13 @@ def _tangent_jvp(primals, tangents, **params):
 
 def _backward_twin(*operands, arch, group_ndim, hidden, input_gradient, request, routes):
     x, dy, params = operands[0], operands[1 + hidden], operands[2 + hidden :]
-    return backward_twin(x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient)
+    precision = XLA_PRECISION[arch.dtype]
+    return backward_twin(x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision)
 
 
 def _backward_jvp(primals, tangents, **params):
+    """The backward launch's JVP: a second derivative, whose launches are second order's."""
+    params = {**params, "request": _second_order(params["request"])}
     linear = [i == 1 + params["hidden"] for i in range(len(primals))]
     return _linear_map_jvp(mlp_backward_p, _backward_twin, linear, primals, tangents, params)
 

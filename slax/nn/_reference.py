@@ -139,12 +139,18 @@ def apply_twin(
 
 
 def tangent_twin(
-    x: jax.Array, dx: jax.Array, flat, tangents, dtype: str, activations: tuple[str, ...]
+    x: jax.Array,
+    dx: jax.Array,
+    flat,
+    tangents,
+    dtype: str,
+    activations: tuple[str, ...],
+    precision=FULL_PRECISION,
 ) -> jax.Array:
     """The network's Jacobian-vector product at ``(x, flat)`` along ``(dx, tangents)``."""
 
     def network(x, flat):
-        return _apply(_layers(flat), activations, x, jnp.dtype(dtype), FULL_PRECISION)
+        return _apply(_layers(flat), activations, x, jnp.dtype(dtype), precision)
 
     tangents = [t.astype(jnp.float32) for t in tangents]
     return jax.jvp(network, (x, [p.astype(jnp.float32) for p in flat]), (dx, tangents))[1]
