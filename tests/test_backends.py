@@ -234,11 +234,10 @@ def _requests(function, *args):
 
 
 @pytest.mark.one_device_kind
-def test_second_derivatives_launch_with_the_second_order_request(monkeypatch):
+def test_second_derivatives_launch_with_the_second_order_request():
     """The launches in a second derivative's rules (the eikonal loss's parameter gradient, the
-    Hessian in x) carry ``second_order``, which sends them to XLA where SECOND_ORDER_ON_XLA says
-    (CUDA); a first-order gradient's launches, and the inner gradient's own, do not."""
-    monkeypatch.setattr(_backends, "SECOND_ORDER_ON_XLA", ())  # the launches stay in the jaxpr
+    Hessian in x) carry ``second_order``, which sends them to XLA on CUDA (SECOND_ORDER_ON_XLA);
+    a first-order gradient's launches, and the inner gradient's own, do not."""
     params, x, _ = _problem(WIDE, "float32")
     first = _requests(jax.grad(_wavy(nn.mlp_apply), (0, 1)), params, x)
     assert first and not any(request.second_order for _, request in first)
@@ -250,29 +249,6 @@ def test_second_derivatives_launch_with_the_second_order_request(monkeypatch):
     ):
         launches = [(name, r) for name, r in _requests(function, *args) if name != "slang_mlp_tangent"]
         assert launches and all(request.second_order for _, request in launches), launches
-
-
-@pytest.mark.one_device_kind
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_second_derivatives_on_xla_are_the_twins_own(monkeypatch, dtype):
-    """Where second derivatives run on XLA (SECOND_ORDER_ON_XLA, here made to hold where JAX
-    runs), their rules are the twins' JVPs: the eikonal loss's gradient and the Hessian in x hold
-    no second-order launch, only the inner gradient's first-order ones that JAX's own transposes
-    replace, and match the reference."""
-    from slax.nn._primitives import default_platform
-
-    monkeypatch.setattr(_backends, "SECOND_ORDER_ON_XLA", (default_platform(),))
-    params, x, _ = _problem(WIDE, dtype)
-    reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
-    twin_params, twin_x = cast((params, x), jnp.float32)
-    eikonal = jax.grad(_eikonal(nn.mlp_apply), (0, 1))
-    assert not any(request.second_order for _, request in _requests(eikonal, params, x))
-    want = jax.grad(_eikonal(reference), (0, 1))(twin_params, twin_x)
-    _assert_close(jax.jit(eikonal)(params, x), want, dtype)
-    hessian = jax.hessian(lambda x: _wavy(nn.mlp_apply)(params, x))
-    assert not any(request.second_order for _, request in _requests(hessian, x[:3]))
-    want = jax.hessian(lambda x: _wavy(reference)(twin_params, x))(twin_x[:3])
-    _assert_close(jax.jit(hessian)(x[:3]), want, dtype)
 
 
 def test_describe_refuses_a_platform_it_does_not_lower_for():

@@ -35,7 +35,7 @@ from slax.nn._architecture import Architecture
 from slax.nn._backends import OPERATIONS, SECOND_ORDER_CALL, BackendRequest, choose
 from slax.nn._kernels import layer_pairs
 from slax.nn._params import MLPParams, split_params
-from slax.nn._primitives import PLATFORMS, default_platform, mlp_forward_p, mlp_loss_grad_p
+from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
 
 Params = MLPParams | list[dict[str, jax.Array]]
 """An MLP's parameters: :class:`MLPParams` (layers and activations), or a plain list of one
@@ -225,7 +225,7 @@ def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, s
         dtype = params[0]["weight"].dtype if params and isinstance(params[0], dict) else jnp.float32
         x = np.broadcast_to(np.zeros((), dtype), x)  # no memory: a view of one element
     arch = _architecture("describe", params, x)
-    platform = default_platform() if platform is None else platform
+    platform = _default_platform() if platform is None else platform
     if platform not in PLATFORMS:
         raise ValueError(f"slax.nn.describe: platform must be one of {PLATFORMS}; got {platform!r}.")
     samples, request = math.prod(x.shape[:-1]), BackendRequest.current()
@@ -243,11 +243,17 @@ def _check_dtype(function: str, name: str, dtype) -> None:
         raise TypeError(f"slax.nn.{function}: {name} must be float32 or float16, got {dtype}.")
 
 
+def _default_platform() -> str:
+    """JAX's default platform by the name lowering rules get (``"cuda"`` for NVIDIA GPUs)."""
+    platform = jax.default_backend()
+    return "cuda" if platform == "gpu" else platform
+
+
 def _refuse_unfit(arch: Architecture, x, request: BackendRequest) -> None:
     """Refuses, when the call is traced, a backend forced that cannot run ``arch`` on JAX's default
     platform: the rule that lowering applies again on the platform the call runs on."""
-    if request.backend != "auto" and default_platform() in PLATFORMS:
-        choose(arch, default_platform(), math.prod(x.shape[:-1]), request)
+    if request.backend != "auto" and _default_platform() in PLATFORMS:
+        choose(arch, _default_platform(), math.prod(x.shape[:-1]), request)
 
 
 def _require_array(function: str, name: str, value: Any) -> None:

@@ -29,24 +29,6 @@ PLATFORMS = ("cpu", "cuda")
 """Where the MLP's primitives lower, each platform through the backend :func:`choose` picks there."""
 
 
-def default_platform() -> str:
-    """JAX's default platform by the name lowering rules get (``"cuda"`` for NVIDIA GPUs)."""
-    platform = jax.default_backend()
-    return "cuda" if platform == "gpu" else platform
-
-
-def _twin_derivative(arch, x, request) -> bool:
-    """Whether a derivative rule is its twin's own JVP: where the launch it would bind runs on XLA on
-    JAX's default platform (where the call will most likely lower), one ``jax.jvp`` of the twin
-    gives its value and tangent as one graph, which XLA fuses and shares with the rest of the
-    derivative, rather than the launch beside a separate JVP that recomputes the same forward pass
-    (on an H100, the eikonal step of 3-64-64-64-1 in float16: BENCHMARKS.md). Elsewhere the rules
-    bind the launches, whose lowering chooses per platform."""
-    platform = default_platform()
-    samples = math.prod(x.shape[:-1])
-    return platform in PLATFORMS and choose(arch, platform, samples, request).backend.name == "xla"
-
-
 def _param_shapes(arch):
     """Each layer's bias and weight, the order the primitives take and return them in."""
     return [shape for i, o in arch.layers for shape in ((o,), (o, i))]
@@ -153,13 +135,8 @@ def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     (an outer derivative of this rule: a second derivative), their tangent is the twin's, and the
     launches are second order's."""
     x, *params = primals
-    twin = functools.partial(
-        forward_twin, dtype=arch.dtype, activations=arch.activations, precision=XLA_PRECISION[arch.dtype]
-    )
     if keep_hidden:
         request = _second_order(request)
-        if _twin_derivative(arch, x, request):
-            return jax.jvp(twin, list(primals), [instantiate_zeros(t) for t in tangents])
     outputs = mlp_forward_p.bind(
         x, *params, arch=arch, keep_hidden=hidden_width(arch.sizes) > 0, request=request, routes=routes
     )
@@ -170,7 +147,13 @@ def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     )
     if not keep_hidden:
         return [y], dy
-    _, (_, dhidden) = jax.jvp(twin, list(primals), [dx, *dparams])
+    _, (_, dhidden) = jax.jvp(
+        functools.partial(
+            forward_twin, dtype=arch.dtype, activations=arch.activations, precision=XLA_PRECISION[arch.dtype]
+        ),
+        list(primals),
+        [dx, *dparams],
+    )
     return outputs, [*dy, dhidden]
 
 
@@ -236,9 +219,6 @@ def _backward_twin(*operands, arch, group_ndim, hidden, input_gradient, request,
 def _backward_jvp(primals, tangents, **params):
     """The backward launch's JVP: a second derivative, whose launches are second order's."""
     params = {**params, "request": _second_order(params["request"])}
-    if _twin_derivative(params["arch"], primals[0], params["request"]):
-        tangents = [instantiate_zeros(t) for t in tangents]
-        return jax.jvp(lambda *operands: _backward_twin(*operands, **params), list(primals), tangents)
     linear = [i == 1 + params["hidden"] for i in range(len(primals))]
     return _linear_map_jvp(mlp_backward_p, _backward_twin, linear, primals, tangents, params)
 
