@@ -220,8 +220,8 @@ def test_describe_names_the_backend_of_each_operation_and_why(
     assert answer["mlp_loss_and_grad"].startswith(f"{loss_and_grad}: ")
     assert says in answer["mlp_loss_and_grad"]
     second = answer["second derivatives of mlp_apply"]
-    if platform == "cuda":  # SECOND_ORDER_ON_XLA
-        assert second.startswith("xla: ") and "second derivatives of the network run faster" in second
+    if (platform, dtype) == ("cuda", "float16"):  # SECOND_ORDER_ON_XLA
+        assert second.startswith("xla: ") and "second derivatives of float16 networks run faster" in second
     else:
         assert second.startswith(f"{apply}: ")
 
@@ -236,7 +236,7 @@ def _requests(function, *args):
 @pytest.mark.one_device_kind
 def test_second_derivatives_launch_with_the_second_order_request():
     """The launches in a second derivative's rules (the eikonal loss's parameter gradient, the
-    Hessian in x) carry ``second_order``, which sends them to XLA on CUDA (SECOND_ORDER_ON_XLA);
+    Hessian in x) carry ``second_order``, which sends float16 ones to XLA on CUDA (SECOND_ORDER_ON_XLA);
     a first-order gradient's launches, and the inner gradient's own, do not."""
     params, x, _ = _problem(WIDE, "float32")
     first = _requests(jax.grad(_wavy(nn.mlp_apply), (0, 1)), params, x)

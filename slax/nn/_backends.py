@@ -512,13 +512,15 @@ plain JAX's samples/s on the tiled kernels, 32-128x4-16 at 0.17-0.28x, in both d
 to 2^20 samples. Where tensor cores are off or absent the tiled kernels run."""
 
 
-SECOND_ORDER_ON_XLA = ("cuda",)
-"""Platforms where ``"auto"`` runs second derivatives of the network (:attr:`BackendRequest.second_order`)
-on XLA's products rather than on the first-order kernels: there, what a second derivative adds runs
-in the plain-JAX twin anyway (no kernel computes it), and the first-order kernels beside it, each a
-separate pass over the activations, cost more than XLA's fusion of the whole derivative. Measured on an
-H100 (BENCHMARKS.md, the signed distance field): the eikonal step of 3-64-64-64-1 at 2^16 and 2^18
-samples. On the CPU routes the kernels stay (they are what CI tests)."""
+SECOND_ORDER_ON_XLA = (("cuda", "float16"),)
+"""``(platform, dtype)`` where ``"auto"`` runs second derivatives of the network
+(:attr:`BackendRequest.second_order`) on XLA's products rather than on the first-order kernels: what
+a second derivative adds runs in the plain-JAX twin whichever backend runs the rest, and beside it,
+in float16, XLA's fusion of the whole derivative costs less than the kernels' separate passes.
+Measured on an H100 (BENCHMARKS.md, the signed distance field, 3-64-64-64-1 with its eikonal loss,
+two runs): float16 at 0.83-0.88x plain JAX's steps/s on XLA against 0.75-0.83x on the kernels;
+float32 at 0.57-0.60x and 0.74-0.76x (2^16, 2^18) on XLA against 0.59x and 0.77x on the kernels,
+which it keeps. On the CPU routes the kernels stay (they are what CI tests)."""
 
 
 def _below(batch: int) -> str:
@@ -570,12 +572,12 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
                 "slax choose, or 'xla', which runs every network."
             )
         return Choice(backend, where, "forced by slax.config.mlp_backend")
-    if request.second_order and platform in SECOND_ORDER_ON_XLA:
+    if request.second_order and (platform, arch.dtype) in SECOND_ORDER_ON_XLA:
         return Choice(
             BACKENDS["xla"],
             where,
-            f"second derivatives of the network run faster on XLA's products than through the "
-            f"first-order kernels on {where.name.upper()} (BENCHMARKS.md)",
+            f"second derivatives of {arch.dtype} networks run faster on XLA's products than through "
+            f"the first-order kernels on {where.name.upper()} (BENCHMARKS.md)",
         )
     row = xla_wins(arch, platform, samples)
     if row is not None:
