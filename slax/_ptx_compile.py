@@ -7,17 +7,21 @@ reads (``linear_layer`` of shaders/slangpy_examples.slang), for CUDA and C++ tar
 into Slang's C API cannot be interrupted in-process, so the PTX route compiles in a child process
 that is killed after ``SLAX_PTX_COMPILE_TIMEOUT`` seconds (default 120; a kernel's PTX normally
 takes a few), and :mod:`slax._ptx_launch` refuses the kernel (:class:`PtxCompileTimeout`), which
-then runs on the SlangPy route.
+then runs on the SlangPy route. The child is a worker that lives across compiles (:class:`_Worker`):
+a new one starts only after one was killed, or in a forked process.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
 import pickle
+import select
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,50 +48,128 @@ def timeout_s() -> float:
 
 
 def compile_ptx(spec: KernelSpec, snapshot: str | None) -> str:
-    """``spec``'s PTX (:func:`slax._slang_c.compile_entry_point`), from a child process.
+    """``spec``'s PTX (:func:`slax._slang_c.compile_entry_point`), from the compile worker.
 
     Raises:
-      PtxCompileTimeout: the child ran past :func:`timeout_s` and was killed.
-      SlangCompileError, NvrtcNotFoundError: as the compile raises them, from the child.
+      PtxCompileTimeout: the worker ran past :func:`timeout_s` on it and was killed.
+      SlangCompileError, NvrtcNotFoundError: as the compile raises them, from the worker.
     """
     limit = timeout_s()
-    package_root = str(pathlib.Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
-    with tempfile.TemporaryDirectory(prefix="slax-ptx-") as directory:
-        request, answer = os.path.join(directory, "request"), os.path.join(directory, "answer")
-        with open(request, "wb") as file:
-            pickle.dump((spec, snapshot), file)
-        command = [sys.executable, "-c", "import slax._ptx_compile as c; c._child()", request, answer]
+    with _lock:
+        global _worker
+        if _worker is None or _worker.poll() is not None:
+            _worker = _Worker()
+        worker = _worker
         try:
-            done = subprocess.run(command, env=env, capture_output=True, timeout=limit)
+            ok, value = worker.ask((spec, snapshot), limit)
         except subprocess.TimeoutExpired:
+            worker.close(kill=True)
+            _worker = None
             raise PtxCompileTimeout(
                 f"slax: Slang did not compile kernel {spec.entry!r} to PTX for the CUDA PTX route "
                 f"within {limit:g} s ({TIMEOUT_ENV_VAR}); SLAX_CUDA_LAUNCH=slangpy (or "
                 "slax.config.cuda_launch = 'slangpy') runs its kernels on the SlangPy route without "
                 "the wait."
             ) from None
-        if not os.path.exists(answer):
+        except EOFError:
+            status, errors = worker.close(kill=True), worker.errors()
+            _worker = None
             raise RuntimeError(
                 f"slax: the process compiling kernel {spec.entry!r} to PTX exited with status "
-                f"{done.returncode}:\n{done.stderr.decode(errors='replace')[-3000:]}"
-            )
-        with open(answer, "rb") as file:
-            ok, value = pickle.load(file)
+                f"{status}:\n{errors[-3000:]}"
+            ) from None
     if not ok:
         raise value
     return value
 
 
-def _child() -> None:
+class _Worker:
+    """A child process that compiles kernels to PTX one request after another: it pays Python's
+    and slax's start-up (1-2 s) once, not per kernel. Requests and answers are pickles on its
+    stdin and on a copy of its stdout (its own stdout goes to its stderr, so that nothing a
+    compiler prints mixes with the answers); its stderr goes to a file, read when it dies."""
+
+    def __init__(self):
+        package_root = str(pathlib.Path(__file__).resolve().parent.parent)
+        path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
+        self._stderr = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", "import slax._ptx_compile as c; c._serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+
+    def poll(self) -> int | None:
+        return self._process.poll()
+
+    def ask(self, request, limit: float):
+        """The answer to ``request``, or TimeoutExpired past ``limit`` seconds, or EOFError where
+        the worker died."""
+        stdin, stdout = self._process.stdin, self._process.stdout
+        assert stdin is not None and stdout is not None
+        try:
+            pickle.dump(request, stdin)
+            stdin.flush()
+        except BrokenPipeError:
+            raise EOFError from None
+        ready, _, _ = select.select([stdout], [], [], limit)
+        if not ready:
+            raise subprocess.TimeoutExpired("slax PTX compile worker", limit)
+        return pickle.load(stdout)
+
+    def close(self, kill: bool = False) -> int | None:
+        """Ends the worker (killed, or at the end of its requests), and returns its exit status."""
+        if kill:
+            self._process.kill()
+        elif self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            return self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            return self._process.wait()
+
+    def errors(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
+
+
+_worker: _Worker | None = None
+_lock = threading.Lock()
+"""One compile at a time in the worker; threads that compile kernels wait for each other."""
+
+
+def _close_worker() -> None:
+    if _worker is not None:
+        _worker.close()
+
+
+def _forget_worker_in_child() -> None:
+    """A forked process starts its own worker: its parent's pipes are its parent's."""
+    global _worker, _lock
+    _worker, _lock = None, threading.Lock()
+
+
+atexit.register(_close_worker)
+os.register_at_fork(after_in_child=_forget_worker_in_child)
+
+
+def _serve() -> None:
+    """The worker's loop: a request from stdin, its answer to the answers' stream, until stdin ends."""
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever the compiler prints goes to stderr, not into the answers
     from slax._slang_c import CodeTarget, compile_entry_point
 
-    request, answer = sys.argv[1:3]
-    with open(request, "rb") as file:
-        spec, snapshot = pickle.load(file)
-    try:
-        result: tuple[bool, object] = (True, compile_entry_point(spec, CodeTarget.PTX, snapshot))
-    except Exception as error:  # handed to the parent, which raises it
-        result = (False, error)
-    with open(answer, "wb") as file:
-        pickle.dump(result, file)
+    while True:
+        try:
+            spec, snapshot = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            return
+        try:
+            result: tuple[bool, object] = (True, compile_entry_point(spec, CodeTarget.PTX, snapshot))
+        except Exception as error:  # handed to the parent, which raises it
+            result = (False, error)
+        pickle.dump(result, answers)
+        answers.flush()

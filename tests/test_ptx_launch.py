@@ -541,6 +541,34 @@ def test_ptx_compile_past_the_limit_is_a_launch_refusal(nvrtc, monkeypatch):
     _timed_out.pop(content)
 
 
+@needs_tools
+def test_one_compile_worker_serves_kernel_after_kernel(nvrtc, monkeypatch):
+    """The PTX compiles share one worker process (its start-up paid once); a compile past the limit
+    kills it, and the next compile starts another, which compiles as the first did."""
+    from slax import _ptx_compile
+
+    path = str(SHADER_DIR / "kernels" / "scale_shift.slang")
+    compile_once = {
+        entry: _ptx_compile.compile_ptx(KernelSpec(entry, path=path), None)
+        for entry in (
+            "scale_shift_float",
+            "scale_shift_half",
+        )
+    }
+    worker = _ptx_compile._worker
+    assert worker is not None and worker.poll() is None
+    assert ".entry scale_shift_float(" in compile_once["scale_shift_float"]
+    assert ".entry scale_shift_half(" in compile_once["scale_shift_half"]
+    monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", "0.001")
+    with pytest.raises(_ptx_compile.PtxCompileTimeout, match="within 0.001 s"):
+        _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)
+    assert _ptx_compile._worker is None and worker.poll() is not None  # killed
+    monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", "600")
+    again = _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)
+    assert again == compile_once["scale_shift_float"]
+    assert _ptx_compile._worker is not None and _ptx_compile._worker is not worker
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "soon"])
 def test_ptx_compile_timeout_must_be_positive_seconds(monkeypatch, value):
     monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", value)
