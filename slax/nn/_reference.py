@@ -169,8 +169,6 @@ def backward_twin(
     """``mlp_backward``'s results: ``[dx,] *gradients``, the network's vector-Jacobian product with
     ``dy``, each gradient summed over the samples of each of the ``group_ndim`` leading axes'
     groups (float32, as the kernels'); ``dx`` only with ``input_gradient``."""
-    groups = x.shape[:group_ndim]
-    per_group = math.prod(x.shape[group_ndim:-1])
     layers = _layers(flat)
 
     def one_group(x, dy):
@@ -178,11 +176,9 @@ def backward_twin(
             lambda x, layers: _apply(layers, activations, x, jnp.dtype(dtype), precision), x, layers
         )
         dx, grads = pullback(dy.astype(y.dtype))
-        return dx, [a for layer in grads for a in (layer["bias"], layer["weight"])]
+        return dx, _flat(grads)
 
-    grouped = (math.prod(groups), per_group)
-    dx, grads = jax.vmap(one_group)(x.reshape(grouped + x.shape[-1:]), dy.reshape(grouped + dy.shape[-1:]))
-    grads = [g.reshape(groups + g.shape[1:]) for g in grads]
+    dx, grads = _per_group(one_group, group_ndim, x, dy)
     return [dx.reshape(x.shape), *grads] if input_gradient else grads
 
 
@@ -199,8 +195,6 @@ def loss_grad_twin(
     """``mlp_loss_grad``'s results: ``[loss, *gradients]``, per group of the ``group_ndim``
     leading axes: the sum of each sample's squared error weighted by ``loss_scale``, and its
     gradients (float32, as the kernels')."""
-    groups = x.shape[:group_ndim]
-    grouped = (math.prod(groups), math.prod(x.shape[group_ndim:-1]))
     layers = _layers(flat)
 
     def one_group(x, target):
@@ -210,8 +204,25 @@ def loss_grad_twin(
             return jnp.float32(loss_scale) * jnp.sum(error * error)
 
         value, grads = jax.value_and_grad(loss)(layers)
-        return value, [a for layer in grads for a in (layer["bias"], layer["weight"])]
+        return value, _flat(grads)
 
-    x = x.reshape(grouped + x.shape[-1:])
-    losses, grads = jax.vmap(one_group)(x, target.reshape(grouped + target.shape[-1:]))
-    return [losses.reshape(groups), *[g.reshape(groups + g.shape[1:]) for g in grads]]
+    losses, grads = _per_group(one_group, group_ndim, x, target)
+    return [losses, *grads]
+
+
+def _flat(layers) -> list[jax.Array]:
+    """Layers as the primitives take and return them: each layer's bias, then its weight."""
+    return [a for layer in layers for a in (layer["bias"], layer["weight"])]
+
+
+def _per_group(one_group, group_ndim: int, x, data):
+    """``one_group(x, data) -> (value, sums)`` over each group of the ``group_ndim`` leading axes
+    (their samples flattened, mapped with vmap), ``value`` per sample or per group, the sums per
+    group, all reshaped to those axes."""
+    groups = x.shape[:group_ndim]
+    grouped = (math.prod(groups), math.prod(x.shape[group_ndim:-1]))
+    value, sums = jax.vmap(one_group)(
+        x.reshape(grouped + x.shape[-1:]), data.reshape(grouped + data.shape[-1:])
+    )
+    value = value.reshape(groups + value.shape[1:])
+    return value, [s.reshape(groups + s.shape[1:]) for s in sums]
