@@ -16,7 +16,7 @@ defines: the parameter operands its kernels read, the launch of each entry point
 groups, the scalar that says how much each runs) and its Slang specialisation (source):
 
 - ``thread_sums``: narrow networks (their gradient sums fit a thread's registers), a sample per
-  thread (``shaders/nn/mlp.slang``). On tensor cores (:attr:`Platform.tensor_cores`), a float16
+  thread (``shaders/nn/thread_sums.slang``). On tensor cores (:attr:`Platform.tensor_cores`), a float16
   network with layers at most 16 wide runs its fused loss and gradient a warp per tile of 16
   samples (``shaders/nn/warp_mma.slang``): a specialisation of this backend, not a backend of its
   own, since its other operations are the per-sample kernels and its launches theirs.
@@ -288,8 +288,9 @@ def _parameter_count(arch: Architecture) -> int:
 
 
 def _narrow(arch: Architecture) -> bool:
-    """Whether a thread's registers hold the network's gradient sums and loss (THREAD_SUMS_LIMIT)."""
-    return _parameter_count(arch) + 1 <= THREAD_SUMS_LIMIT
+    """Whether a thread's registers hold the network's gradient sums and loss: the kernels' own
+    rule (slax/nn/_kernels.py, ``KernelLayout.thread_sums``)."""
+    return _kernels.kernel_layout(arch.sizes).thread_sums
 
 
 # --- the kernel families ----------------------------------------------------------------------------

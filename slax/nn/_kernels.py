@@ -2,7 +2,7 @@
 
 The network is a chain of ``FeedForwardLayer``s from ``shaders/nn/mlp.slang``, each with its
 activation's Slang type (slax/nn/_activations.py; by default LeakyReLU on hidden layers, an affine
-output layer). The entry points share one ``Network``:
+output layer). Every kernel family has these entry points:
 
 - ``mlp_forward``: ``x, params -> y``.
 - ``mlp_backward``: ``x, dy, params -> partial sums, dx``; ``bwd_diff`` of the network.
@@ -33,14 +33,16 @@ thread group writes one row of ``partials``: the sums of its samples' parameter 
 parameter layout, then the sum of their weighted losses (:class:`KernelLayout`); JAX adds the rows
 of a group. How a row is summed depends on the network's size:
 
-- narrow networks (``KernelLayout.thread_sums``, generated here, ``shaders/nn/mlp.slang``) run one
-  sample at a time per thread, through Slang's ``bwd_diff``: each group is covered by
-  ``blocks_per_group`` thread groups of SLAX_GROUP_SIZE threads, each thread running
+- narrow networks (``KernelLayout.thread_sums``) run one sample at a time per thread, through
+  Slang's ``bwd_diff``, in kernels written once in ``shaders/nn/thread_sums.slang``: the source
+  generated here is only a descriptor that includes it (:func:`thread_sums_source`: ``T``, the
+  network's type ``Chain<...>`` and its sizes as ``static const`` declarations). Each group is
+  covered by ``blocks_per_group`` thread groups of SLAX_GROUP_SIZE threads, each thread running
   ``samples_per_thread`` samples and summing their gradients in registers, then the thread group
   adds its threads' sums; parameters are staged in group-shared memory. For JAX on CUDA with
   tensor cores, float16 networks at most 16 wide compute ``mlp_loss_grad`` a tile of 16 samples
-  per warp instead (``shaders/nn/warp_mma.slang``, :func:`warp_mma_fits`), the same thread
-  groups covering the same samples;
+  per warp instead (``shaders/nn/warp_mma.slang``, :func:`warp_mma_fits`; thread_sums.slang's entry
+  point, over the descriptor's ``WarpNetwork``), the same thread groups covering the same samples;
 - wide ones run a tile of samples at a time per thread group, each layer a matrix product split
   over its threads (slax/nn/_tiled_kernels.py, ``shaders/nn/tiled.slang``), or, for JAX on CUDA,
   over its warps' tensor cores (slax/nn/_tensor_core_kernels.py, ``shaders/nn/tensor_cores.slang``)
@@ -63,11 +65,7 @@ from slax.nn._tiled_kernels import (
     tile_kernels_source,
     tile_layout,
 )
-from slax.nn._warp_mma_kernels import (
-    LOSS_GRAD_ENTRY,
-    WARP_MMA_WIDTH,
-    warp_mma_loss_grad,
-)
+from slax.nn._warp_mma_kernels import WARP_MMA_WIDTH, warp_network_type
 
 SCRATCH_BUDGET_FLOATS = 4096
 """Group-shared floats a narrow network's kernels use for their staged parameters and their
@@ -199,63 +197,6 @@ def _chunk(layout: KernelLayout, values: int) -> int:
     return chunk - chunk % 2 if chunk > 1 else chunk
 
 
-def _sums_source(layout: KernelLayout) -> str:
-    """``Sums``, the kernels' IGradientSums, with ``begin`` and ``finish`` for the entry points to
-    call around the samples."""
-    row = layout.sums
-    return f"""
-static float threadSums[{row}];  // this thread's samples' gradient terms and loss, summed
-
-struct Sums : IGradientSums
-{{
-    static void addLayer<let In : int, let Out : int>(uint offset, float dz[Out], float x[In])
-    {{
-        [ForceUnroll]
-        for (int row = 0; row < Out; row++)
-        {{
-            threadSums[offset + row] += dz[row];
-            [ForceUnroll]
-            for (int col = 0; col < In; col++) threadSums[offset + Out + row * In + col] += dz[row] * x[col];
-        }}
-    }}
-    static void addLoss(float value) {{ threadSums[{row - 1}] += value; }}
-    static void begin(float* partials, uint block)
-    {{
-        [ForceUnroll]
-        for (int i = 0; i < {row}; i++) threadSums[i] = 0.0;
-    }}
-    static void finish(float* partials, uint block, uint local)
-    {{
-        groupSum<{row}, {_chunk(layout, row)}, GroupScratch>(threadSums, partials + block * {row}, local);
-    }}
-}}"""
-
-
-def _parameters_source(layout: KernelLayout) -> str:
-    """``Parameters``, the kernels' IParameters, staged in group-shared memory, with ``begin`` for the
-    entry points to call."""
-    return f"""
-static float* parameterPointer;
-groupshared float parameterCache[{layout.parameters}];
-
-struct ParameterCache : IGroupScratch
-{{
-    static const uint capacity = {layout.parameters};
-    static void store(uint index, float value) {{ parameterCache[index] = value; }}
-    static float load(uint index) {{ return parameterCache[index]; }}
-}}
-
-struct Parameters : IParameters
-{{
-    static void begin(float* params, uint local)
-    {{
-        parameterPointer = params;
-        stageParameters<{layout.parameters}, ParameterCache>(params, local);
-    }}
-    static float load(uint index) {{ return stagedParameter<ParameterCache>(parameterPointer, index); }}
-}}"""
-
-
 def _preamble(dtype: str, scratch: int, modules: list[str], fragments: bool = False) -> str:
     """What every MLP kernel source starts with: the imports, ``T`` (the network's dtype) and
     ``scratch`` floats of group-shared memory behind ``GroupScratch``; with ``fragments`` (tensor
@@ -291,12 +232,10 @@ def mlp_source(
     tensor_cores, dtype, activations)."""
     activations = activations or layer_activations(len(sizes) - 1, HIDDEN_DEFAULT, OUTPUT_DEFAULT)
     layout = kernel_layout(sizes, tensor_cores, dtype, activations)
-    layers = layer_pairs(sizes)
-    offsets, _ = parameter_offsets(sizes)
     types = [ACTIVATIONS[name].slang for name in activations]
     if not layout.thread_sums:
         tile = layout.wide_tile
-        network = Network(sizes, layers, offsets, types, dtype, layout.sums)
+        network = Network(sizes, layer_pairs(sizes), parameter_offsets(sizes)[0], types, dtype, layout.sums)
         products: TensorCoreProducts | TiledProducts
         if isinstance(tile, TensorCoreLayout):
             modules = ["nn.mlp", "nn.tiled", "nn.tensor_cores"]
@@ -305,142 +244,48 @@ def mlp_source(
             modules, products = ["nn.mlp", "nn.tiled"], TiledProducts(network, tile)
         preamble = _preamble(dtype, tile.scratch, modules, fragments=layout.tensor_cores)
         return preamble + tile_kernels_source(network, products)
-    fields = "\n".join(
-        f"    FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums, {a}> layer{k};"
-        for k, ((i, o), w, a) in enumerate(zip(layers, offsets, types))
-    )
-    chain = "\n".join(f"        let h{k + 1} = layer{k}.eval(h{k});" for k in range(len(layers)))
-    n_in, n_out = sizes[0], sizes[-1]
+    return thread_sums_source(sizes, dtype, types, layout)
 
-    def sample_loop(data: str, n_data: int, body: str) -> str:
-        """The thread's samples in order, as ``input`` and ``{data}Row``: each sample's rows are
-        loaded while the one before runs, so that its loads wait on memory behind that sample's
-        arithmetic; and staged parameters are re-read per sample (rereadStagedParameters), whose
-        fence comes before the next sample's loads are issued: after them, on CUDA, the parameter
-        reads behind the fence waited for those loads (the 4-16-4 loss kernel at 2^20 on an H100:
-        28.3 us with the fence after the loads, 26.9 before them, and ncu's stalls on shared-memory
-        reads 0.27 and 0.16 per issued instruction; BENCHMARKS.md, tenth session)."""
-        return f"""
-    uint thread = slax_thread_index(thread_id);
-    if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
-    uint block = thread / SLAX_GROUP_SIZE, local = thread % SLAX_GROUP_SIZE;
-    Parameters.begin(params, local);
-    Sums.begin(partials, block);
-    Network net = Network.create();
-    let samples = ThreadSamples(
-        block, local, samples_per_group, blocks_per_group, samples_per_thread);
-    var nextInput = loadVec<{n_in}>(x, samples.sample(0));
-    var nextRow = loadVec<{n_data}>({data}, samples.sample(0));
-    for (uint i = 0; i < samples.count; i++)
-    {{
-        uint sample = samples.sample(i);
-        bool active = samples.active(i);
-        let input = nextInput;
-        let {data}Row = nextRow;
-        rereadStagedParameters();
-        if (i + 1 < samples.count)
-        {{
-            nextInput = loadVec<{n_in}>(x, samples.sample(i + 1));
-            nextRow = loadVec<{n_data}>({data}, samples.sample(i + 1));
-        }}
-{body}
-    }}
-    Sums.finish(partials, block, local);"""
 
-    def backward_entry(input_gradient: bool) -> str:
-        """``mlp_backward``, or without ``dx`` (nor its store) ``mlp_backward_params``."""
-        name, dx = ("mlp_backward", "uniform T* dx, ") if input_gradient else ("mlp_backward_params", "")
-        store = f"""
-        if (active)
-            for (int j = 0; j < {n_in}; j++) dx[sample * {n_in} + j] = __realCast<T>(pair.d.vals[j]);"""
-        loop = sample_loop(
-            "dy",
-            n_out,
-            f"""
-        var pair = diffPair(input);
-        MLGrad<{n_out}> dOut;
-        for (int j = 0; j < {n_out}; j++) dOut.vals[j] = active ? __realCast<float>(dyRow.vals[j]) : 0.0;
-        bwd_diff(networkOutput)(net, pair, dOut);{store if input_gradient else ""}""",
-        )
-        return f"""
-[shader("compute")]
-[numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void {name}(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* dy, uniform float* params,
-            uniform float* partials, {dx}uniform uint count, uniform uint samples_per_group,
-            uniform uint blocks_per_group, uniform uint samples_per_thread)
-{{{loop}
-}}
+def _chain_type(layers: list[str], widths: tuple[int, ...]) -> str:
+    """``Chain<T, In, Mid, Out, First, Rest>`` of the layer types ``layers`` between ``widths``
+    (the last layer alone where one is left)."""
+    if len(layers) == 1:
+        return layers[0]
+    rest = _chain_type(layers[1:], widths[1:])
+    return f"Chain<T, {widths[0]}, {widths[1]}, {widths[-1]},\n    {layers[0]},\n    {rest}>"
+
+
+def thread_sums_source(
+    sizes: tuple[int, ...], dtype: str, activations: list[str], layout: KernelLayout
+) -> str:
+    """The narrow network's kernels for ``sizes`` in ``dtype``, each layer's ``IActivation`` type
+    in ``activations``: a descriptor of the architecture (``T``, ``Network``: its ``Chain`` of
+    ``FeedForwardLayer`` types, and its sizes as ``static const``s) that includes
+    ``shaders/nn/thread_sums.slang``, where the entry points, the sample loop and the ``Sums`` and
+    ``Parameters`` types are written once. The layer offsets in the chain's type are
+    :func:`parameter_offsets`', the one definition of the layout that packing and unpacking the
+    parameters also read (slax/nn/_backends.py). Where ``layout.warp_mma``, the descriptor also names
+    ``WarpNetwork`` (slax/nn/_warp_mma_kernels.py), whose warp tiles then run the file's
+    ``mlp_loss_grad``."""
+    offsets, _ = parameter_offsets(sizes)
+    layers = [
+        f"FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums, {a}>"
+        for (i, o), w, a in zip(layer_pairs(sizes), offsets, activations)
+    ]
+    imports, warp = "import nn.mlp;\n", ""
+    if layout.warp_mma:
+        imports += "import nn.warp_mma;\n#define SLAX_WARP_MMA_LOSS_GRAD\n"
+        network = warp_network_type(layer_pairs(sizes), offsets, activations, layout.sums, layout.scratch)
+        warp = f"typealias WarpNetwork = {network};\n"
+    return f"""import slax.kernel;
+{imports}
+typealias T = {SLANG_SCALAR_FOR_DTYPE[dtype]};
+typealias Network = {_chain_type(layers, sizes)};
+{warp}static const int Inputs = {sizes[0]};
+static const int Outputs = {sizes[-1]};
+static const int ParameterCount = {layout.parameters};
+static const int ScratchFloats = {layout.scratch};
+static const int SumChunk = {_chunk(layout, layout.sums)};
+#include "nn/thread_sums.slang"
 """
-
-    loss_grad_loop = sample_loop(
-        "target",
-        n_out,
-        """
-        var pair = diffPair(input);
-        bwd_diff(sampleLoss)(net, pair, targetRow, active ? loss_scale : 0.0);""",
-    )
-    modules = ["nn.mlp", "nn.warp_mma"] if layout.warp_mma else ["nn.mlp"]
-    loss_grad = (
-        warp_mma_loss_grad(layer_pairs(sizes), offsets, types, layout.sums, layout.scratch)
-        if layout.warp_mma
-        else f"""{LOSS_GRAD_ENTRY}
-{{{loss_grad_loop}
-}}
-"""
-    )
-    return f"""{_preamble(dtype, layout.scratch, modules)}
-{_parameters_source(layout)}
-{_sums_source(layout)}
-
-struct Network
-{{
-{fields}
-
-    static Network create()
-    {{
-        Network net;
-        return net;
-    }}
-
-    [Differentiable]
-    [NoDiffThis]
-    MLVec<T, {n_out}> eval(MLVec<T, {n_in}> h0)
-    {{
-{chain}
-        return h{len(layers)};
-    }}
-}}
-
-[Differentiable]
-MLVec<T, {n_out}> networkOutput(no_diff Network net, MLVec<T, {n_in}> x)
-{{
-    return net.eval(x);
-}}
-
-[Differentiable]
-float sampleLoss(no_diff Network net, MLVec<T, {n_in}> x, no_diff MLVec<T, {n_out}> target)
-{{
-    return squaredError<T, {n_out}, Sums>(net.eval(x), target);
-}}
-
-MLVec<T, N> loadVec<let N : int>(T* data, uint index)
-{{
-    MLVec<T, N> v;
-    for (int i = 0; i < N; i++) v.vals[i] = data[index * N + i];
-    return v;
-}}
-
-[shader("compute")]
-[numthreads(SLAX_GROUP_SIZE, 1, 1)]
-void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform float* params,
-                 uniform T* y, uniform uint count, uniform uint samples)
-{{
-    uint thread = slax_thread_index(thread_id);
-    if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
-    Parameters.begin(params, thread % SLAX_GROUP_SIZE);
-    if (thread >= samples) return;
-    MLVec<T, {n_out}> out = Network.create().eval(loadVec<{n_in}>(x, thread));
-    for (int i = 0; i < {n_out}; i++) y[thread * {n_out} + i] = out.vals[i];
-}}
-
-{backward_entry(True)}{backward_entry(False)}{loss_grad}"""
