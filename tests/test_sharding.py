@@ -10,7 +10,10 @@ import subprocess
 import pytest
 from _helpers import run_python
 
-pytestmark = pytest.mark.jax_version
+JAX = pytest.mark.jax_version
+"""Marks the tests CI runs on every JAX release: shard_map, plain jit over sharded batches (on two
+devices), the flat all-reduce and the data-parallel step's lowering; the experiments' runs over
+devices go through those same paths."""
 
 TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 
@@ -19,13 +22,14 @@ def _run(*command: str) -> subprocess.CompletedProcess:
     return run_python(*command, env={**os.environ, **TWO_DEVICES})
 
 
+@JAX
 def test_shard_map_runs_each_shard_on_its_device(cpu_path):
     result = _run("tests/scripts/sharded.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "grad of replicated arguments: ok" in result.stdout and "sharded: ok" in result.stdout
 
 
-@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("devices", [pytest.param(2, marks=JAX), 4])
 def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):
     """Explicit and automatic sharding, given shardings or not: values, jax.grad and jax.jvp equal
     one device's, each device launches its own shard's kernels, no all-gather of the batch, and what
@@ -78,6 +82,7 @@ print(same, all_reduces, mean_over_devices([x], ())[0] is x)
 """
 
 
+@JAX
 def test_mean_over_devices_is_one_all_reduce_per_dtype(cpu_path):
     """The losses and gradients of a data-parallel step are averaged over the devices as one flat
     all-reduce per dtype: the same values, bit for bit, as a pmean per leaf (each is the same
@@ -104,6 +109,7 @@ print("concatenate" in producer, {leaf.sharding.is_fully_replicated for leaf in 
 """
 
 
+@JAX
 def test_data_parallel_step_all_reduces_the_kernels_row_and_keeps_its_state_on_every_device(cpu_path):
     """Over two devices, ``mlp_loss_and_grad`` all-reduces the sum of the kernel's partial rows
     (gradients, then the loss) as it is, with no kernel repacking it each step (compiled only: the
