@@ -119,11 +119,20 @@ EXAMPLES = {example.name: example for example in examples.EXAMPLES}
 
 
 TRANSFORMS, DTYPES = ["eager", "jit", "vmap"], [jnp.float32, jnp.float16]
+ON_EVERY_ROUTE = {
+    (TRANSFORMS[i % len(TRANSFORMS)], name, DTYPES[i % len(DTYPES)]) for i, name in enumerate(EXAMPLES)
+}
+"""The twin comparisons that run on every device kind: each example once, every transform and dtype
+among them. The others run on one kind, Vulkan where it is under test (lavapipe compiles these
+kernels several times faster than the CPU device's C++ compiler): they differ by route only in the
+kernels each route compiles from the same Slang, which these compile for every example on every
+route (and the rules around them are the same on every route)."""
 
 
 def _twin_marks(case):
     transform, name, dtype = case
-    return [pytest.mark.jax_version] * ((name, dtype) == (JAX_VERSION_EXAMPLE, jnp.float32))
+    marks = [pytest.mark.jax_version] * ((name, dtype) == (JAX_VERSION_EXAMPLE, jnp.float32))
+    return marks + [pytest.mark.one_device_kind("vulkan")] * (case not in ON_EVERY_ROUTE)
 
 
 @pytest.mark.parametrize(
