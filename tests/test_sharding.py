@@ -40,7 +40,14 @@ def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):
     assert f"jit over sharded batches on {devices} devices: ok" in result.stdout
 
 
+ON_ONE_ROUTE = pytest.mark.one_device_kind("vulkan")
+"""For the experiments' runs over devices: their launches on each route are those that
+test_plain_jit_over_sharded_batches_partitions_each_call checks on every route, so they run on one
+(Vulkan where it is under test: the faster of the two for these runs)."""
+
+
 @pytest.mark.slow
+@ON_ONE_ROUTE
 def test_polynomial_data_parallel_matches_one_device(cpu_path, tmp_path):
     """The same global batch and seed on no mesh, a one-device mesh and two devices (plain jit over
     the sharded batch): the same training, to the rounding of summing the gradient in two halves
@@ -122,6 +129,7 @@ def test_data_parallel_step_all_reduces_the_kernels_row_and_keeps_its_state_on_e
 
 
 @pytest.mark.slow
+@ON_ONE_ROUTE
 def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     """``benchmark.py --devices 1 2``: a row per model and device count, the floor split over the
     devices; a count beyond the devices there is refused by name."""
@@ -138,6 +146,7 @@ def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     assert refused.returncode == 2 and "--devices 3: JAX has 2 device(s) here" in refused.stderr
 
 
+@ON_ONE_ROUTE
 def test_profile_step_refuses_more_devices_than_there_are(cpu_path):
     """``profile_step.py --devices`` takes the first N devices: a count beyond those present is
     refused by name (bad flags), as benchmark.py and the training scripts refuse it, not run on fewer."""
