@@ -1,8 +1,10 @@
 """What several test files share: where the repository is, running Python in a fresh process,
-finding equations in a jaxpr, and the MLP tests' random inputs and error measure."""
+finding equations in a jaxpr, parameters marked one combination at a time, and the MLP tests'
+random inputs and error measure."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 import subprocess
@@ -11,12 +13,31 @@ from collections.abc import Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn
 
 from slax.testing import away_from_kinks, compare
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 """The repository's root: experiments/, tests/scripts/ and shaders/ are under it."""
+
+
+def parameter_product(*axes, marks: Callable[[tuple], list] = lambda case: []) -> list:
+    """The product of ``axes`` (lists of values) as the parameters of one
+    ``pytest.mark.parametrize``, each combination carrying ``marks(combination)``: stacked
+    parametrize decorators can mark a value only in every combination it is in, where CI's
+    ``jax_version`` leg takes one combination and the second device kind a few (tests/conftest.py).
+    Ids join the values' (a tuple's items joined by ``-``, a type's name)."""
+
+    def name(value) -> str:
+        if isinstance(value, tuple):
+            return "-".join(map(str, value))
+        return getattr(value, "__name__", str(value))
+
+    return [
+        pytest.param(*case, id="-".join(map(name, case)), marks=marks(case))
+        for case in itertools.product(*axes)
+    ]
 
 
 def python_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """One device fixture for the whole suite: each test whose result depends on the route its kernels
-take runs on every device kind this machine has (``SLAX_TEST_DEVICES`` picks some); a test marked
-``one_device_kind`` runs once. ``--quick`` runs the tests not marked ``slow``, on one device kind.
+take runs on every device kind this machine has (``SLAX_TEST_DEVICES`` picks some); a test (or a
+parameter) marked ``one_device_kind`` runs once. ``--quick`` runs the tests not marked ``slow``, on
+one device kind.
 
 The markers decide what CI's legs run (``.ci/run``): the first runs everything (the README's test
 command); the other JAX releases run the tests marked ``jax_version``, those that exercise how slax
@@ -88,14 +89,36 @@ def _device_kinds() -> list[str]:
 
 def pytest_generate_tests(metafunc):
     """Every test runs on each device kind under test (:func:`device_kind`), but tests marked
-    ``one_device_kind`` run once, on the first kind: those whose result does not depend on the
+    ``one_device_kind`` run once (:func:`_one_kind`): those whose result does not depend on the
     route (layouts, lowering for CUDA, the experiments' flags and files, JAX's API) and those that
     choose their devices themselves, in the processes they start."""
     if "device_kind" in metafunc.fixturenames:
-        kinds = _device_kinds()
-        if metafunc.definition.get_closest_marker("one_device_kind"):
-            kinds = kinds[:1]
+        marker = metafunc.definition.get_closest_marker("one_device_kind")
+        kinds = [_one_kind(marker)] if marker else _device_kinds()
         metafunc.parametrize("device_kind", kinds, indirect=True)
+
+
+def _one_kind(marker) -> str:
+    """The kind a test or parameter marked ``one_device_kind`` runs on: the kind the marker names
+    (``pytest.mark.one_device_kind("vulkan")``, for kernels that kind compiles fastest) where it is
+    under test, else the first."""
+    kinds = _device_kinds()
+    return marker.args[0] if marker.args and marker.args[0] in kinds else kinds[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """A parameter marked ``one_device_kind`` (``pytest.param(..., marks=...)``) runs on one kind, as
+    a marked test does (:func:`pytest_generate_tests`): a test whose parameters differ by route only
+    in the kernels they compile runs all of them on one kind and a representative few on every
+    kind."""
+    kept, dropped = [], []
+    for item in items:
+        marker = item.get_closest_marker("one_device_kind")
+        kind = getattr(item, "callspec", None) and item.callspec.params.get("device_kind")
+        (dropped if marker and kind and kind != _one_kind(marker) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

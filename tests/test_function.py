@@ -9,15 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import parameter_product
 
 import slax
 from slax import _compile, examples
 from slax.testing import check_grads
 
 JAX_VERSION_EXAMPLE = "energy"
-"""The example whose comparisons with its twin CI runs on every JAX release (a struct, a vector and
-a scalar: every kind of leaf the rules move); the other examples exercise the same rules, and differ
-in the kernels slax generates, which no JAX release changes."""
+"""The example whose comparisons with its twin CI runs on every JAX release, in float32 (a struct, a
+vector and a scalar: every kind of leaf the rules move); the other examples and float16 exercise the
+same rules, and differ in the kernels slax generates, which no JAX release changes."""
 
 
 @pytest.fixture(scope="module")
@@ -117,15 +118,26 @@ def test_scan_and_compile_once(poly, rng):
 EXAMPLES = {example.name: example for example in examples.EXAMPLES}
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+TRANSFORMS, DTYPES = ["eager", "jit", "vmap"], [jnp.float32, jnp.float16]
+ON_EVERY_ROUTE = {
+    (TRANSFORMS[i % len(TRANSFORMS)], name, DTYPES[i % len(DTYPES)]) for i, name in enumerate(EXAMPLES)
+}
+"""The twin comparisons that run on every device kind: each example once, every transform and dtype
+among them. The others run on one kind, Vulkan where it is under test (lavapipe compiles these
+kernels several times faster than the CPU device's C++ compiler): they differ by route only in the
+kernels each route compiles from the same Slang, which these compile for every example on every
+route (and the rules around them are the same on every route)."""
+
+
+def _twin_marks(case):
+    transform, name, dtype = case
+    marks = [pytest.mark.jax_version] * ((name, dtype) == (JAX_VERSION_EXAMPLE, jnp.float32))
+    return marks + [pytest.mark.one_device_kind("vulkan")] * (case not in ON_EVERY_ROUTE)
+
+
 @pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.jax_version) if name == JAX_VERSION_EXAMPLE else name
-        for name in EXAMPLES
-    ],
+    ("transform", "name", "dtype"), parameter_product(TRANSFORMS, list(EXAMPLES), DTYPES, marks=_twin_marks)
 )
-@pytest.mark.parametrize("transform", ["eager", "jit", "vmap"])
 def test_against_jax_twin(fns, rng, name, dtype, transform):
     example = EXAMPLES[name]
     twin, args = example.twin, example.draw(rng, dtype)
@@ -457,7 +469,6 @@ def _products_twin(*args):
     return sum(args[k] * args[(k + 1) % len(args)] for k in range(len(args)))
 
 
-@pytest.mark.jax_version
 def test_eight_arguments_differentiate_on_a_two_dimensional_grid(rng):
     """Arguments do not pay for the grid's rank: which axes an argument is broadcast along is
     compiled into the kernel, not passed per argument and axis (jvp here needs 17 pointers, which

@@ -20,7 +20,9 @@ from slax._launch import launcher_for
 from slax._ptx_launch import PTX_LAUNCH_TARGET, PtxLauncher
 from slax.testing import RELATIVE_TOLERANCE
 
-pytestmark = pytest.mark.jax_version
+JAX = pytest.mark.jax_version
+"""Marks the tests CI runs on every JAX release: the routes in what JAX traces, its retracing,
+lowering and export; one route of those parametrized over them (the same static parameter)."""
 
 SLAX_PRIMITIVES = {
     "slang_call",
@@ -58,7 +60,7 @@ def _slax_equations(jaxpr):
     return equations(jaxpr, lambda equation: equation.primitive.name in SLAX_PRIMITIVES)
 
 
-@pytest.mark.parametrize("route", slax.config.CUDA_LAUNCHES)
+@pytest.mark.parametrize("route", ["slangpy", pytest.param("ptx", marks=JAX)])
 def test_every_slax_primitive_is_traced_with_the_route(poly, scale_shift, route):
     params = nn.mlp_init(jax.random.key(0), (4, 8, 4))
 
@@ -79,6 +81,7 @@ def test_every_slax_primitive_is_traced_with_the_route(poly, scale_shift, route)
     assert {e.params["routes"] for e in equations} == {LaunchRoutes(cuda=route, cpu=slax.config.device_kind)}
 
 
+@JAX
 def test_changing_cuda_launch_retraces_a_jitted_function(poly):
     """A jitted function traced under one route is traced again under the other (JAX's caches are
     keyed by the routes), and reused when the first route comes back."""
@@ -102,6 +105,7 @@ def test_changing_cuda_launch_retraces_a_jitted_function(poly):
     assert routes == [LaunchRoutes(cuda=other, cpu=slax.config.device_kind)]
 
 
+@JAX
 def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind):
     """The device kind for CPU-placed JAX is traced too: a jitted function runs on the device it
     was traced for, and is traced again (not reused) for the other."""
@@ -125,6 +129,7 @@ def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind):
     assert all(np.array_equal(r, [-1.0, 9.0, 23.0, 41.0]) for r in results)
 
 
+@JAX
 def test_the_launcher_follows_the_platform_and_the_routes(default_devices, device_kind):
     for route in slax.config.CUDA_LAUNCHES:
         if device_kind != "cuda":
@@ -146,6 +151,7 @@ def test_launch_route_names_the_route_taken(device_kind, route):
         assert slax.launch_route() == (on_cpu or route)
 
 
+@JAX
 def test_export_on_a_host_callback_route_says_which_route_exports(poly):
     """jax.export of a kernel that runs as a host callback (the CPU routes) fails with slax's
     reason and what to do, not JAX's 'serialization of host_callbacks is not yet implemented'."""
@@ -157,6 +163,7 @@ def test_export_on_a_host_callback_route_says_which_route_exports(poly):
             jax.export.export(f)(jax.ShapeDtypeStruct((4,), jnp.float32))
 
 
+@JAX
 def test_an_exported_ptx_route_computation_runs(device_kind, poly, rng):
     """jax.export of the PTX route, its launcher's custom call allowed (README, Limits), runs the
     kernels: a polynomial and its gradient, against their closed forms."""

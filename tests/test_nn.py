@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _helpers import draw_uniform, mlp_inputs, relative_error
+from _helpers import draw_uniform, mlp_inputs, parameter_product, relative_error
 from _training import cast, parameter_state, training_step
 from jax.flatten_util import ravel_pytree
 
@@ -28,9 +28,20 @@ FLOAT32_ON_EVERY_JAX = pytest.param("float32", marks=pytest.mark.jax_version)
 which changes the kernels alone."""
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("batch", [1, pytest.param(31, marks=pytest.mark.jax_version), 1000])
-@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
+JAX_VERSION_SIZES = SIZES[1]
+"""The network of the size-parametrized tests CI runs on every JAX release: the rules are the same
+for every size and dtype, which choose the kernels alone."""
+
+
+@pytest.mark.parametrize(
+    ("sizes", "batch", "dtype"),
+    parameter_product(
+        SIZES,
+        [1, 31, 1000],
+        ["float32", "float16"],
+        marks=lambda case: [pytest.mark.jax_version] * (case == (JAX_VERSION_SIZES, 31, "float32")),
+    ),
+)
 def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     keys = jax.random.split(jax.random.key(batch + len(sizes)), 3)
     params = nn.mlp_init(keys[0], sizes, dtype)
@@ -45,8 +56,14 @@ def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     check_grads(loss(nn.mlp_apply), loss(reference), params, x, raises=True)
 
 
-@pytest.mark.parametrize("dtype", [FLOAT32_ON_EVERY_JAX, "float16"])
-@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize(
+    ("sizes", "dtype"),
+    parameter_product(
+        SIZES,
+        ["float32", "float16"],
+        marks=lambda case: [pytest.mark.jax_version] * (case == (JAX_VERSION_SIZES, "float32")),
+    ),
+)
 def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtype, lowered):
     """A training step differentiates the parameters only: nothing reads x's cotangent, and
     jax.jit's dead-code elimination lowers mlp_backward_params, which computes and stores no dx
@@ -437,8 +454,7 @@ def test_errors_are_specific():
         nn.mlp_init(jax.random.key(0), (3, 4), jnp.int32)
 
 
-@pytest.mark.jax_version
-@pytest.mark.parametrize("transform", ["grad", "jvp", "hessian"])
+@pytest.mark.parametrize("transform", [pytest.param("grad", marks=pytest.mark.jax_version), "jvp", "hessian"])
 def test_differentiating_loss_and_grad_points_to_mlp_apply(transform):
     params = nn.mlp_init(jax.random.key(0), (3, 4, 2))
     x, target = jnp.ones((5, 3)), jnp.zeros((5, 2))

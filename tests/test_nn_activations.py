@@ -20,8 +20,6 @@ from slax.nn import _kernels as nn_kernels
 from slax.nn._activations import ACTIVATIONS
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
-pytestmark = pytest.mark.jax_version
-
 NARROW, WIDE = (3, 8, 8, 2), (5, 40, 40, 3)
 """One network per CPU kernel family: a sample per thread, and SIMT tiles (kernel_layout)."""
 PAIRS = [("sine", "tanh"), ("tanh", "sine"), ("sigmoid", "relu"), ("relu", "sigmoid"), ("none", "leaky_relu")]
@@ -101,10 +99,13 @@ def test_hessian_of_a_smooth_network_matches_the_twin(sizes, pair):
 
 
 @pytest.mark.one_device_kind
+@pytest.mark.jax_version
 def test_params_are_a_pytree_that_keeps_the_activations():
     """jax.tree.map, an optax Adam step and ravel_pytree keep MLPParams and its activations;
     ravel_pytree's order is a list of layers' (each layer's bias, then its weight: the kernels'
-    flat layout)."""
+    flat layout). The one test here that CI runs on every JAX release (MLPParams as a pytree): the
+    others differ in the activations' kernels, and the rules they go through are those
+    tests/test_nn.py and tests/test_nn_second_order.py run there."""
     params = nn.mlp_init(jax.random.key(0), (3, 5, 2), activation="sine", output_activation="sigmoid")
     assert isinstance(params, nn.MLPParams) and len(params) == 2
     halved = jax.tree.map(lambda a: a.astype(jnp.float16), params)

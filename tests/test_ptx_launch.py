@@ -45,8 +45,12 @@ from slax.nn._backends import Platform, TensorCores, ThreadSums
 from slax.nn._kernels import mlp_source
 
 # It lowers for CUDA (the CPU routes are not involved), through jaxlib's Triton launcher; it
-# compiles every kind of kernel to PTX and assembles it, which takes minutes.
-pytestmark = [pytest.mark.one_device_kind, pytest.mark.jax_version, pytest.mark.slow]
+# compiles every kind of kernel to PTX and assembles it, which takes minutes. CI runs on every JAX
+# release the tests marked jax_version: those of the lowering through JAX (one per kind of program:
+# a kernel, in place, Slang functions and their derivatives, tensors, the MLP, a route switch,
+# export, the compile limit's fallback); the others check Slang's PTX (NVRTC, ptxas, the kernels'
+# code) and slax's settings, which no JAX release changes.
+pytestmark = [pytest.mark.one_device_kind, pytest.mark.slow]
 
 TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
 NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
@@ -80,6 +84,12 @@ def _lowering_env() -> dict:
     }
 
 
+REPORT = pytest.mark.xdist_group("ptx_report")
+"""For the tests that read :func:`_report`: one pytest-xdist worker runs them all (under
+``--dist loadgroup``, which scripts/test.sh passes), so the minutes of lowering it takes are spent
+once, not in each worker."""
+
+
 @functools.cache
 def _report() -> dict:
     result = run_python("tests/scripts/ptx_lowering.py", env=_lowering_env(), timeout=1200)
@@ -97,6 +107,8 @@ def _launches(report, case):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_hand_written_kernel_launch_is_exactly_the_call(report):
     (launch,) = report["scale_shift_float"]
     assert launch["name"] == "scale_shift_float"
@@ -117,6 +129,8 @@ def test_hand_written_kernel_launch_is_exactly_the_call(report):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_every_launch_passes_what_its_ptx_entry_declares(report):
     for case, launches in report.items():
         for launch in launches:
@@ -128,6 +142,8 @@ def test_every_launch_passes_what_its_ptx_entry_declares(report):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_in_place_results_come_last_and_alias_their_operand(report):
     (launch,) = report["in_place"]
     # operands (x, acc); results (acc updated in place, doubled): the custom call returns
@@ -138,11 +154,15 @@ def test_in_place_results_come_last_and_alias_their_operand(report):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_empty_grid_launches_nothing(report):
     assert report["empty"] == []
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_slang_functions_and_their_derivatives_lower_to_their_kernels(report):
     assert [x["name"] for x in _launches(report, "poly_grad")] == ["slax_cotangent_polynomial"]
     assert [x["name"] for x in _launches(report, "poly_jvp")] == [
@@ -157,6 +177,8 @@ def test_slang_functions_and_their_derivatives_lower_to_their_kernels(report):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_second_derivatives_lower_to_their_kernels(report):
     names = {x["name"] for x in _launches(report, "poly_grad_of_grad")}
     assert "slax_tangent_of_cotangent_polynomial" in names, names
@@ -169,6 +191,7 @@ def test_second_derivatives_lower_to_their_kernels(report):
 
 
 @needs_tools
+@REPORT
 def test_slangpy_style_modules_compile_to_ptx(report):
     """A module that imports SlangPy's Slang module finds it on the C API's search path too."""
     names = [x["name"] for x in _launches(report, "slangpy_style_grad")]
@@ -176,6 +199,8 @@ def test_slangpy_style_modules_compile_to_ptx(report):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_tensor_functions_lower_to_their_kernels(report):
     """Functions with tensor parameters (shaders/slangpy_examples.slang, shaders/tensor_examples.slang):
     a written tensor and each tensor's gradient buffer are results updated in place."""
@@ -189,6 +214,8 @@ def test_tensor_functions_lower_to_their_kernels(report):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_mlp_kernels_lower_in_both_precisions(report):
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
@@ -211,6 +238,7 @@ def test_mlp_kernels_lower_in_both_precisions(report):
     ("sizes", "dtype", "tensor_cores"),
     [((4, 16, 4), "float16", True), ((9, 12, 3), "float16", True), ((4, 16, 4), "float32", False)],
 )
+@REPORT
 def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, dtype, tensor_cores):
     """Lowered for CUDA, a narrow float16 network's fused loss and gradient is the warp-per-tile
     kernel (shaders/nn/warp_mma.slang): mma.sync on halves, movmatrix, no per-sample fence; the
@@ -233,6 +261,7 @@ def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, 
 
 @needs_tools
 @pytest.mark.parametrize("case", ["tensor_cores", "tiles", "warp_mma"])
+@REPORT
 def test_activations_lower_in_every_cuda_kernel_family(report, case):
     """Networks with other activations lower for CUDA to the family their layout names: tanh and
     sigmoid on the wide network's tensor cores; sine, whose hidden layers keep z (which the
@@ -274,6 +303,7 @@ def _tile_copies(ptx: str) -> dict[str, int]:
 
 
 @needs_tools
+@REPORT
 def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
     """Lowered for CUDA, a wide network's kernels run on tensor cores (TF32 mma.sync, PTX for sm_80,
     which Slang asks NVRTC for itself: both CUDA routes get it); with slax.config.tensor_cores off,
@@ -337,6 +367,8 @@ def test_narrow_kernels_fence_before_loading_the_next_sample(nvrtc, entry, dtype
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_changing_the_route_changes_the_lowering_of_a_jitted_function(cpu_path):
     """One jitted function lowered for CUDA under ptx, then slangpy, then ptx: the SlangPy route is
     lowered afresh (its zero-copy launcher creates the CUDA device it compiles on, which this
@@ -345,6 +377,8 @@ def test_changing_the_route_changes_the_lowering_of_a_jitted_function(cpu_path):
 
 
 @needs_tools
+@pytest.mark.jax_version
+@REPORT
 def test_export_serialises_the_ptx_routes_launches_with_their_check_disabled(cpu_path):
     """jax.export refuses the Triton launcher's custom call by default (no compatibility guarantee
     for its format); allowed by name (README, Limits), the artifact carries each kernel launch: a
@@ -356,6 +390,7 @@ def test_export_serialises_the_ptx_routes_launches_with_their_check_disabled(cpu
 
 
 @needs_tools
+@REPORT
 def test_all_ptx_assembles_for_the_h100(report, tmp_path):
     programs = {launch["ptx"] for launches in report.values() for launch in launches}
     assert len(programs) >= 20
@@ -509,6 +544,7 @@ def test_kernels_outside_the_convention_take_the_slangpy_route(tmp_path, cpu_pat
 
 
 @needs_tools
+@pytest.mark.jax_version
 def test_linear_layer_vjp_lowers_or_falls_back_within_the_compile_limit(cpu_path):
     """The backward kernel of SlangPy's linear_layer, whose PTX Slang 2026.12 takes minutes, without
     end seen, to compile: lowering ends within the limit, with PTX launches or, past the limit, the kernel
@@ -580,6 +616,7 @@ def test_ptx_compile_timeout_must_be_positive_seconds(monkeypatch, value):
     not any(d.platform == "gpu" for d in jax.devices()),
     reason="launches kernels on a GPU; without one, the tests above check the fallback's lowering",
 )
+@pytest.mark.jax_version
 def test_kernels_past_the_compile_limit_run_on_the_slangpy_route_on_a_gpu():
     """On a GPU with the PTX route, kernels whose PTX does not compile within
     SLAX_PTX_COMPILE_TIMEOUT (here none can) run on the SlangPy route, saying so, and give the

@@ -10,7 +10,10 @@ import subprocess
 import pytest
 from _helpers import run_python
 
-pytestmark = pytest.mark.jax_version
+JAX = pytest.mark.jax_version
+"""Marks the tests CI runs on every JAX release: shard_map, plain jit over sharded batches (on two
+devices), the flat all-reduce and the data-parallel step's lowering; the experiments' runs over
+devices go through those same paths."""
 
 TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 
@@ -19,13 +22,14 @@ def _run(*command: str) -> subprocess.CompletedProcess:
     return run_python(*command, env={**os.environ, **TWO_DEVICES})
 
 
+@JAX
 def test_shard_map_runs_each_shard_on_its_device(cpu_path):
     result = _run("tests/scripts/sharded.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "grad of replicated arguments: ok" in result.stdout and "sharded: ok" in result.stdout
 
 
-@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("devices", [pytest.param(2, marks=JAX), 4])
 def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):
     """Explicit and automatic sharding, given shardings or not: values, jax.grad and jax.jvp equal
     one device's, each device launches its own shard's kernels, no all-gather of the batch, and what
@@ -36,7 +40,14 @@ def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):
     assert f"jit over sharded batches on {devices} devices: ok" in result.stdout
 
 
+ON_ONE_ROUTE = pytest.mark.one_device_kind("vulkan")
+"""For the experiments' runs over devices: their launches on each route are those that
+test_plain_jit_over_sharded_batches_partitions_each_call checks on every route, so they run on one
+(Vulkan where it is under test: the faster of the two for these runs)."""
+
+
 @pytest.mark.slow
+@ON_ONE_ROUTE
 def test_polynomial_data_parallel_matches_one_device(cpu_path, tmp_path):
     """The same global batch and seed on no mesh, a one-device mesh and two devices (plain jit over
     the sharded batch): the same training, to the rounding of summing the gradient in two halves
@@ -78,6 +89,7 @@ print(same, all_reduces, mean_over_devices([x], ())[0] is x)
 """
 
 
+@JAX
 def test_mean_over_devices_is_one_all_reduce_per_dtype(cpu_path):
     """The losses and gradients of a data-parallel step are averaged over the devices as one flat
     all-reduce per dtype: the same values, bit for bit, as a pmean per leaf (each is the same
@@ -104,6 +116,7 @@ print("concatenate" in producer, {leaf.sharding.is_fully_replicated for leaf in 
 """
 
 
+@JAX
 def test_data_parallel_step_all_reduces_the_kernels_row_and_keeps_its_state_on_every_device(cpu_path):
     """Over two devices, ``mlp_loss_and_grad`` all-reduces the sum of the kernel's partial rows
     (gradients, then the loss) as it is, with no kernel repacking it each step (compiled only: the
@@ -116,6 +129,7 @@ def test_data_parallel_step_all_reduces_the_kernels_row_and_keeps_its_state_on_e
 
 
 @pytest.mark.slow
+@ON_ONE_ROUTE
 def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     """``benchmark.py --devices 1 2``: a row per model and device count, the floor split over the
     devices; a count beyond the devices there is refused by name."""
@@ -132,6 +146,7 @@ def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):
     assert refused.returncode == 2 and "--devices 3: JAX has 2 device(s) here" in refused.stderr
 
 
+@ON_ONE_ROUTE
 def test_profile_step_refuses_more_devices_than_there_are(cpu_path):
     """``profile_step.py --devices`` takes the first N devices: a count beyond those present is
     refused by name (bad flags), as benchmark.py and the training scripts refuse it, not run on fewer."""
