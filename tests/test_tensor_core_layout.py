@@ -18,6 +18,9 @@ from _helpers import draw_uniform, equations
 from slax import nn
 from slax.nn import _primitives as nn_primitives
 from slax.nn import _tensor_core_kernels as tc
+from slax.nn._activations import HIDDEN_DEFAULT, OUTPUT_DEFAULT, layer_activations
+from slax.nn._architecture import Architecture
+from slax.nn._backends import Platform, TensorCores
 from slax.nn._kernels import hidden_width, kernel_layout, layer_pairs, parameter_offsets
 from slax.nn._tiled_kernels import TILE_THREADS, Network, TileLayout
 
@@ -234,15 +237,17 @@ def _unbounded_layout(monkeypatch, sizes, dtype):
     ],
     ids=str,
 )
-def test_networks_over_a_limit_fall_back_to_the_tiled_kernels(
-    monkeypatch, sizes, dtype, scratch_over, sums_over
-):
+def test_networks_over_a_limit_have_no_tensor_core_layout(monkeypatch, sizes, dtype, scratch_over, sums_over):
     """A wide network whose tile would not fit a thread group's 48 KiB of group-shared memory, or
-    whose gradient sums would not fit a thread's registers, has no tensor-core layout and runs the
-    tiled kernels even with tensor cores on; each case is over the limit it names, and only that."""
+    whose gradient sums would not fit a thread's registers, has no tensor-core layout: the
+    tensor-core backend refuses it, saying so, and its kernels are the tiled ones (the layout
+    without tensor cores); each case is over the limit it names, and only that."""
     assert tc.tensor_core_layout(sizes, dtype) is None
-    layout = kernel_layout(sizes, tensor_cores=True, dtype=dtype)
-    assert not layout.thread_sums and isinstance(layout.tile, TileLayout) and not layout.tensor_cores
+    assert kernel_layout(sizes, tensor_cores=True, dtype=dtype).tile is None
+    arch = Architecture(sizes, dtype, layer_activations(len(sizes) - 1, HIDDEN_DEFAULT, OUTPUT_DEFAULT))
+    refusal = TensorCores().unfit(arch, Platform("cuda", tensor_cores=True, capability=90))
+    assert refusal is not None and "does not fit 48 KiB" in refusal
+    assert isinstance(kernel_layout(sizes, tensor_cores=False, dtype=dtype).tile, TileLayout)
     unbounded = _unbounded_layout(monkeypatch, sizes, dtype)
     assert (unbounded.scratch > tc.TENSOR_CORE_SCRATCH_FLOATS) == scratch_over
     assert (unbounded.register_sums > tc.MAX_REGISTER_SUMS) == sums_over

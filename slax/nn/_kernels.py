@@ -137,38 +137,30 @@ class KernelLayout:
         """``tile``, of a wide network the kernels can run: no backend that needs it takes the
         others (slax/nn/_backends.py), so no launch asks for it."""
         if self.tile is None:
-            raise ValueError(f"slax: no tile layout: {'narrow network' if self.thread_sums else 'too wide'}.")
+            why = "a narrow network" if self.thread_sums else "no tile of its kind fits the network"
+            raise ValueError(f"slax: no tile layout: {why}.")
         return self.tile
 
 
 @functools.cache
-def kernel_layout(
-    sizes: tuple[int, ...],
-    tensor_cores: bool = False,
-    dtype: str = "float32",
-    activations: tuple[str, ...] | None = None,
-) -> KernelLayout:
-    """How the kernels of ``sizes`` sum and read parameters; with ``tensor_cores`` (JAX on CUDA), a
-    wide network whose tensor-core layout in ``dtype`` exists takes it, unless a hidden layer's
-    activation (``activations``, one name per layer; None: the defaults) keeps its input (the
-    tensor-core products read a hidden layer's tile as it is kept: sine networks run the SIMT
-    tiles), and a narrow one that :func:`warp_mma_fits` runs its fused loss and gradient in warp
-    tiles."""
+def kernel_layout(sizes: tuple[int, ...], tensor_cores: bool = False, dtype: str = "float32") -> KernelLayout:
+    """How the kernels of ``sizes`` sum and read parameters: a narrow network's per thread (with
+    ``tensor_cores``, its fused loss and gradient in warp tiles where :func:`warp_mma_fits`), a
+    wide one's in tiles, on tensor cores with ``tensor_cores`` (their layout in ``dtype``, or none
+    where it does not exist), else on SIMT cores. Which of these a network may take on a platform
+    is its backend's rule (slax/nn/_backends.py, ``TensorCores.unfit``), not this function's."""
     _, total = parameter_offsets(sizes)
     thread_sums = total + 1 <= THREAD_SUMS_LIMIT
-    warp_mma = tensor_cores and warp_mma_fits(sizes, dtype)
-    hidden_keep_inputs = any(ACTIVATIONS[name].keeps_input for name in (activations or ())[:-1])
     tile = None
     if not thread_sums:
-        tensor_tile = tensor_core_layout(sizes, dtype) if tensor_cores and not hidden_keep_inputs else None
-        tile = tensor_tile or tile_layout(sizes)
+        tile = tensor_core_layout(sizes, dtype) if tensor_cores else tile_layout(sizes)
     return KernelLayout(
         parameters=total,
         sums=total + 1,
         thread_sums=thread_sums,
         scratch=SCRATCH_BUDGET_FLOATS - total if thread_sums else 0,
         tile=tile,
-        warp_mma=warp_mma,
+        warp_mma=tensor_cores and warp_mma_fits(sizes, dtype),
     )
 
 
@@ -229,9 +221,9 @@ def mlp_source(
 ) -> str:
     """The kernels of ``sizes`` in ``dtype`` with each layer's activation named in ``activations``
     (slax/nn/_activations.py; None: the defaults), those of :func:`kernel_layout` (sizes,
-    tensor_cores, dtype, activations)."""
+    tensor_cores, dtype): the source its backend asked for, which checked that they run it."""
     activations = activations or layer_activations(len(sizes) - 1, HIDDEN_DEFAULT, OUTPUT_DEFAULT)
-    layout = kernel_layout(sizes, tensor_cores, dtype, activations)
+    layout = kernel_layout(sizes, tensor_cores, dtype)
     types = [ACTIVATIONS[name].slang for name in activations]
     if not layout.thread_sums:
         tile = layout.wide_tile
