@@ -1,9 +1,10 @@
 """What several test files share: where the repository is, running Python in a fresh process,
 finding equations in a jaxpr, parameters marked one combination at a time, and the MLP tests'
-random inputs and error measure."""
+random inputs, error measure and float32 check against the reference."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import pathlib
@@ -99,3 +100,22 @@ def relative_error(got, want) -> float:
     """The largest normwise relative error over the leaves of ``got`` against ``want``
     (slax.testing.compare)."""
     return compare("", "", got, want, 0.0).max_rel_error
+
+
+def assert_float32_mlp_matches_reference(sizes, seed: int, batch: int = 100) -> None:
+    """A float32 network of ``sizes`` (random, from ``seed``): mlp_apply's reverse-mode gradients
+    (check_grads) and mlp_loss_and_grad's loss and gradients under jit against the reference's."""
+    from slax import nn
+    from slax.testing import RELATIVE_TOLERANCE, check_grads
+
+    keys = jax.random.split(jax.random.key(seed), 3)
+    params = nn.mlp_init(keys[0], sizes)
+    x = mlp_inputs(params, keys[1], batch, "float32")
+    target = draw_uniform(keys[2], (batch, sizes[-1]), "float32")
+    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float32")
+    check_grads(nn.mlp_apply, reference, params, x, modes=("rev",), raises=True)
+    loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
+    loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target)
+    assert relative_error(loss, loss_ref) < RELATIVE_TOLERANCE["float32"]
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref), strict=True):
+        assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]

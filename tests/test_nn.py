@@ -9,7 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _helpers import draw_uniform, mlp_inputs, parameter_product, relative_error
+from _helpers import (
+    assert_float32_mlp_matches_reference,
+    draw_uniform,
+    mlp_inputs,
+    parameter_product,
+    relative_error,
+)
 from _training import cast, parameter_state, training_step
 from jax.flatten_util import ravel_pytree
 
@@ -128,17 +134,7 @@ def test_loss_and_grad_matches_reference(dtype):
 def test_depth_is_not_capped_by_push_constants():
     """Eight layers: four pointers per layer would overflow Vulkan's 256 bytes of push constants at
     seven; the kernels take all parameters through one pointer and all gradients through another."""
-    sizes = (3, 6, 5, 6, 5, 6, 5, 6, 2)
-    keys = jax.random.split(jax.random.key(11), 4)
-    params = nn.mlp_init(keys[0], sizes)
-    x, target = mlp_inputs(params, keys[1], 100, "float32"), draw_uniform(keys[2], (100, 2), "float32")
-    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float32")
-    check_grads(nn.mlp_apply, reference, params, x, modes=("rev",), raises=True)
-    loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
-    loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target)
-    assert relative_error(loss, loss_ref) < RELATIVE_TOLERANCE["float32"]
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
-        assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
+    assert_float32_mlp_matches_reference((3, 6, 5, 6, 5, 6, 5, 6, 2), seed=11)
 
 
 def test_layers_too_wide_for_the_kernels_run_on_xla_and_forcing_a_kernel_is_refused(monkeypatch):

@@ -4,16 +4,12 @@ tests/test_nn.py's, their PTX tests/test_ptx_launch.py's."""
 
 from __future__ import annotations
 
-import functools
 import re
 
-import jax
 import pytest
-from _helpers import draw_uniform, mlp_inputs, relative_error
+from _helpers import assert_float32_mlp_matches_reference
 
-from slax import nn
 from slax.nn._kernels import kernel_layout, mlp_source
-from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 
 @pytest.mark.one_device_kind
@@ -51,14 +47,4 @@ def test_a_narrow_float16_networks_warp_tiles_are_named_by_its_descriptor():
 @pytest.mark.parametrize("sizes", [(5, 3), (3, 8, 8, 2)], ids=lambda s: "-".join(map(str, s)))
 def test_chains_of_one_and_three_layers_match_the_reference(sizes):
     """The chain's ends: a network of one layer (no Chain) and one of three (a Chain in a Chain)."""
-    keys = jax.random.split(jax.random.key(5), 3)
-    params = nn.mlp_init(keys[0], sizes)
-    x = mlp_inputs(params, keys[1], 100, "float32")
-    target = draw_uniform(keys[2], (100, sizes[-1]), "float32")
-    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float32")
-    check_grads(nn.mlp_apply, reference, params, x, modes=("rev",), raises=True)
-    loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
-    loss_ref, grads_ref = jax.value_and_grad(nn.mlp_loss_reference)(params, x, target)
-    assert relative_error(loss, loss_ref) < RELATIVE_TOLERANCE["float32"]
-    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
-        assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
+    assert_float32_mlp_matches_reference(sizes, seed=5)
