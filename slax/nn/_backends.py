@@ -82,6 +82,10 @@ class BackendRequest:
         """The request of ``slax.config`` now."""
         return cls(config.mlp_backend, config.tensor_cores)
 
+    def of_second_order(self) -> BackendRequest:
+        """The same request for the launches of a second derivative's rules."""
+        return dataclasses.replace(self, second_order=True)
+
 
 @dataclasses.dataclass(frozen=True)
 class Platform:

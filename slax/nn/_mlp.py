@@ -19,7 +19,6 @@ optimiser and cast them to float16 for the kernels (see experiments/polynomial.p
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -34,7 +33,7 @@ from slax.nn._activations import HIDDEN_DEFAULT, OUTPUT_DEFAULT, check_activatio
 from slax.nn._architecture import Architecture
 from slax.nn._backends import OPERATIONS, SECOND_ORDER_CALL, BackendRequest, choose
 from slax.nn._kernels import layer_pairs
-from slax.nn._params import MLPParams, split_params
+from slax.nn._params import MLPParams, flat_layers, split_params
 from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
 
 Params = MLPParams | list[dict[str, jax.Array]]
@@ -118,7 +117,7 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     """
     activations = _architecture("mlp_apply", params, x).activations  # validates first
     layers, _ = split_params(params)
-    leaves = [*_flat(layers), x]
+    leaves = [*flat_layers(layers), x]
     request = BackendRequest.current()
 
     def call(axes, *leaves):
@@ -189,7 +188,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
         return loss, *grads
 
     has_batch = x.ndim > 1
-    leaves = [x, target, *_flat(layers)]
+    leaves = [x, target, *flat_layers(layers)]
     batched = [has_batch, has_batch] + [False] * (len(leaves) - 2)
     loss, *grads = across_devices(call, leaves, batched, [False] * (1 + len(leaves) - 2))
     return loss, params.with_layers(_unflat(grads)) if isinstance(params, MLPParams) else _unflat(grads)
@@ -231,7 +230,7 @@ def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, s
     samples, request = math.prod(x.shape[:-1]), BackendRequest.current()
     choice = choose(arch, platform, samples, request)
     answer = {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
-    second = choose(arch, platform, samples, dataclasses.replace(request, second_order=True))
+    second = choose(arch, platform, samples, request.of_second_order())
     return answer | {SECOND_ORDER_CALL: second.describe(arch, "backward")}
 
 
@@ -317,12 +316,6 @@ def _architecture(
             f"with x.astype(jnp.{dtype})."
         )
     return Architecture(tuple(sizes), str(dtype), activations or ())
-
-
-def _flat(params: list[dict[str, jax.Array]]) -> list[jax.Array]:
-    """Each layer's bias, then its weight: the order of ``jax.tree.leaves(params)`` and of the
-    kernels' flat layout (slax/nn/_kernels.py)."""
-    return [a for layer in params for a in (layer["bias"], layer["weight"])]
 
 
 def _unflat(flat) -> list[dict[str, jax.Array]]:

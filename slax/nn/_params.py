@@ -83,3 +83,9 @@ def split_params(params) -> tuple[list[dict[str, jax.Array]], tuple[str, ...]]:
         layers = params.layers
         return layers, layer_activations(len(layers), params.activation, params.output_activation)
     return params, layer_activations(len(params), HIDDEN_DEFAULT, OUTPUT_DEFAULT)
+
+
+def flat_layers(layers) -> list[jax.Array]:
+    """Each layer's bias, then its weight: the order of ``jax.tree.leaves`` of the layers, of the
+    MLP primitives' operands and results, and of the kernels' flat layout (slax/nn/_kernels.py)."""
+    return [a for layer in layers for a in (layer["bias"], layer["weight"])]

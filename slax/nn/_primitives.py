@@ -12,7 +12,6 @@ apart.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -123,12 +122,6 @@ def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
 # order, with the kernels where a derivative is first order in the network.
 
 
-def _second_order(request):
-    """The request of a launch in a derivative's own rules (an outer derivative: second order),
-    which :func:`~slax.nn._backends.choose` may send elsewhere than first-order calls."""
-    return dataclasses.replace(request, second_order=True)
-
-
 def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     """The forward kernel, keeping the hidden activations the backward kernel reads where the
     network has them (``hidden_width``), and mlp_tangent_p. Where the forward call kept them itself
@@ -136,7 +129,7 @@ def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     launches are second order's."""
     x, *params = primals
     if keep_hidden:
-        request = _second_order(request)
+        request = request.of_second_order()
     outputs = mlp_forward_p.bind(
         x, *params, arch=arch, keep_hidden=hidden_width(arch.sizes) > 0, request=request, routes=routes
     )
@@ -218,7 +211,7 @@ def _backward_twin(*operands, arch, group_ndim, hidden, input_gradient, request,
 
 def _backward_jvp(primals, tangents, **params):
     """The backward launch's JVP: a second derivative, whose launches are second order's."""
-    params = {**params, "request": _second_order(params["request"])}
+    params = {**params, "request": params["request"].of_second_order()}
     linear = [i == 1 + params["hidden"] for i in range(len(primals))]
     return _linear_map_jvp(mlp_backward_p, _backward_twin, linear, primals, tangents, params)
 

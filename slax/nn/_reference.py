@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from slax.nn._activations import ACTIVATIONS
-from slax.nn._params import split_params
+from slax.nn._params import flat_layers, split_params
 
 FULL_PRECISION = jax.lax.Precision.HIGHEST
 
@@ -176,7 +176,7 @@ def backward_twin(
             lambda x, layers: _apply(layers, activations, x, jnp.dtype(dtype), precision), x, layers
         )
         dx, grads = pullback(dy.astype(y.dtype))
-        return dx, _flat(grads)
+        return dx, flat_layers(grads)
 
     dx, grads = _per_group(one_group, group_ndim, x, dy)
     return [dx.reshape(x.shape), *grads] if input_gradient else grads
@@ -204,15 +204,10 @@ def loss_grad_twin(
             return jnp.float32(loss_scale) * jnp.sum(error * error)
 
         value, grads = jax.value_and_grad(loss)(layers)
-        return value, _flat(grads)
+        return value, flat_layers(grads)
 
     losses, grads = _per_group(one_group, group_ndim, x, target)
     return [losses, *grads]
-
-
-def _flat(layers) -> list[jax.Array]:
-    """Layers as the primitives take and return them: each layer's bias, then its weight."""
-    return [a for layer in layers for a in (layer["bias"], layer["weight"])]
 
 
 def _per_group(one_group, group_ndim: int, x, data):
