@@ -523,9 +523,9 @@ SECOND_ORDER_ON_XLA = (("cuda", "float16"),)
 a second derivative adds runs in the plain-JAX twin whichever backend runs the rest, and beside it,
 in float16, XLA's fusion of the whole derivative costs less than the kernels' separate passes.
 Measured on an H100 (BENCHMARKS.md, the signed distance field, 3-64-64-64-1 with its eikonal loss,
-two runs): float16 at 0.83-0.88x plain JAX's steps/s on XLA against 0.75-0.83x on the kernels;
-float32 at 0.57-0.60x and 0.74-0.76x (2^16, 2^18) on XLA against 0.59x and 0.77x on the kernels,
-which it keeps. On the CPU routes the kernels stay (they are what CI tests)."""
+at 2^16 and 2^18 samples): float16 at 0.87-0.88x plain JAX's steps/s on XLA against 0.76-0.83x on
+the kernels; float32 at 0.60x and 0.76x on XLA against 0.59x and 0.77x on the kernels, which it
+keeps. On the CPU routes the kernels stay (they are what CI tests)."""
 
 
 def _below(batch: int) -> str:
