@@ -23,9 +23,9 @@ import slax
 from slax import nn
 from slax.nn import _backends as nn_backends
 from slax.nn import _kernels as nn_kernels
-from slax.nn import _mlp as nn_mlp
 from slax.nn import _tiled_kernels as nn_tiled
 from slax.nn._architecture import Architecture
+from slax.nn._params import flat_layers
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
@@ -392,7 +392,7 @@ def test_ravelled_parameters_are_the_kernels_layout():
     keys = jax.random.split(jax.random.key(9), 3)
     params = nn.mlp_init(keys[0], (4, 16, 4))
     x, target = mlp_inputs(params, keys[1], 300, jnp.float32), draw_uniform(keys[2], (300, 4), jnp.float32)
-    np.testing.assert_array_equal(nn_backends.packed(nn_mlp._flat(params)), ravel_pytree(params)[0])
+    np.testing.assert_array_equal(nn_backends.packed(flat_layers(params)), ravel_pytree(params)[0])
 
     def loss_around_apply(params, x, target):
         return jnp.mean(jnp.sum((nn.mlp_apply(params, x) - target) ** 2, axis=-1))
