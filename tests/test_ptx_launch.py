@@ -266,11 +266,37 @@ def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, 
 
 
 @needs_tools
+@REPORT
+def test_wide_float16_loss_and_gradient_lowers_to_warp_tiles(report):
+    """Lowered for CUDA, a wide float16 network's fused loss and gradient is the warp-tile kernel
+    (shaders/nn/wide_warp.slang), launched as the tensor_cores backend says: mma.sync on halves,
+    the weight gradient's operands loaded turned over (ldmatrix .trans), each B fragment one 8-byte
+    load, and no shuffle but the loss's five, once a kernel: shuffles in its per-tile bias gradient
+    made it 3.2 times slower (BENCHMARKS.md)."""
+    (launch,) = _launches(report, "wide_loss_and_grad_20-48-48-5_float16")
+    want = TensorCores().gradient_launch(
+        Architecture((20, 48, 48, 5), "float16"), SM_90, "mlp_loss_grad", 1000, 1000
+    )
+    assert (launch["name"], launch["grid"], launch["num_warps"]) == (
+        "mlp_loss_grad",
+        [want.blocks, 1, 1],
+        want.threads // 32,
+    )
+    ptx = launch["ptx"]
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert "ld.global.v2.u32" in ptx
+    assert "tf32" not in ptx
+    assert len(re.findall(r"\bshfl\.sync", ptx)) == 5
+
+
+@needs_tools
 @pytest.mark.parametrize("case", ["tensor_cores", "tiles", "warp_mma"])
 @REPORT
 def test_activations_lower_in_every_cuda_kernel_family(report, case):
     """Networks with other activations lower for CUDA to the family their layout names: tanh and
-    sigmoid on the wide network's tensor cores; sine, whose hidden layers keep z (which the
+    sigmoid on the wide float16 network's tensor cores (its loss and gradient in warp tiles of
+    halves, its other kernels in TF32 tiles); sine, whose hidden layers keep z (which the
     tensor-core products cannot read as their input), on its SIMT tiles; sine and sigmoid in the
     narrow float16 network's warp tiles. Their PTX assembles (test_all_ptx_assembles_for_the_h100)."""
     (fused,) = _launches(report, f"activations_loss_and_grad_{case}")
@@ -285,8 +311,11 @@ def test_activations_lower_in_every_cuda_kernel_family(report, case):
         return
     forward, backward = _launches(report, f"activations_apply_grad_{case}")
     assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward_params")
-    for launch in (fused, forward, backward):
+    for launch in (forward, backward):
         assert (tensor_cores in launch["ptx"]) == (case == "tensor_cores"), launch["name"]
+    # the float16 network's loss and gradient on the wide warp tiles (shaders/nn/wide_warp.slang)
+    assert (warp_tiles in fused["ptx"]) == (case == "tensor_cores")
+    assert tensor_cores not in fused["ptx"]
 
 
 def _tile_copies(ptx: str) -> dict[str, int]:
@@ -319,8 +348,12 @@ def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
     gradient, the hidden tiles by 16); half ones by loads that convert them."""
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
-        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in fused["ptx"]
+        # float16's loss and gradient: the warp tiles (test_wide_float16_loss_and_gradient_lowers...)
+        tf32 = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+        assert (tf32 in fused["ptx"]) == (dtype == "float32")
         assert re.search(r"^\.target sm_80$", fused["ptx"], re.MULTILINE)
+        for launch in _launches(report, f"mlp_apply_grad_{dtype}"):
+            assert tf32 in launch["ptx"], launch["name"]
         for launch in (fused, *_launches(report, f"mlp_apply_grad_{dtype}")):
             counts = _tile_copies(launch["ptx"])
             if dtype == "float32":

@@ -23,7 +23,10 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
 - ``tiled``: wide networks, a tile of samples per thread group on SIMT cores
   (``shaders/nn/tiled.slang``), on every platform.
 - ``tensor_cores``: wide networks on CUDA GPUs of compute capability 8.0 and newer, the tiles'
-  products as ``mma.sync`` (``shaders/nn/tensor_cores.slang``).
+  products as ``mma.sync`` (``shaders/nn/tensor_cores.slang``). A float16 network at most 64 wide
+  runs its fused loss and gradient in warp tiles of halves instead, each warp's 16 samples in
+  registers through every layer (``shaders/nn/wide_warp.slang``): the backend's kernel for that
+  entry point, with its own operands and launch (:meth:`KernelBackend.entry_operands`).
 - ``xla``: any network, on every platform: the operations as the plain-JAX twins
   (slax/nn/_reference.py), XLA's own matrix products.
 
@@ -49,13 +52,13 @@ from slax._compile import GROUP_SIZE, KernelSpec
 from slax._config import MLP_BACKENDS, LaunchRoutes, config
 from slax._kernel_primitive import UINT_MAX, run_kernel
 from slax._ptx_launch import compute_capability
-from slax.nn import _kernels, _warp_mma_kernels
+from slax.nn import _kernels, _warp_mma_kernels, _wide_warp_kernels
 from slax.nn._activations import ACTIVATIONS
 from slax.nn._architecture import Architecture
 from slax.nn._kernels import THREAD_SUMS_LIMIT, mlp_source, parameter_offsets, warp_mma_fits
 from slax.nn._reference import FULL_PRECISION, apply_twin, backward_twin, forward_twin, loss_grad_twin
 from slax.nn._tensor_core_kernels import tensor_core_layout, weight_fragments
-from slax.nn._tiled_kernels import TILE_THREADS, TileLayout, tile_error, tile_layout
+from slax.nn._tiled_kernels import TILE_THREADS, TileLayout, tile_error, tile_layout, tiles_per_block
 
 # --- what a call asks for, and where it runs -------------------------------------------------------
 
@@ -196,6 +199,11 @@ class KernelBackend(Backend):
         """Kernel ``entry`` of its specialisation for ``arch`` on ``platform``."""
         return kernel(arch, entry, self.on_tensor_cores(arch, platform))
 
+    def entry_operands(self, arch: Architecture, platform: Platform, entry: str, params) -> list[jax.Array]:
+        """The parameter operands kernel ``entry`` takes: :meth:`operands`, unless a family's
+        kernel for that entry reads its own."""
+        return self.operands(arch, params)
+
     def forward(self, arch, platform, x, params, keep_hidden, routes):
         samples = math.prod(x.shape[:-1])
         count = self.forward_threads(arch, platform, samples)
@@ -243,7 +251,7 @@ class KernelBackend(Backend):
         sums = parameter_offsets(arch.sizes)[1] + 1
         partial, *extra = run_kernel(
             self.kernel(arch, platform, entry),
-            [*data, *self.operands(arch, params)],
+            [*data, *self.entry_operands(arch, platform, entry, params)],
             (((groups * launch.blocks, sums), "float32"), *extra_results),
             count,
             (
@@ -265,6 +273,15 @@ def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
     source per specialisation, whichever family asks (each family's entry points are
     the source's)."""
     return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores, arch.activations))
+
+
+@functools.cache
+def wide_warp_kernel(arch: Architecture) -> KernelSpec:
+    """``mlp_loss_grad`` of ``arch`` on the warp tiles (slax/nn/_wide_warp_kernels.py)."""
+    offsets, _ = parameter_offsets(arch.sizes)
+    activations = tuple(ACTIVATIONS[name].slang for name in arch.activations)
+    source = _wide_warp_kernels.wide_warp_source(arch.sizes, tuple(offsets), activations)
+    return KernelSpec("mlp_loss_grad", source=source)
 
 
 def packed(params) -> jax.Array:
@@ -421,14 +438,43 @@ class TensorCores(_Tiles):
         return None
 
     def summary(self, arch, platform, operation):
+        if operation == "loss_grad" and self.wide_warp(arch):
+            return (
+                f"a warp per tile of 16 samples in registers through every layer as float16 mma.sync, "
+                f"{_wide_warp_kernels.TILE_SAMPLES} samples per thread group sharing the weight gradient"
+            )
         return f"tiles of {self.layout(arch).samples} samples per thread group as mma.sync"
 
     def on_tensor_cores(self, arch, platform):
         return True
 
+    @staticmethod
+    def wide_warp(arch: Architecture) -> bool:
+        """Whether its ``mlp_loss_grad`` for ``arch`` is the warp tiles' (``shaders/nn/wide_warp.slang``)."""
+        return _wide_warp_kernels.wide_warp_fits(arch.sizes, arch.dtype)
+
+    def kernel(self, arch, platform, entry):
+        if entry == "mlp_loss_grad" and self.wide_warp(arch):
+            return wide_warp_kernel(arch)
+        return super().kernel(arch, platform, entry)
+
     def operands(self, arch, params):
         """The packed parameters, and the weights as mma.sync B fragments."""
         return [packed(params), weight_fragments(params[1::2], arch.dtype)]
+
+    def entry_operands(self, arch, platform, entry, params):
+        """The warp tiles' loss and gradient reads the weights as B fragments of halves."""
+        if entry == "mlp_loss_grad" and self.wide_warp(arch):
+            return [packed(params), _wide_warp_kernels.half_fragments(params[1::2])]
+        return self.operands(arch, params)
+
+    def gradient_launch(self, arch, platform, entry, samples, per_group):
+        if entry != "mlp_loss_grad" or not self.wide_warp(arch):
+            return super().gradient_launch(arch, platform, entry, samples, per_group)
+        tile = _wide_warp_kernels.TILE_SAMPLES
+        each = tiles_per_block(tile, samples, per_group)
+        blocks = -(-per_group // (tile * each))
+        return Launch(TILE_THREADS, blocks, ("tiles_per_block", each), blocks * each * tile)
 
 
 # --- XLA ----------------------------------------------------------------------------------------------

@@ -276,6 +276,15 @@ def main() -> None:
             rows,
             jnp.asarray(rng.uniform(size=(1000, sizes[-1])), dtype),
         )
+    # a wide float16 network's fused loss and gradient in warp tiles of halves (widths off
+    # multiples of 16: padded columns)
+    wide = slax.nn.mlp_init(jax.random.key(4), (20, 48, 48, 5), jnp.float16)
+    cases["wide_loss_and_grad_20-48-48-5_float16"] = (
+        slax.nn.mlp_loss_and_grad,
+        wide,
+        jnp.asarray(rng.uniform(size=(1000, 20)), jnp.float16),
+        jnp.asarray(rng.uniform(size=(1000, 5)), jnp.float16),
+    )
     # activations besides the defaults, in each CUDA kernel family: a wide network on tensor cores
     # (tanh, then sigmoid) and on the SIMT tiles (sine, whose hidden layers keep z), a narrow
     # float16 network's warp tiles (sine, then sigmoid); each its loss and gradient, and the

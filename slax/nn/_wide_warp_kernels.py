@@ -1,0 +1,107 @@
+"""Slang source for a wide float16 network's fused loss and gradient on NVIDIA tensor cores, each
+warp's tile of 16 samples in registers through every layer (``shaders/nn/wide_warp.slang``), for JAX
+on CUDA.
+
+The kernel runs ``mlp_loss_grad`` of the ``tensor_cores`` backend (slax/nn/_backends.py) where
+:func:`wide_warp_fits` says so; the backend's other kernels are the tensor-core tiles'. What Python
+writes is a descriptor of the network (:func:`wide_warp_source`), and the operand the kernel reads
+the weights from (:func:`half_fragments`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from slax.nn._tiled_kernels import TILE_THREADS
+
+WIDE_WARP_WIDTH = 64
+"""Widest layer (in or out) the kernel runs: four blocks of 16 columns. A warp then holds each
+layer's 16 samples in 16 registers, and its share of the weight gradient (a 64 x 64 layer's 32
+blocks of 16 x 8 over 8 warps) in 16 more; a 128-wide network's would take four times as many."""
+TILE_SAMPLES = 16 * (TILE_THREADS // 32)
+"""Samples a thread group runs at once: 16 per warp."""
+WARPS = TILE_THREADS // 32
+
+
+def _blocks(width: int) -> int:
+    """Blocks of 16 columns that hold ``width`` values."""
+    return math.ceil(width / 16)
+
+
+def wide_warp_fits(sizes: tuple[int, ...], dtype: str) -> bool:
+    """Whether ``shaders/nn/wide_warp.slang`` runs the loss and gradient of ``sizes`` (a wide
+    network: the caller checks that its gradient sums exceed a thread's) in ``dtype``: float16, every
+    layer at most WIDE_WARP_WIDTH wide. float32 stays on the tensor-core tiles' 3xTF32 products."""
+    return dtype == "float16" and max(sizes) <= WIDE_WARP_WIDTH
+
+
+def fragment_offsets(sizes: tuple[int, ...]) -> tuple[list[int], list[int], int]:
+    """Where each layer's B fragments start in :func:`half_fragments`, in blocks of 32 lanes' 8
+    bytes: its weight's for the forward pass, its transpose's for the input gradient (none for the
+    first layer, whose input gradient the loss's gradient never needs); and the blocks in all."""
+    forward, backward, total = [], [], 0
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    for n_in, n_out in layers:
+        forward.append(total)
+        total += 2 * _blocks(n_out) * _blocks(n_in)
+    for k, (n_in, n_out) in enumerate(layers):
+        backward.append(total)
+        if k > 0:
+            total += 2 * _blocks(n_in) * _blocks(n_out)
+    return forward, backward, total
+
+
+def _b_fragments(matrix: jax.Array) -> jax.Array:
+    """``matrix`` (N x K) as mma.sync m16n8k16 B fragments of B = matrix^T (K x N), halves: for each
+    block of 8 columns of B (8 rows of ``matrix``) and 16 rows (terms), in that order, lane l = 4 g +
+    t's two words, the halves of B[2t][g], B[2t + 1][g] and of B[2t + 8][g], B[2t + 9][g] (the
+    first of each pair in the low 16 bits), zeros past the matrix's edges: N padded to whole blocks
+    of 16 (the kernel's column blocks), K to blocks of 16. 64 words a block."""
+    n, k = matrix.shape
+    blocks_n, blocks_k = 2 * _blocks(n), _blocks(k)
+    padded = jnp.pad(matrix.astype(jnp.float16), ((0, 8 * blocks_n - n), (0, 16 * blocks_k - k)))
+    # [j][g][s][h][t][p]: row 8j + g, column 16s + 8h + 2t + p  ->  [j][s][g][t][h][p]
+    blocks = padded.reshape(blocks_n, 8, blocks_k, 2, 4, 2).transpose(0, 2, 1, 4, 3, 5)
+    return jax.lax.bitcast_convert_type(blocks.reshape(-1, 2), jnp.uint32)
+
+
+def half_fragments(weights: list[jax.Array]) -> jax.Array:
+    """The kernel's fragments operand (uint32, :func:`fragment_offsets`' layout) from each layer's
+    weight (Out x In): every layer's W^T as B fragments for the forward pass, then the W of every
+    layer but the first for the input gradients (one small XLA fusion). The parameters of a
+    float16 network are halves, so the conversion is exact."""
+    return jnp.concatenate([_b_fragments(w) for w in weights] + [_b_fragments(w.T) for w in weights[1:]])
+
+
+@functools.cache
+def wide_warp_source(sizes: tuple[int, ...], offsets: tuple[int, ...], activations: tuple[str, ...]) -> str:
+    """The descriptor of ``shaders/nn/wide_warp.slang`` for the network of ``sizes``, its layers'
+    parameters at ``offsets`` in the flat layout (their biases; each weight follows), with each
+    layer's ``IActivation`` type in ``activations`` (``shaders/nn/activations.slang``)."""
+    forward, backward, _ = fragment_offsets(sizes)
+    layers = []
+    for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        strips = math.ceil(2 * _blocks(n_in) / WARPS)
+        layers.append(
+            f"WideLayer<{n_in}, {n_out}, {offsets[k]}, {forward[k]}, {backward[k]}, "
+            f"{strips * _blocks(n_out)}, {activations[k]}>"
+        )
+    chain = layers[-1]
+    for layer in reversed(layers[:-1]):
+        chain = f"WideChain<{layer},\n    {chain}>"
+    parameters = sum(n_out + n_in * n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
+    return f"""import slax.kernel;
+import nn.mlp;
+import nn.tiled;
+import nn.warp_mma;
+static const int Inputs = {sizes[0]};
+static const int Outputs = {sizes[-1]};
+static const int ParameterCount = {parameters};
+static const int MaxBlocks = {max(_blocks(width) for width in sizes)};
+typealias WideNetwork = {chain};
+#include "nn/wide_warp.slang"
+"""
