@@ -1,6 +1,7 @@
-"""The narrow networks' Slang source (slax/nn/_kernels.py): only a descriptor of the architecture
-ahead of shaders/nn/thread_sums.slang, whose entry points are written once; their results are
-tests/test_nn.py's, their PTX tests/test_ptx_launch.py's."""
+"""The networks' Slang source (slax/nn/_kernels.py): only a descriptor of the architecture ahead of
+the file whose entry points are written once, shaders/nn/thread_sums.slang for narrow networks,
+shaders/nn/tile_kernels.slang for wide ones (both tile families); their results are
+tests/test_nn.py's and tests/test_tensor_cores.py's, their PTX tests/test_ptx_launch.py's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import re
 import pytest
 from _helpers import assert_float32_mlp_matches_reference
 
-from slax.nn._kernels import kernel_layout, mlp_source
+from slax.nn._kernels import kernel_layout, layer_pairs, mlp_source, parameter_offsets
+
+
+def _assert_only_a_descriptor(source: str, include: str) -> None:
+    """No entry point, loop or function body: type aliases, constants, imports and the include."""
+    assert "[shader(" not in source and "for (" not in source and "{" not in source, source
+    assert source.rstrip().endswith(f'#include "{include}"'), source
 
 
 @pytest.mark.one_device_kind
@@ -25,8 +32,7 @@ from slax.nn._kernels import kernel_layout, mlp_source
 def test_a_narrow_networks_source_is_only_its_descriptor(sizes, dtype, activations):
     assert kernel_layout(sizes).thread_sums
     source = mlp_source(sizes, dtype, activations=activations)
-    assert "[shader(" not in source and "for (" not in source and "{" not in source, source
-    assert source.rstrip().endswith('#include "nn/thread_sums.slang"'), source
+    _assert_only_a_descriptor(source, "nn/thread_sums.slang")
     layers = re.findall(r"FeedForwardLayer<T, (\d+), (\d+), (\d+), Parameters, Sums, (\w+)>", source)
     assert [(int(i), int(o)) for i, o, _, _ in layers] == list(zip(sizes[:-1], sizes[1:]))
     assert f"static const int Inputs = {sizes[0]};" in source
@@ -38,7 +44,7 @@ def test_a_narrow_float16_networks_warp_tiles_are_named_by_its_descriptor():
     """On tensor cores, the warp tiles' loss and gradient (shaders/nn/warp_mma.slang) come from the
     same file, over the descriptor's WarpNetwork."""
     source = mlp_source((5, 9, 6, 2), "float16", tensor_cores=True)
-    assert "[shader(" not in source and "for (" not in source and "{" not in source, source
+    _assert_only_a_descriptor(source, "nn/thread_sums.slang")
     assert "#define SLAX_WARP_MMA_LOSS_GRAD" in source
     layers = re.findall(r"WarpLayer<(\d+), (\d+), (\d+), (\w+)>", source)
     assert [(int(i), int(o), int(w)) for i, o, w, _ in layers] == [(5, 9, 0), (9, 6, 54), (6, 2, 114)]
@@ -48,3 +54,38 @@ def test_a_narrow_float16_networks_warp_tiles_are_named_by_its_descriptor():
 def test_chains_of_one_and_three_layers_match_the_reference(sizes):
     """The chain's ends: a network of one layer (no Chain) and one of three (a Chain in a Chain)."""
     assert_float32_mlp_matches_reference(sizes, seed=5)
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize(
+    ("sizes", "dtype", "tensor_cores", "activations", "layer"),
+    [
+        ((64, 128, 64, 10), "float32", False, None, "TiledLayer"),
+        ((64, 128, 64, 10), "float16", False, ("tanh", "sigmoid", "sigmoid"), "TiledLayer"),
+        ((13, 21, 10), "float32", False, ("sine", "relu"), "TiledLayer"),
+        ((40, 10), "float16", False, None, "TiledLayer"),
+        ((64, 128, 64, 10), "float32", True, None, "TensorCoreLayer"),
+        ((32, 64, 64, 64, 64, 16), "float16", True, None, "TensorCoreLayer"),
+        ((40, 10), "float32", True, None, "TensorCoreLayer"),
+    ],
+    ids=str,
+)
+def test_a_wide_networks_source_is_only_its_descriptor(sizes, dtype, tensor_cores, activations, layer):
+    """Both families of tile kernels: the network is a TileChain of its layer types, each with its
+    widths, parameter offset and activations as generic arguments, ahead of
+    shaders/nn/tile_kernels.slang; a network of one layer has no hidden pointer."""
+    layout = kernel_layout(sizes, tensor_cores, dtype)
+    assert not layout.thread_sums and layout.tensor_cores == tensor_cores
+    source = mlp_source(sizes, dtype, tensor_cores=tensor_cores, activations=activations)
+    _assert_only_a_descriptor(source, "nn/tile_kernels.slang")
+    assert ("import nn.tensor_cores;" in source) == tensor_cores
+    found = re.findall(rf"{layer}<T, (\d+), (\d+), (\d+), (\d+), ", source)
+    assert [(int(i), int(o), int(w)) for _, i, o, w in found] == [
+        (i, o, w) for (i, o), w in zip(layer_pairs(sizes), parameter_offsets(sizes)[0])
+    ]
+    assert len({samples for samples, *_ in found}) == 1
+    assert source.count("TileChain<T,") == len(sizes) - 2
+    assert f"static const int Inputs = {sizes[0]};" in source
+    assert f"static const int Outputs = {sizes[-1]};" in source
+    assert f"static const int ParameterCount = {layout.parameters};" in source
+    assert ("#define SLAX_TILE_HIDDEN" in source) == (len(sizes) > 2)

@@ -46,7 +46,10 @@ of a group. How a row is summed depends on the network's size:
 - wide ones run a tile of samples at a time per thread group, each layer a matrix product split
   over its threads (slax/nn/_tiled_kernels.py, ``shaders/nn/tiled.slang``), or, for JAX on CUDA,
   over its warps' tensor cores (slax/nn/_tensor_core_kernels.py, ``shaders/nn/tensor_cores.slang``)
-  where the network's gradient sums fit their registers.
+  where the network's gradient sums fit their registers; both in kernels written once in
+  ``shaders/nn/tile_kernels.slang``, the source generated here again only a descriptor that includes
+  it (slax/nn/_tiled_kernels.py, ``tile_kernels_source``: ``T``, the tiles, the chain of layer types
+  and the sizes).
 """
 
 from __future__ import annotations
@@ -57,14 +60,8 @@ import functools
 from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 from slax.nn._activations import ACTIVATIONS, HIDDEN_DEFAULT, OUTPUT_DEFAULT, layer_activations
-from slax.nn._tensor_core_kernels import TensorCoreLayout, TensorCoreProducts, tensor_core_layout
-from slax.nn._tiled_kernels import (
-    Network,
-    TiledProducts,
-    TileLayout,
-    tile_kernels_source,
-    tile_layout,
-)
+from slax.nn._tensor_core_kernels import TensorCoreLayout, tensor_core_family, tensor_core_layout
+from slax.nn._tiled_kernels import Network, TileLayout, tile_kernels_source, tile_layout, tiled_family
 from slax.nn._warp_mma_kernels import WARP_MMA_WIDTH, warp_network_type
 
 SCRATCH_BUDGET_FLOATS = 4096
@@ -189,33 +186,6 @@ def _chunk(layout: KernelLayout, values: int) -> int:
     return chunk - chunk % 2 if chunk > 1 else chunk
 
 
-def _preamble(dtype: str, scratch: int, modules: list[str], fragments: bool = False) -> str:
-    """What every MLP kernel source starts with: the imports, ``T`` (the network's dtype) and
-    ``scratch`` floats of group-shared memory behind ``GroupScratch``; with ``fragments`` (tensor
-    cores), from which warps also load A fragments (IFragmentScratch)."""
-    imports = "".join(f"import {module};\n" for module in modules)
-    interface, rows = "IGroupScratch", ""
-    if fragments:
-        interface = "IFragmentScratch"
-        rows = (
-            "\n    static uint4 matrixRows(uint index) { return loadMatrixRows(scratch[index]); }"
-            "\n    static void copy(uint index, float* source, uint floats, bool zero)"
-            " { copyToScratch(scratch[index], source, floats, zero); }"
-        )
-    return f"""import slax.kernel;
-{imports}
-typealias T = {SLANG_SCALAR_FOR_DTYPE[dtype]};
-
-groupshared float scratch[{scratch}];
-
-struct GroupScratch : {interface}
-{{
-    static const uint capacity = {scratch};
-    static void store(uint index, float value) {{ scratch[index] = value; }}
-    static float load(uint index) {{ return scratch[index]; }}{rows}
-}}"""
-
-
 def mlp_source(
     sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False, activations: tuple[str, ...] | None = None
 ) -> str:
@@ -228,14 +198,9 @@ def mlp_source(
     if not layout.thread_sums:
         tile = layout.wide_tile
         network = Network(sizes, layer_pairs(sizes), parameter_offsets(sizes)[0], types, dtype, layout.sums)
-        products: TensorCoreProducts | TiledProducts
         if isinstance(tile, TensorCoreLayout):
-            modules = ["nn.mlp", "nn.tiled", "nn.tensor_cores"]
-            products = TensorCoreProducts(network, tile)
-        else:
-            modules, products = ["nn.mlp", "nn.tiled"], TiledProducts(network, tile)
-        preamble = _preamble(dtype, tile.scratch, modules, fragments=layout.tensor_cores)
-        return preamble + tile_kernels_source(network, products)
+            return tile_kernels_source(network, tensor_core_family(network, tile))
+        return tile_kernels_source(network, tiled_family(network, tile))
     return thread_sums_source(sizes, dtype, types, layout)
 
 

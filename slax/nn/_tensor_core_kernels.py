@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from slax.nn._tiled_kernels import TILE_THREADS, Network, tiles_per_block
+from slax.nn._tiled_kernels import TILE_THREADS, Network, TileFamily, tiles_per_block
 
 TENSOR_CORE_SAMPLES = {"float32": 32, "float16": 16}
 """Samples per tile, by the network's dtype: blocks of an mma.sync's 16 rows. Two blocks let each
@@ -48,10 +48,6 @@ sums (the network's parameters, 17,227 floats for the digits network) that XLA t
 small batches fewer groups running more tiles each finish sooner (digits, 2^12 samples, tiles of
 16: 26 against 37 us for the gradient kernel with two tiles a group rather than one). A float32
 tile of 32 samples is that many already."""
-FORWARD_GROUPS_PER_PROCESSOR = 3
-"""Thread groups of the forward kernels a multiprocessor holds: 3 (the prelude's
-``threeGroupsPerProcessor`` caps their registers to fit three) or 2, the gradient kernels' number
-(their gradient sums need 128 registers a thread)."""
 MAX_CHUNK = 4
 """Most column blocks a warp runs at once in a row product (each holds 4 floats of sums)."""
 
@@ -226,113 +222,45 @@ def weight_fragments(weights, dtype: str) -> jax.Array:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorCoreProducts:
-    """:class:`~slax.nn._tiled_kernels.TileProducts` on tensor cores (shaders/nn/tensor_cores.slang):
+def _chunk(cols: int) -> int:
+    """Column blocks of 8 a warp runs at once in a row product of ``cols`` columns."""
+    return max(1, min(MAX_CHUNK, math.ceil(math.ceil(cols / 8) / WARPS)))
+
+
+def tensor_core_family(network: Network, layout: TensorCoreLayout) -> TileFamily:
+    """The tensor-core family of tile kernels (shaders/nn/tensor_cores.slang, ``TensorCoreLayer``):
     warps run each product in mma.sync blocks, keep the weight gradient in registers across the
-    group's tiles, and write it to the row of partial sums once."""
+    group's tiles, and write it to the row of partial sums once. Float tiles are copied (cp.async:
+    all of a tile's loads in flight at once, through no register); half ones are loaded, to be
+    converted."""
+    s, (act, weight, grad) = layout.samples, pieces(network.dtype)
+    tiles = {
+        f"Tile{k}": f"FragmentTile<{offset}, {stride}, GroupScratch>"
+        for k, (offset, stride) in enumerate(zip(layout.offsets, layout.strides))
+    }
 
-    network: Network
-    layout: TensorCoreLayout
-    operand: str = "fragments"
-
-    @property
-    def samples(self) -> int:
-        return self.layout.samples
-
-    @property
-    def copies_tiles(self) -> bool:
-        """Float tiles are copied (cp.async): all of a tile's loads in flight at once, through no
-        register. Half ones are loaded, to be converted."""
-        return self.network.dtype == "float32"
-
-    def _fragments(self, block: int) -> str:
-        """The fragments from 8 x 8 block ``block`` on."""
-        return f"fragments + {block * 64 * pieces(self.network.dtype)[1]}"
-
-    @staticmethod
-    def _chunk(cols: int) -> int:
-        """Column blocks of 8 a warp runs at once in a row product of ``cols`` columns."""
-        return max(1, min(MAX_CHUNK, math.ceil(math.ceil(cols / 8) / WARPS)))
-
-    def declarations(self) -> str:
-        tiles = "\n".join(
-            f"typealias Tile{k} = FragmentTile<{offset}, {stride}, GroupScratch>;"
-            for k, (offset, stride) in enumerate(zip(self.layout.offsets, self.layout.strides))
+    def layer(k: int) -> str:
+        (n_in, n_out), shape = network.layers[k], layout.gradients[k]
+        # where its B fragments start, in floats: 64 a block of 8 x 8 and piece
+        forward, backward = (
+            64 * weight * fragments[k] for fragments in (layout.forward_fragments, layout.backward_fragments)
         )
-        return f"""
-static float* parameterPointer;
-
-struct Parameters : IParameters
-{{
-    static float load(uint index) {{ return parameterPointer[index]; }}
-}}
-
-{tiles}
-typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
-
-    def setup(self, summing: bool) -> str:
-        lines = [
-            "    uint warp = local / 32, lane = local % 32;",
-            "    parameterPointer = params;",
-            "    clearScratch<GroupScratch>(local);  // the tiles' padding columns stay zero",
-            "    groupBarrier();  // before any thread writes a tile",
-        ]
-        if not summing and FORWARD_GROUPS_PER_PROCESSOR == 3:
-            lines.append("    threeGroupsPerProcessor();")
-        return "\n".join(lines)
-
-    def forward(self, k: int, summing: bool) -> str:
-        s, (n_in, n_out) = self.samples, self.network.layers[k]
-        act, weight, _ = pieces(self.network.dtype)
-        offset, activation = self.network.offsets[k], self.network.activations[k]
-        epilogue = f"BiasActivation<T, {offset}, Parameters, Tile{k + 1}, {activation}>"
         return (
-            f"        warpRowProduct<{s}, {n_in}, {n_out}, {act}, {weight}, {self._chunk(n_out)}, Tile{k}, "
-            f"{epilogue}>(warp, lane, {self._fragments(self.layout.forward_fragments[k])}, "
-            f"{epilogue}());\n        groupBarrier();"
+            f"TensorCoreLayer<T, {s}, {n_in}, {n_out}, {network.offsets[k]}, "
+            f"Pieces<{act}, {weight}, {grad}>, {forward}, {_chunk(n_out)}, {backward}, {_chunk(n_in)}, "
+            f"GradientShape<{shape.rows}, {shape.cols}, {shape.rounds}>, {layout.bias_sums[k]}, "
+            f"Tile{k}, {network.below(k)}, Tile{k + 1}, {network.activations[k]}, Parameters, Memory>"
         )
 
-    def begin_sums(self) -> str:
-        return "\n".join(
-            f"    float4 weightSums{k}[{shape.blocks}];\n"
-            f"    [ForceUnroll] for (int r = 0; r < {shape.blocks}; r++) weightSums{k}[r] = float4(0.0);\n"
-            f"    float biasSums{k}[{bias}];\n"
-            f"    [ForceUnroll] for (int r = 0; r < {bias}; r++) biasSums{k}[r] = 0.0;"
-            for k, (shape, bias) in enumerate(zip(self.layout.gradients, self.layout.bias_sums))
-        )
-
-    def backward(self, k: int, input_gradient: bool) -> str:
-        s, (n_in, n_out) = self.samples, self.network.layers[k]
-        act, weight, grad = pieces(self.network.dtype)
-        shape = self.layout.gradients[k]
-        lines = [
-            f"        warpGradientProduct<{s}, {n_in}, {n_out}, {grad}, {act}, {shape.rows}, {shape.cols}, "
-            f"{shape.rounds}, {shape.blocks}, Tile{k + 1}, Tile{k}>(warp, lane, weightSums{k});",
-            f"        addBiasGradient<{s}, {n_out}, {self.layout.bias_sums[k]}, Tile{k + 1}>"
-            f"(local, biasSums{k});",
-        ]
-        if k > 0:
-            epilogue, arguments = f"ActivationGradient<Tile{k}, {self.network.activations[k - 1]}>", ""
-            lines.append(f"        groupBarrier();  // the weight gradient above was Tile{k}'s last reader")
-        elif input_gradient:
-            epilogue, arguments = f"InputGradient<T, {n_in}>", "dx, tile"
-        if k > 0 or input_gradient:  # the input gradient, into Tile{k} or dx
-            lines.append(
-                f"        warpRowProduct<{s}, {n_out}, {n_in}, {grad}, {weight}, {self._chunk(n_in)}, "
-                f"Tile{k + 1}, {epilogue}>(warp, lane, {self._fragments(self.layout.backward_fragments[k])}, "
-                f"{epilogue}({arguments}));"
-            )
-        lines.append("        groupBarrier();")
-        return "\n".join(lines)
-
-    def end_sums(self) -> str:
-        network = self.network
-        return "\n".join(
-            f"    storeGradientBlocks<{n_in}, {n_out}, {network.offsets[k]}, {shape.rows}, {shape.cols}, "
-            f"{shape.rounds}, {shape.blocks}>(warp, lane, weightSums{k}, sums);\n"
-            f"    storeBiasGradient<{n_out}, {network.offsets[k]}, {bias}>(local, biasSums{k}, sums);"
-            for k, ((n_in, n_out), shape, bias) in enumerate(
-                zip(network.layers, self.layout.gradients, self.layout.bias_sums)
-            )
-        )
+    copies = network.dtype == "float32"
+    memory = "FragmentCopies<GroupScratch>" if copies else "FragmentLoads<T, GroupScratch>"
+    return TileFamily(
+        modules=("nn.mlp", "nn.tiled", "nn.tensor_cores"),
+        memory=memory,
+        tiles=tiles,
+        layers=[layer(k) for k in range(len(network.layers))],
+        samples=s,
+        scratch=layout.scratch,
+        losses=layout.losses,
+        fragment_scratch=True,
+    )

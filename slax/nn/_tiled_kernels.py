@@ -1,5 +1,9 @@
-"""Slang source for the MLP kernels of a wide network, run a tile of samples at a time
-(``shaders/nn/tiled.slang``).
+"""Slang source for the MLP kernels of a wide network, run a tile of samples at a time: a
+descriptor of the architecture (:func:`tile_kernels_source`) ahead of
+``shaders/nn/tile_kernels.slang``, whose entry points are written once for both families of layers,
+the tiled one here (``shaders/nn/tiled.slang``, :func:`tiled_family`) and the tensor-core one
+(slax/nn/_tensor_core_kernels.py). What Python computes is the layout: where each tile lives and
+the generic arguments of each layer's type.
 
 The entry points are those of slax/nn/_kernels.py (same names, pointers and results), with thread
 groups of ``TILE_THREADS`` and, for the gradient kernels, ``tiles_per_block`` in place of
@@ -18,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Protocol
+
+from slax._signature import SLANG_SCALAR_FOR_DTYPE
 
 TILE_THREADS = 256
 """Threads per thread group: SLAX_TILE_THREADS in shaders/nn/tiled.slang."""
@@ -123,10 +128,7 @@ def block_shape(rows: int, cols: int, terms: int) -> tuple[int, int]:
 class Network:
     """What a tile kernel source needs of the network: its widths, layers' (in, out), each layer's
     parameter offset (its bias; its weight follows) and activation (its ``IActivation`` type in
-    ``shaders/nn/activations.slang``), the dtype, and the length of a row of partial sums.
-
-    Layer k's output tile, ``Tile{k + 1}``, holds what its activation keeps (y, or z where the
-    activation keeps its input); :meth:`layer_input` and :meth:`output` read y from it."""
+    ``shaders/nn/activations.slang``), the dtype, and the length of a row of partial sums."""
 
     sizes: tuple[int, ...]
     layers: list[tuple[int, int]]
@@ -135,309 +137,108 @@ class Network:
     dtype: str
     sums: int
 
-    def layer_input(self, k: int) -> str:
-        """The matrix of layer k's input values: the input tile, or the outputs of layer k - 1."""
-        return "Tile0" if k == 0 else f"LayerOutputs<{self.activations[k - 1]}, T, Tile{k}>"
-
-    @property
-    def output(self) -> str:
-        """The matrix of the network's output values."""
-        return self.layer_input(len(self.layers))
-
-    @property
-    def affine_output(self) -> bool:
-        """Whether the output layer has no activation: its output gradient is dy itself."""
-        return self.activations[-1] == "Identity"
+    def below(self, k: int) -> str:
+        """The activation whose outputs layer k reads: the layer below's, or for the network's input
+        ``Identity`` (its tile holds the values themselves)."""
+        return "Identity" if k == 0 else self.activations[k - 1]
 
     @property
     def hidden(self) -> int:
         """Values a sample's hidden activations take: every layer's output but the last."""
         return sum(self.sizes[1:-1])
 
-    def hidden_offset(self, k: int) -> int:
-        """Where layer k's output (k < the last layer) starts among a sample's hidden values."""
-        return sum(self.sizes[1 : k + 1])
-
-
-class TileProducts(Protocol):
-    """The layers' matrix products of tile kernels: Slang code for the entry points of
-    :func:`tile_kernels_source`, which run in every thread of a group, with ``first, end`` its
-    roles (groupRoles), ``tile`` (TileSamples) the tile, ``t`` the tile's number in the group, and
-    ``sums`` the group's row of partial sums."""
-
-    @property
-    def samples(self) -> int:
-        """Samples per tile."""
-
-    @property
-    def operand(self) -> str:
-        """The name of the parameters' second operand (the first, ``params``, is the flat layout)."""
-
-    @property
-    def copies_tiles(self) -> bool:
-        """Whether tiles are filled from memory by asynchronous copies (copyTile, float data on
-        CUDA) rather than loads (loadTile)."""
-
-    def declarations(self) -> str:
-        """Module-level code: ``Parameters`` (reading ``params``), ``Tile0``... (each layer's input
-        and the output), ``Losses``, and whatever the products need."""
-
-    def setup(self, summing: bool) -> str:
-        """Each entry point's first lines after the roles: the pointers behind ``declarations``;
-        ``summing``: in a gradient kernel."""
-
-    def forward(self, k: int, summing: bool) -> str:
-        """Layer k from Tile{k} to Tile{k+1}, ending with a group barrier; ``summing``: in a
-        gradient kernel, whose parameter gradient sums are live."""
-
-    def begin_sums(self) -> str:
-        """Before a gradient kernel's tiles: the parameter gradient sums start."""
-
-    def backward(self, k: int, input_gradient: bool) -> str:
-        """Layer k's backward pass from its output gradient in Tile{k+1}: its parameter gradients
-        added to the sums, and for k > 0 the previous layer's output gradient (through its
-        activation) over Tile{k}, or for k == 0 with ``input_gradient`` the network's to ``dx``;
-        ending where the next tile may overwrite Tile0."""
-
-    def end_sums(self) -> str:
-        """After a gradient kernel's tiles: the sums to ``sums``."""
-
-
-def tile_kernels_source(network: Network, products: TileProducts) -> str:
-    """The entry points of a wide network's tile kernels (see slax/nn/_kernels.py), with its layers'
-    products from ``products``; they follow the source's preamble (``_kernels._preamble``: the
-    imports, ``T``, ``GroupScratch``):
-
-    - ``mlp_forward``: ``x, params, <operand> -> y``, a tile per thread group;
-    - ``mlp_forward_hidden``: the same, also writing each sample's hidden activations (every layer's
-      output but the last, ``Network.hidden`` values a sample, as T) for ``mlp_backward``;
-    - ``mlp_backward``: ``x, hidden, dy, params, <operand> -> partial sums, dx``, from the hidden
-      activations ``mlp_forward_hidden`` wrote, with no forward pass;
-    - ``mlp_backward_params``: the same without ``dx``, nor the first layer's input-gradient
-      product behind it (a training step's gradient: its data need none);
-    (a network of one layer has no hidden activations, and these take no ``hidden`` pointer);
-    - ``mlp_loss_grad``: ``x, target, params, <operand> -> partial sums``, forward and backward.
-    """
-    s, sizes, hidden = products.samples, network.sizes, network.hidden
-    last = len(network.layers) - 1
-
-    def roles(summing: bool) -> str:
-        return f"""
-    uint thread = slax_thread_index(thread_id);
-    if (thread >= count) return;  // whole thread groups only: count is a multiple of the group size
-    uint block = thread / SLAX_TILE_THREADS, local = thread % SLAX_TILE_THREADS, first, end;
-    groupRoles(local, SLAX_TILE_THREADS, first, end);
-{products.setup(summing)}"""
-
-    def fill(data: str, width: int, stride: int, offset: int, k: int, zero_padding: bool) -> str:
-        """Tile{k} from ``width`` values a sample at ``data + offset`` (``stride`` apart), read only
-        after ``filled`` (the wait for copies, then a group barrier): loaded (loadTile), or copied
-        (copyTile), by 4 floats
-        where the source rows stay 16-byte aligned. That takes ``data`` 16-byte aligned: XLA's GPU
-        buffers are (its entry parameters at least 16 bytes, kEntryParameterAlignBytes, its own
-        allocations 64), and so are the destination rows of the products that copy
-        (:func:`slax.nn._tensor_core_kernels.tensor_core_layout` checks its tiles)."""
-        at, zero = (f"{data} + {offset}" if offset else data), str(zero_padding).lower()
-        if products.copies_tiles:
-            floats = 4 if width % 4 == 0 and stride % 4 == 0 and offset % 4 == 0 else 1
-            return f"copyTile<{s}, {width}, {stride}, {floats}, Tile{k}>({at}, tile, {zero}, first, end);"
-        return f"loadTile<T, {s}, {width}, {stride}, Tile{k}>({at}, tile, {zero}, first, end);"
-
-    def filled(indent: str) -> str:
-        """The group barrier after a tile's fills, behind the wait for their copies."""
-        return f"waitTileCopies();\n{indent}groupBarrier();" if products.copies_tiles else "groupBarrier();"
-
-    def fill_hidden() -> str:
-        """Each hidden layer's output tile from ``hidden``."""
-        return "".join(
-            f"\n        {fill('hidden', sizes[k + 1], hidden, network.hidden_offset(k), k + 1, False)}"
-            for k in range(last)
-        )
-
-    def store_hidden() -> str:
-        """Each hidden layer's output tile to ``hidden``."""
-        return "".join(
-            f"\n    storeTile<T, {s}, {sizes[k + 1]}, {hidden}, Tile{k + 1}>"
-            f"(hidden + {network.hidden_offset(k)}, tile, first, end);"
-            for k in range(last)
-        )
-
-    def forward_body(keep_hidden: bool) -> str:  # (a network with no hidden layer keeps nothing)
-        chain = "\n".join(products.forward(k, False) for k in range(len(network.layers)))
-        return f"""{roles(False)}
-    let tile = TileSamples(0, block * {s}, samples);
-    {fill("x", sizes[0], sizes[0], 0, 0, False)}
-    {filled("    ")}
-{chain}{store_hidden() if keep_hidden else ""}
-    storeTile<T, {s}, {sizes[-1]}, {sizes[-1]}, {network.output}>(y, tile, first, end);"""
-
-    def gradient_body(from_hidden: bool, input_gradient: bool) -> str:
-        if from_hidden and network.affine_output:
-            inputs = f"""{fill_hidden()}
-        {fill("dy", sizes[-1], sizes[-1], 0, last + 1, True)}
-        {filled("        ")}"""
-        elif from_hidden:  # dy times the output activation's derivative, at z the last layer recomputes
-            inputs = f"""{fill_hidden()}
-        {filled("        ")}
-{products.forward(last, True)}
-        tileOutputGradient<T, {s}, {sizes[-1]}, {network.activations[-1]}, Tile{last + 1}>(
-            dy, tile, first, end);
-        groupBarrier();"""
-        else:
-            chain = "\n".join(products.forward(k, True) for k in range(len(network.layers)))
-            inputs = f"""
-        {filled("        ")}
-{chain}
-        tileSquaredError<T, {s}, {sizes[-1]}, {network.activations[-1]}, Tile{last + 1}, Losses>(
-            target, tile, loss_scale, first, end);
-        groupBarrier();"""
-        layers_back = "\n".join(products.backward(k, input_gradient) for k in range(last, -1, -1))
-        return f"""{roles(True)}
-    float* sums = partials + block * {network.sums};
-    uint groupStart = (block / blocks_per_group) * samples_per_group;
-    uint firstTile = (block % blocks_per_group) * tiles_per_block;
-    clearLosses<Losses>(first, end);
-{products.begin_sums()}
-    for (uint t = 0; t < tiles_per_block; t++)
-    {{
-        let tile = TileSamples(groupStart, (firstTile + t) * {s}, samples_per_group);
-        if (tile.first >= samples_per_group) break;  // the same for the whole thread group
-        {fill("x", sizes[0], sizes[0], 0, 0, False)}{inputs}
-{layers_back}
-    }}
-{products.end_sums()}
-    groupBarrier();
-    sumLosses<Losses>(first, end, sums + {network.sums - 1});"""
-
-    operand = products.operand
-    hidden_pointer = "uniform T* hidden, " if hidden else ""
-
-    def backward_entry(input_gradient: bool) -> str:
-        """``mlp_backward``, or without ``dx`` (nor layer 0's input-gradient product)
-        ``mlp_backward_params``."""
-        name, dx = ("mlp_backward", "uniform T* dx, ") if input_gradient else ("mlp_backward_params", "")
-        return f"""
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void {name}(uint3 thread_id : SV_DispatchThreadID, uniform T* x, {hidden_pointer}uniform T* dy,
-            uniform float* params, uniform float* {operand}, uniform float* partials, {dx}uniform uint count,
-            uniform uint samples_per_group, uniform uint blocks_per_group, uniform uint tiles_per_block)
-{{{gradient_body(True, input_gradient)}
-}}
-"""
-
-    return f"""
-{products.declarations()}
-
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_forward(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform float* params,
-                 uniform float* {operand}, uniform T* y, uniform uint count, uniform uint samples)
-{{{forward_body(False)}
-}}
-
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_forward_hidden(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform float* params,
-                        uniform float* {operand}, uniform T* y, {hidden_pointer}uniform uint count,
-                        uniform uint samples)
-{{{forward_body(True)}
-}}
-
-{backward_entry(True)}{backward_entry(False)}
-[shader("compute")]
-[numthreads(SLAX_TILE_THREADS, 1, 1)]
-void mlp_loss_grad(uint3 thread_id : SV_DispatchThreadID, uniform T* x, uniform T* target,
-                   uniform float* params, uniform float* {operand}, uniform float* partials,
-                   uniform uint count, uniform uint samples_per_group, uniform uint blocks_per_group,
-                   uniform uint tiles_per_block, uniform float loss_scale)
-{{{gradient_body(False, False)}
-}}
-"""
-
 
 @dataclasses.dataclass(frozen=True)
-class TiledProducts:
-    """:class:`TileProducts` of the tiled kernels: each layer's products split into blocks of sums
-    over the group's threads (``shaders/nn/tiled.slang``), the weight gradient added to the group's
-    row of partial sums after every tile, the forward pass reading the weights transposed."""
+class TileFamily:
+    """A family of tile kernels' part of a network's descriptor (:func:`tile_kernels_source`).
 
-    network: Network
-    layout: TileLayout
-    operand: str = "transposed_params"
+    Attributes:
+      modules: the Slang modules its types come from.
+      memory: its ``ITileMemory`` type (how it readies group-shared memory and fills tiles).
+      tiles: its tile types in group-shared memory, ``{name: type}``: ``Tile0``, ``Tile1``, ...
+        (each layer's input, then the output layer's) and whatever else its layers name.
+      layers: each layer's ``ITileLayer`` type, reading ``Tile{k}`` and writing ``Tile{k + 1}``.
+      samples, scratch, losses: samples a tile, group-shared floats, where the roles' shares of the
+        loss start in them.
+      fragment_scratch: warps load A fragments from group-shared memory (``IFragmentScratch``).
+    """
 
-    @property
-    def copies_tiles(self) -> bool:
-        """Tiles are loaded (loadTile): their rows in group-shared memory are ``width + 1`` floats
-        apart, which no 16-byte copy keeps aligned, and the kernels run on every device."""
-        return False
+    modules: tuple[str, ...]
+    memory: str
+    tiles: dict[str, str]
+    layers: list[str]
+    samples: int
+    scratch: int
+    losses: int
+    fragment_scratch: bool = False
 
-    @property
-    def samples(self) -> int:
-        return self.layout.samples
 
-    def declarations(self) -> str:
-        tiles = "\n".join(
-            f"typealias Tile{k} = SharedTile<{offset}, {width + 1}, GroupScratch>;"
-            for k, (offset, width) in enumerate(zip(self.layout.offsets, self.network.sizes))
-        )
-        return f"""
-static float* parameterPointer;
+def _chain(layers: list[str]) -> str:
+    """``TileChain<T, L0, TileChain<T, L1, ...>>`` of ``layers`` (the last layer alone where one is left)."""
+    chain = layers[-1]
+    for layer in reversed(layers[:-1]):
+        chain = f"TileChain<T,\n    {layer},\n    {chain}>"
+    return chain
 
-static float* transposedPointer;
 
-struct Parameters : IParameters
-{{
-    static float load(uint index) {{ return parameterPointer[index]; }}
-}}
+def tile_kernels_source(network: Network, family: TileFamily) -> str:
+    """The tile kernels of ``network`` whose layers are of ``family``: a descriptor of the
+    architecture (``T``, the tiles, ``Network``: the chain of layer types, and its sizes as
+    ``static const``s) that includes ``shaders/nn/tile_kernels.slang``, where the entry points
+    (``mlp_forward``, ``mlp_forward_hidden``, ``mlp_backward``, ``mlp_backward_params``,
+    ``mlp_loss_grad``; their operands: slax/nn/_kernels.py) are written once."""
+    imports = "".join(f"import {module};\n" for module in ("slax.kernel", *family.modules))
+    tiles = "".join(f"typealias {name} = {tile};\n" for name, tile in family.tiles.items())
+    last = len(network.layers)
+    defines = "#define SLAX_TILE_HIDDEN\n" if network.hidden else ""
+    defines += "#define SLAX_FRAGMENT_SCRATCH\n" if family.fragment_scratch else ""
+    return f"""{imports}
+typealias T = {SLANG_SCALAR_FOR_DTYPE[network.dtype]};
+typealias Memory = {family.memory};
+{tiles}typealias Network = {_chain(family.layers)};
+typealias InputTile = Tile0;
+typealias OutputTile = Tile{last};
+typealias OutputActivation = {network.activations[-1]};
+static const int Inputs = {network.sizes[0]};
+static const int Outputs = {network.sizes[-1]};
+static const int Samples = {family.samples};
+static const int HiddenWidth = {network.hidden};
+static const int ParameterCount = {network.sums - 1};
+static const int ScratchFloats = {family.scratch};
+static const int LossesAt = {family.losses};
+static const bool AffineOutput = {str(network.activations[-1] == "Identity").lower()};
+{defines}#include "nn/tile_kernels.slang"
+"""
 
-struct TransposedParameters : IParameters
-{{
-    static float load(uint index) {{ return transposedPointer[index]; }}
-}}
 
-{tiles}
-typealias Gradient = SharedTile<{self.layout.gradient}, {self.layout.gradient_stride}, GroupScratch>;
-typealias Losses = SharedTile<{self.layout.losses}, 0, GroupScratch>;"""
+def tiled_family(network: Network, layout: TileLayout) -> TileFamily:
+    """The tiled family (``shaders/nn/tiled.slang``, ``TiledLayer``): each layer's products split
+    into blocks of sums over the group's threads (:func:`block_shape`), the weight gradient added to
+    the group's row of partial sums after every tile, the forward pass reading the weights
+    transposed; tiles loaded (their rows, ``width + 1`` floats apart, keep no 16-byte alignment for
+    copies), on every device."""
+    s = layout.samples
+    tiles = {
+        f"Tile{k}": f"SharedTile<{offset}, {width + 1}, GroupScratch>"
+        for k, (offset, width) in enumerate(zip(layout.offsets, network.sizes))
+    }
+    tiles["Gradient"] = f"SharedTile<{layout.gradient}, {layout.gradient_stride}, GroupScratch>"
 
-    def setup(self, summing: bool) -> str:
-        return "    parameterPointer = params;\n    transposedPointer = transposed_params;"
-
-    def forward(self, k: int, summing: bool) -> str:
-        s, (n_in, n_out) = self.samples, self.network.layers[k]
-        bm, bn = block_shape(s, n_out, n_in)
+    def layer(k: int) -> str:
+        (n_in, n_out), offset = network.layers[k], network.offsets[k]
+        blocks = [block_shape(s, n_out, n_in), block_shape(n_out, n_in, s), block_shape(s, n_in, n_out)]
+        shapes = ", ".join(f"Blocks<{m}, {n}>" for m, n in blocks)
         return (
-            f"        tileForward<T, {s}, {n_in}, {n_out}, {self.network.offsets[k]}, {bm}, {bn}, "
-            f"Parameters, TransposedParameters, {self.network.layer_input(k)}, Tile{k + 1}, "
-            f"{self.network.activations[k]}>(first, end);\n"
-            "        groupBarrier();"
+            f"TiledLayer<T, {s}, {n_in}, {n_out}, {offset}, {shapes}, Tile{k}, {network.below(k)}, "
+            f"Tile{k + 1}, {network.activations[k]}, Parameters, TransposedParameters, Gradient, Memory>"
         )
 
-    def begin_sums(self) -> str:
-        return "    // each tile's gradient terms go to `sums` (the first tile's start them)"
-
-    def backward(self, k: int, input_gradient: bool) -> str:
-        s, (n_in, n_out), offset = self.samples, self.network.layers[k], self.network.offsets[k]
-        wm, wn = block_shape(n_out, n_in, s)
-        lines = [
-            f"        tileParameterGradient<{s}, {n_in}, {n_out}, {offset}, {wm}, {wn}, "
-            f"{self.network.layer_input(k)}, Tile{k + 1}>(first, end, sums, t == 0);"
-        ]
-        if k > 0 or input_gradient:
-            xm, xn = block_shape(s, n_in, n_out)
-            lines.append(
-                f"        tileInputGradient<{s}, {n_in}, {n_out}, {offset}, {xm}, {xn}, Parameters, "
-                f"Tile{k + 1}, Gradient>(first, end);"
-            )
-        lines.append("        groupBarrier();")
-        if k > 0:
-            lines.append(
-                f"        tileActivationGradient<{s}, {n_in}, {self.network.activations[k - 1]}, Gradient, "
-                f"Tile{k}>(first, end);\n        groupBarrier();"
-            )
-        elif input_gradient:
-            lines.append(f"        storeTile<T, {s}, {n_in}, {n_in}, Gradient>(dx, tile, first, end);")
-        return "\n".join(lines)
-
-    def end_sums(self) -> str:
-        return ""
+    return TileFamily(
+        modules=("nn.mlp", "nn.tiled"),
+        memory="TileLoads<T>",
+        tiles=tiles,
+        layers=[layer(k) for k in range(len(network.layers))],
+        samples=s,
+        scratch=layout.scratch,
+        losses=layout.losses,
+    )
