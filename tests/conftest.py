@@ -195,17 +195,23 @@ def fused_kernels(monkeypatch):
 
 @pytest.fixture
 def lowered(monkeypatch, fused_kernels):
-    """The MLP kernels lowered while the test runs: (architecture, entry point, tensor cores)."""
+    """The MLP kernels lowered while the test runs: (architecture, entry point, tensor cores), the
+    wide float16 warp tiles' loss and gradient as (architecture, "mlp_loss_grad", "warp tiles")."""
     from slax.nn import _backends
 
     kernels = []
-    make = _backends.kernel
+    make, make_wide = _backends.kernel, _backends.wide_warp_kernel
 
     def recorded(*key):
         kernels.append(key)
         return make(*key)
 
+    def recorded_wide(arch):
+        kernels.append((arch, "mlp_loss_grad", "warp tiles"))
+        return make_wide(arch)
+
     monkeypatch.setattr(_backends, "kernel", recorded)
+    monkeypatch.setattr(_backends, "wide_warp_kernel", recorded_wide)
     return kernels
 
 

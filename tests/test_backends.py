@@ -186,7 +186,8 @@ def test_forcing_a_backend_that_does_not_fit_is_refused(
         (WIDE, "float16", "cpu", None, True, "tiled", "tiled", "tensor_cores: it runs on CUDA GPUs"),
         (NARROW, "float16", "cuda", "90", True, "thread_sums", "thread_sums", "a warp per tile of 16"),
         (NARROW, "float16", "cuda", "90", False, "thread_sums", "thread_sums", "a sample per thread"),
-        (WIDE, "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
+        (WIDE, "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "16 samples in registers"),
+        (WIDE, "float32", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
         (WIDE, "float32", "cuda", "75", True, "tiled", "tiled", "compute capability 8.0"),
         ((32, *[64] * 8, 16), "float16", "cuda", "90", True, "xla", "xla", "tiled: slower than XLA"),
         ((64, 128, 64, 10), "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
@@ -197,8 +198,8 @@ def test_describe_names_the_backend_of_each_operation_and_why(
     monkeypatch, sizes, dtype, platform, capability, tensor_cores, apply, loss_and_grad, says
 ):
     """describe applies the rule lowering applies: on the CPU the Slang kernels that fit; on CUDA
-    tensor cores where they fit and are allowed (a narrow float16 network's fused loss and gradient
-    as warp tiles, its other operations a sample per thread), else the tiled kernels, and XLA where
+    tensor cores where they fit and are allowed (a float16 network's fused loss and gradient as warp
+    tiles, a narrow one's other operations a sample per thread, a wide one's in tiles), else the tiled kernels, and XLA where
     XLA_WINS says the kernels lose. Each line names the backend, the network and the platform; a
     batch's shape gives the same answer as the batch."""
     if capability:
