@@ -198,10 +198,10 @@ def test_describe_names_the_backend_of_each_operation_and_why(
     monkeypatch, sizes, dtype, platform, capability, tensor_cores, apply, loss_and_grad, says
 ):
     """describe applies the rule lowering applies: on the CPU the Slang kernels that fit; on CUDA
-    tensor cores where they fit and are allowed (a float16 network's fused loss and gradient as warp
-    tiles, a narrow one's other operations a sample per thread, a wide one's in tiles), else the tiled kernels, and XLA where
-    XLA_WINS says the kernels lose. Each line names the backend, the network and the platform; a
-    batch's shape gives the same answer as the batch."""
+    tensor cores where they fit and are allowed (a float16 network's fused loss and gradient as
+    warp tiles, a narrow one's other operations a sample per thread, a wide one's in tiles), else
+    the tiled kernels, and XLA where XLA_WINS says the kernels lose. Each line names the backend,
+    the network and the platform; a batch's shape gives the same answer as the batch."""
     if capability:
         monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
     monkeypatch.setattr(slax.config, "tensor_cores", tensor_cores)
