@@ -69,7 +69,7 @@ def test_the_descriptor_names_the_layers_and_includes_the_kernels():
     types, the include; no function bodies."""
     sizes = (20, 48, 48, 5)
     offsets, _ = nn_backends.parameter_offsets(sizes)
-    source = nn_wide_warp.wide_warp_source(sizes, tuple(offsets), ("LeakyReLU", "LeakyReLU", "Identity"))
+    source = nn_wide_warp.wide_warp_source(sizes, ("LeakyReLU", "LeakyReLU", "Identity"))
     assert "static const int MaxBlocks = 3;" in source
     assert source.rstrip().endswith('#include "nn/wide_warp.slang"')
     assert "{" not in source

@@ -278,9 +278,8 @@ def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
 @functools.cache
 def wide_warp_kernel(arch: Architecture) -> KernelSpec:
     """``mlp_loss_grad`` of ``arch`` on the warp tiles (slax/nn/_wide_warp_kernels.py)."""
-    offsets, _ = parameter_offsets(arch.sizes)
     activations = tuple(ACTIVATIONS[name].slang for name in arch.activations)
-    source = _wide_warp_kernels.wide_warp_source(arch.sizes, tuple(offsets), activations)
+    source = _wide_warp_kernels.wide_warp_source(arch.sizes, activations)
     return KernelSpec("mlp_loss_grad", source=source)
 
 
@@ -381,9 +380,14 @@ class _Tiles(KernelBackend):
 
     def gradient_launch(self, arch, platform, entry, samples, per_group):
         tile = self.layout(arch)
-        each = tile.tiles_per_block(samples, per_group)
-        blocks = -(-per_group // (tile.samples * each))
-        return Launch(TILE_THREADS, blocks, ("tiles_per_block", each), blocks * each * tile.samples)
+        return tile_launch(tile.samples, tile.tiles_per_block(samples, per_group), per_group)
+
+
+def tile_launch(tile_samples: int, each: int, per_group: int) -> Launch:
+    """The launch of thread groups of TILE_THREADS over vmapped groups of ``per_group`` samples,
+    each running ``each`` tiles of ``tile_samples``."""
+    blocks = -(-per_group // (tile_samples * each))
+    return Launch(TILE_THREADS, blocks, ("tiles_per_block", each), blocks * each * tile_samples)
 
 
 class Tiled(_Tiles):
@@ -438,7 +442,7 @@ class TensorCores(_Tiles):
         return None
 
     def summary(self, arch, platform, operation):
-        if operation == "loss_grad" and self.wide_warp(arch):
+        if self._on_warp_tiles(arch, "mlp_" + operation):
             return (
                 f"a warp per tile of 16 samples in registers through every layer as float16 mma.sync, "
                 f"{_wide_warp_kernels.TILE_SAMPLES} samples per thread group sharing the weight gradient"
@@ -453,8 +457,12 @@ class TensorCores(_Tiles):
         """Whether its ``mlp_loss_grad`` for ``arch`` is the warp tiles' (``shaders/nn/wide_warp.slang``)."""
         return _wide_warp_kernels.wide_warp_fits(arch.sizes, arch.dtype)
 
+    def _on_warp_tiles(self, arch: Architecture, entry: str) -> bool:
+        """Whether kernel ``entry`` of ``arch`` is the warp tiles': its own source, operands and launch."""
+        return entry == "mlp_loss_grad" and self.wide_warp(arch)
+
     def kernel(self, arch, platform, entry):
-        if entry == "mlp_loss_grad" and self.wide_warp(arch):
+        if self._on_warp_tiles(arch, entry):
             return wide_warp_kernel(arch)
         return super().kernel(arch, platform, entry)
 
@@ -464,17 +472,15 @@ class TensorCores(_Tiles):
 
     def entry_operands(self, arch, platform, entry, params):
         """The warp tiles' loss and gradient reads the weights as B fragments of halves."""
-        if entry == "mlp_loss_grad" and self.wide_warp(arch):
+        if self._on_warp_tiles(arch, entry):
             return [packed(params), _wide_warp_kernels.half_fragments(params[1::2])]
         return self.operands(arch, params)
 
     def gradient_launch(self, arch, platform, entry, samples, per_group):
-        if entry != "mlp_loss_grad" or not self.wide_warp(arch):
+        if not self._on_warp_tiles(arch, entry):
             return super().gradient_launch(arch, platform, entry, samples, per_group)
         tile = _wide_warp_kernels.TILE_SAMPLES
-        each = tiles_per_block(tile, samples, per_group)
-        blocks = -(-per_group // (tile * each))
-        return Launch(TILE_THREADS, blocks, ("tiles_per_block", each), blocks * each * tile)
+        return tile_launch(tile, tiles_per_block(tile, samples, per_group), per_group)
 
 
 # --- XLA ----------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import functools
 import math
 
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
+from slax.nn._slang_types import nested_chain
 
 TILE_THREADS = 256
 """Threads per thread group: SLAX_TILE_THREADS in shaders/nn/tiled.slang."""
@@ -173,14 +174,6 @@ class TileFamily:
     fragment_scratch: bool = False
 
 
-def _chain(layers: list[str]) -> str:
-    """``TileChain<T, L0, TileChain<T, L1, ...>>`` of ``layers`` (the last layer alone where one is left)."""
-    chain = layers[-1]
-    for layer in reversed(layers[:-1]):
-        chain = f"TileChain<T,\n    {layer},\n    {chain}>"
-    return chain
-
-
 def tile_kernels_source(network: Network, family: TileFamily) -> str:
     """The tile kernels of ``network`` whose layers are of ``family``: a descriptor of the
     architecture (``T``, the tiles, ``Network``: the chain of layer types, and its sizes as
@@ -192,10 +185,11 @@ def tile_kernels_source(network: Network, family: TileFamily) -> str:
     last = len(network.layers)
     defines = "#define SLAX_TILE_HIDDEN\n" if network.hidden else ""
     defines += "#define SLAX_FRAGMENT_SCRATCH\n" if family.fragment_scratch else ""
+    chain = nested_chain("TileChain<T,\n    ", family.layers)
     return f"""{imports}
 typealias T = {SLANG_SCALAR_FOR_DTYPE[network.dtype]};
 typealias Memory = {family.memory};
-{tiles}typealias Network = {_chain(family.layers)};
+{tiles}typealias Network = {chain};
 typealias InputTile = Tile0;
 typealias OutputTile = Tile{last};
 typealias OutputActivation = {network.activations[-1]};

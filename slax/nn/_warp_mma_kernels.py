@@ -11,6 +11,7 @@ writes is the network's type, :func:`warp_network_type`.
 from __future__ import annotations
 
 from slax._compile import GROUP_SIZE
+from slax.nn._slang_types import nested_chain
 
 WARP_MMA_WIDTH = 16
 """Widest layer (in or out) the kernel runs: one block of 16 columns."""
@@ -36,7 +37,4 @@ def warp_network_type(
             f"slax: {GROUP_SIZE // 32} warps' rows of {row} sums exceed {scratch} scratch floats."
         )
     types = [f"WarpLayer<{i}, {o}, {w}, {a}>" for (i, o), w, a in zip(layers, offsets, activations)]
-    chain = types[-1]
-    for layer in reversed(types[:-1]):
-        chain = f"WarpChain<{layer},\n    {chain}>"
-    return chain
+    return nested_chain("WarpChain<", types)

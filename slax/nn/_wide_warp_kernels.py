@@ -16,15 +16,16 @@ import math
 import jax
 import jax.numpy as jnp
 
-from slax.nn._tiled_kernels import TILE_THREADS
+from slax.nn._kernels import parameter_offsets
+from slax.nn._slang_types import nested_chain
+from slax.nn._tensor_core_kernels import WARPS
 
 WIDE_WARP_WIDTH = 64
 """Widest layer (in or out) the kernel runs: four blocks of 16 columns. A warp then holds each
 layer's 16 samples in 16 registers, and its share of the weight gradient (a 64 x 64 layer's 32
 blocks of 16 x 8 over 8 warps) in 16 more; a 128-wide network's would take four times as many."""
-TILE_SAMPLES = 16 * (TILE_THREADS // 32)
+TILE_SAMPLES = 16 * WARPS
 """Samples a thread group runs at once: 16 per warp."""
-WARPS = TILE_THREADS // 32
 
 
 def _blocks(width: int) -> int:
@@ -78,10 +79,11 @@ def half_fragments(weights: list[jax.Array]) -> jax.Array:
 
 
 @functools.cache
-def wide_warp_source(sizes: tuple[int, ...], offsets: tuple[int, ...], activations: tuple[str, ...]) -> str:
-    """The descriptor of ``shaders/nn/wide_warp.slang`` for the network of ``sizes``, its layers'
-    parameters at ``offsets`` in the flat layout (their biases; each weight follows), with each
-    layer's ``IActivation`` type in ``activations`` (``shaders/nn/activations.slang``)."""
+def wide_warp_source(sizes: tuple[int, ...], activations: tuple[str, ...]) -> str:
+    """The descriptor of ``shaders/nn/wide_warp.slang`` for the network of ``sizes``, with each
+    layer's ``IActivation`` type in ``activations`` (``shaders/nn/activations.slang``); its layers'
+    parameters where :func:`~slax.nn._kernels.parameter_offsets` puts them."""
+    offsets, parameters = parameter_offsets(sizes)
     forward, backward, _ = fragment_offsets(sizes)
     layers = []
     for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -90,10 +92,6 @@ def wide_warp_source(sizes: tuple[int, ...], offsets: tuple[int, ...], activatio
             f"WideLayer<{n_in}, {n_out}, {offsets[k]}, {forward[k]}, {backward[k]}, "
             f"{strips * _blocks(n_out)}, {activations[k]}>"
         )
-    chain = layers[-1]
-    for layer in reversed(layers[:-1]):
-        chain = f"WideChain<{layer},\n    {chain}>"
-    parameters = sum(n_out + n_in * n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
     return f"""import slax.kernel;
 import nn.mlp;
 import nn.tiled;
@@ -102,6 +100,6 @@ static const int Inputs = {sizes[0]};
 static const int Outputs = {sizes[-1]};
 static const int ParameterCount = {parameters};
 static const int MaxBlocks = {max(_blocks(width) for width in sizes)};
-typealias WideNetwork = {chain};
+typealias WideNetwork = {nested_chain("WideChain<", layers)};
 #include "nn/wide_warp.slang"
 """
