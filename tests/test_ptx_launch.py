@@ -272,7 +272,7 @@ def test_wide_float16_loss_and_gradient_lowers_to_warp_tiles(report):
     (shaders/nn/wide_warp.slang), launched as the tensor_cores backend says: mma.sync on halves,
     the weight gradient's operands loaded turned over (ldmatrix .trans), each B fragment one 8-byte
     load, and no shuffle but the loss's five, once a kernel: shuffles in its per-tile bias gradient
-    made it 3.2 times slower (BENCHMARKS.md)."""
+    would hold its products back (BENCHMARKS.md, where the warp tiles' time goes)."""
     (launch,) = _launches(report, "wide_loss_and_grad_20-48-48-5_float16")
     want = TensorCores().gradient_launch(
         Architecture((20, 48, 48, 5), "float16"), SM_90, "mlp_loss_grad", 1000, 1000
