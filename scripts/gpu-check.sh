@@ -163,7 +163,7 @@ fi
 # tests that read the whole GPU's memory count (marked whole_device) after them, alone.
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   parallel=()
-  "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8 --dist loadgroup)  # scripts/test.sh says why
+  "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8)
   for launch in slangpy ptx; do
     step "tests-$launch" 600 env XLA_PYTHON_CLIENT_PREALLOCATE=false SLAX_CUDA_LAUNCH="$launch" bash -c \
       '"$0" -m pytest -q -p no:cacheprovider "$@" -m "not whole_device" tests && "$0" -m pytest -q -p no:cacheprovider -m whole_device tests' \

@@ -43,6 +43,4 @@ elif [ "$*" = "--quick" ]; then
   echo "test: slow, on one route; ~8 minutes on 2 cores (bash scripts/test.sh runs them all)."
   set -- --quick -n "$workers"
 fi
-# --dist loadgroup: under -n, the tests marked xdist_group share a worker (tests/test_ptx_launch.py's,
-# which read one lowering report that takes minutes to make; each worker would make its own).
-exec "$venv/bin/python" -m pytest --dist loadgroup "$@"
+exec "$venv/bin/python" -m pytest "$@"

@@ -1,9 +1,11 @@
 """What several test files share: where the repository is, running Python in a fresh process,
-finding equations in a jaxpr, parameters marked one combination at a time, and the MLP tests'
-random inputs, error measure and float32 check against the reference."""
+making a thing once per test run for all its pytest-xdist workers, finding equations in a jaxpr,
+parameters marked one combination at a time, and the MLP tests' random inputs, error measure and
+float32 check against the reference."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import itertools
 import os
@@ -64,6 +66,29 @@ def run_python(
         text=True,
         timeout=timeout,
     )
+
+
+def once_per_run(request: pytest.FixtureRequest, name: str, make: Callable[[], str]) -> str:
+    """``make()``'s text, made once per test run however many pytest-xdist workers ask for it: the
+    first to ask makes it and writes it to ``name`` in the run's temporary directory, under a file
+    lock; the others wait on the lock and read it. For what takes minutes to make and several tests
+    read, wherever xdist sends them: xdist's ``--dist loadgroup`` cannot keep them on one worker
+    (under pytest 9.2 it writes its group to ``Item._nodeid``, which pytest no longer reads, so the
+    grouping is silently ignored).
+
+    The run's directory: a worker's base temporary directory is ``popen-gwN`` under the
+    controller's, so its parent is shared by this run's workers and by no other run; without xdist,
+    the process's own base temporary directory. If ``make`` raises, nothing is written and the next
+    worker to ask makes it again."""
+    base = request.getfixturevalue("tmp_path_factory").getbasetemp()
+    if hasattr(request.config, "workerinput"):  # a pytest-xdist worker
+        base = base.parent
+    path = base / name
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+        if not path.exists():
+            path.write_text(make())
+        return path.read_text()
 
 
 def equations(jaxpr: Jaxpr, keep: Callable[[JaxprEqn], bool]) -> Iterator[JaxprEqn]:

@@ -13,7 +13,6 @@ the processes here that ask for them.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
@@ -22,7 +21,7 @@ import subprocess
 
 import jax
 import pytest
-from _helpers import ROOT, run_python
+from _helpers import ROOT, once_per_run, run_python
 
 import slax
 import slax.examples
@@ -84,22 +83,28 @@ def _lowering_env() -> dict:
     }
 
 
-REPORT = pytest.mark.xdist_group("ptx_report")
-"""For the tests that read :func:`_report`: one pytest-xdist worker runs them all (under
-``--dist loadgroup``, which scripts/test.sh passes), so the minutes of lowering it takes are spent
-once, not in each worker."""
-
-
-@functools.cache
-def _report() -> dict:
+def _lower() -> str:
+    """tests/scripts/ptx_lowering.py's outcome as JSON: its exit status, the end of its error
+    output, and its last line of output (the report: SlangPy's CUDA device logs before it)."""
     result = run_python("tests/scripts/ptx_lowering.py", env=_lowering_env(), timeout=1200)
-    assert result.returncode == 0, result.stderr[-5000:]
-    return json.loads(result.stdout.splitlines()[-1])  # the last line: SlangPy's CUDA device logs before it
+    last_line = (result.stdout.splitlines() or [""])[-1]
+    return json.dumps({"returncode": result.returncode, "stderr": result.stderr[-5000:], "report": last_line})
+
+
+@pytest.fixture(scope="session")
+def lowering_report(request) -> dict:
+    """The report of tests/scripts/ptx_lowering.py, which takes a minute or more of lowering and
+    compiling: made once per test run and read by every pytest-xdist worker that runs a test of it
+    (:func:`_helpers.once_per_run`). A failed lowering is shared too: each test that reads it fails
+    with the script's error, and the script is not run again."""
+    outcome = json.loads(once_per_run(request, "ptx_lowering.json", _lower))
+    assert outcome["returncode"] == 0, outcome["stderr"]
+    return json.loads(outcome["report"])
 
 
 @pytest.fixture
-def report(cpu_path) -> dict:
-    return _report()["launches"]
+def report(cpu_path, lowering_report) -> dict:
+    return lowering_report["launches"]
 
 
 def _launches(report, case):
@@ -108,7 +113,6 @@ def _launches(report, case):
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_hand_written_kernel_launch_is_exactly_the_call(report):
     (launch,) = report["scale_shift_float"]
     assert launch["name"] == "scale_shift_float"
@@ -130,7 +134,6 @@ def test_hand_written_kernel_launch_is_exactly_the_call(report):
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_every_launch_passes_what_its_ptx_entry_declares(report):
     for case, launches in report.items():
         for launch in launches:
@@ -143,7 +146,6 @@ def test_every_launch_passes_what_its_ptx_entry_declares(report):
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_in_place_results_come_last_and_alias_their_operand(report):
     (launch,) = report["in_place"]
     # operands (x, acc); results (acc updated in place, doubled): the custom call returns
@@ -155,14 +157,12 @@ def test_in_place_results_come_last_and_alias_their_operand(report):
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_empty_grid_launches_nothing(report):
     assert report["empty"] == []
 
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_slang_functions_and_their_derivatives_lower_to_their_kernels(report):
     assert [x["name"] for x in _launches(report, "poly_grad")] == ["slax_cotangent_polynomial"]
     assert [x["name"] for x in _launches(report, "poly_jvp")] == [
@@ -178,7 +178,6 @@ def test_slang_functions_and_their_derivatives_lower_to_their_kernels(report):
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_second_derivatives_lower_to_their_kernels(report):
     names = {x["name"] for x in _launches(report, "poly_grad_of_grad")}
     assert "slax_tangent_of_cotangent_polynomial" in names, names
@@ -191,7 +190,6 @@ def test_second_derivatives_lower_to_their_kernels(report):
 
 
 @needs_tools
-@REPORT
 def test_slangpy_style_modules_compile_to_ptx(report):
     """A module that imports SlangPy's Slang module finds it on the C API's search path too."""
     names = [x["name"] for x in _launches(report, "slangpy_style_grad")]
@@ -200,7 +198,6 @@ def test_slangpy_style_modules_compile_to_ptx(report):
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_tensor_functions_lower_to_their_kernels(report):
     """Functions with tensor parameters (shaders/slangpy_examples.slang, shaders/tensor_examples.slang):
     a written tensor and each tensor's gradient buffer are results updated in place."""
@@ -215,7 +212,6 @@ def test_tensor_functions_lower_to_their_kernels(report):
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
 def test_mlp_kernels_lower_in_both_precisions(report):
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
@@ -238,7 +234,6 @@ def test_mlp_kernels_lower_in_both_precisions(report):
     ("sizes", "dtype", "tensor_cores"),
     [((4, 16, 4), "float16", True), ((9, 12, 3), "float16", True), ((4, 16, 4), "float32", False)],
 )
-@REPORT
 def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, dtype, tensor_cores):
     """Lowered for CUDA, a narrow float16 network's fused loss and gradient is the warp-per-tile
     kernel (shaders/nn/warp_mma.slang): mma.sync on halves, movmatrix, no per-sample fence; the
@@ -266,7 +261,6 @@ def test_narrow_float16_loss_and_gradient_lowers_to_tensor_cores(report, sizes, 
 
 
 @needs_tools
-@REPORT
 def test_wide_float16_loss_and_gradient_lowers_to_warp_tiles(report):
     """Lowered for CUDA, a wide float16 network's fused loss and gradient is the warp-tile kernel
     (shaders/nn/wide_warp.slang), launched as the tensor_cores backend says: mma.sync on halves,
@@ -292,7 +286,6 @@ def test_wide_float16_loss_and_gradient_lowers_to_warp_tiles(report):
 
 @needs_tools
 @pytest.mark.parametrize("case", ["tensor_cores", "tiles", "warp_mma"])
-@REPORT
 def test_activations_lower_in_every_cuda_kernel_family(report, case):
     """Networks with other activations lower for CUDA to the family their layout names: tanh and
     sigmoid on the wide float16 network's tensor cores (its loss and gradient in warp tiles of
@@ -338,7 +331,6 @@ def _tile_copies(ptx: str) -> dict[str, int]:
 
 
 @needs_tools
-@REPORT
 def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
     """Lowered for CUDA, a wide network's kernels run on tensor cores (TF32 mma.sync, PTX for sm_80,
     which Slang asks NVRTC for itself: both CUDA routes get it); with slax.config.tensor_cores off,
@@ -407,29 +399,27 @@ def test_narrow_kernels_fence_before_loading_the_next_sample(nvrtc, entry, dtype
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
-def test_changing_the_route_changes_the_lowering_of_a_jitted_function(cpu_path):
+def test_changing_the_route_changes_the_lowering_of_a_jitted_function(cpu_path, lowering_report):
     """One jitted function lowered for CUDA under ptx, then slangpy, then ptx: the SlangPy route is
     lowered afresh (its zero-copy launcher creates the CUDA device it compiles on, which this
     machine lacks), not a cached PTX lowering reused."""
-    assert _report()["route_switch"] == ["PTX launch", "no CUDA device for the SlangPy route", "PTX launch"]
+    switches = ["PTX launch", "no CUDA device for the SlangPy route", "PTX launch"]
+    assert lowering_report["route_switch"] == switches
 
 
 @needs_tools
 @pytest.mark.jax_version
-@REPORT
-def test_export_serialises_the_ptx_routes_launches_with_their_check_disabled(cpu_path):
+def test_export_serialises_the_ptx_routes_launches_with_their_check_disabled(cpu_path, lowering_report):
     """jax.export refuses the Triton launcher's custom call by default (no compatibility guarantee
     for its format); allowed by name (README, Limits), the artifact carries each kernel launch: a
     polynomial and its gradient, one launch each."""
-    exported = _report()["export"]
+    exported = lowering_report["export"]
     assert "custom calls whose targets have no compatibility guarantees" in exported["refused"]
     assert exported["platforms"] == ["cuda"]
     assert exported["launches"] == 2
 
 
 @needs_tools
-@REPORT
 def test_all_ptx_assembles_for_the_h100(report, tmp_path):
     programs = {launch["ptx"] for launches in report.values() for launch in launches}
     assert len(programs) >= 20
