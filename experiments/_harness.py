@@ -38,7 +38,7 @@ texture fit."""
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 """``slax.config.CUDA_LAUNCHES``, for flags parsed before slax is imported (tests pin the two equal)."""
-MLP_BACKENDS = ("auto", "thread_sums", "tiled", "tensor_cores", "xla")
+MLP_BACKENDS = ("auto", "thread_sums", "tiled", "tensor_cores", "warp_rows", "xla")
 """``slax._config.MLP_BACKENDS``, for the same reason (tests pin the two equal)."""
 
 

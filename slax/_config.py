@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from slax._jax_api import TraceState, trace_state_unset
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
-MLP_BACKENDS = ("auto", "thread_sums", "tiled", "tensor_cores", "xla")
+MLP_BACKENDS = ("auto", "thread_sums", "tiled", "tensor_cores", "warp_rows", "xla")
 """The values ``slax.config.mlp_backend`` takes: ``"auto"``, or the name of one of the MLP's backends
 (slax/nn/_backends.py, whose registry holds these names)."""
 DEVICE_ENV_VAR = "SLAX_DEVICE"

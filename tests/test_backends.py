@@ -189,7 +189,9 @@ def test_forcing_a_backend_that_does_not_fit_is_refused(
         (WIDE, "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "16 samples in registers"),
         (WIDE, "float32", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
         (WIDE, "float32", "cuda", "75", True, "tiled", "tiled", "compute capability 8.0"),
-        ((32, *[64] * 8, 16), "float16", "cuda", "90", True, "xla", "xla", "tiled: slower than XLA"),
+        ((32, *[64] * 8, 16), "float32", "cuda", "90", True, "xla", "xla", "tiled: slower than XLA"),
+        ((32, *[64] * 8, 16), "float16", "cuda", "90", True, "warp_rows", "warp_rows", "written out for XLA"),
+        ((32, 128, 128, 16), "float16", "cuda", "90", True, "warp_rows", "warp_rows", "written out for XLA"),
         ((64, 128, 64, 10), "float16", "cuda", "90", True, "tensor_cores", "tensor_cores", "as mma.sync"),
         ((64, 128, 64, 10), "float32", "cpu", None, True, "tiled", "tiled", "SIMT"),
     ],
@@ -276,11 +278,11 @@ def test_the_rule_sends_wide_networks_to_xla_only_on_cuda():
 
 
 def test_auto_takes_xla_not_the_tiled_kernels_on_a_gpu_with_tensor_cores(monkeypatch):
-    """A network the tensor-core kernels do not run (eight 64-wide hidden layers: their weight
-    gradients overflow a thread's registers) runs on XLA on such a GPU, the tiled kernels where
-    tensor cores are off: the tiled kernels lost to XLA wherever measured on an H100."""
+    """A float32 network the tensor-core kernels do not run (eight 64-wide hidden layers: their
+    weight gradients overflow a thread's registers) runs on XLA on such a GPU, the tiled kernels
+    where tensor cores are off: the tiled kernels lost to XLA wherever measured on an H100."""
     monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", "90")
-    deep = Architecture((32,) + (64,) * 8 + (16,), "float16")
+    deep = Architecture((32,) + (64,) * 8 + (16,), "float32")
     on = _backends.choose(deep, "cuda", 1 << 18, _backends.BackendRequest("auto", True))
     assert on.backend.name == "xla" and "tiled: slower than XLA" in on.why
     off = _backends.choose(deep, "cuda", 1 << 18, _backends.BackendRequest("auto", False))

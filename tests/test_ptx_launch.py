@@ -285,6 +285,22 @@ def test_wide_float16_loss_and_gradient_lowers_to_warp_tiles(report):
 
 
 @needs_tools
+def test_float16_loss_and_gradient_of_four_128_wide_layers_lowers_to_warp_rows(report):
+    """Lowered for CUDA, a float16 network of four 128-wide layers has its fused loss and gradient on
+    the warp_rows backend: one kernel writing each layer's rows (shaders/nn/warp_rows.slang), a warp
+    a tile of 16 samples with no barrier, launch bounds of one 256-thread group a multiprocessor,
+    float16 mma.sync, and the loss's four shuffles; then XLA's products sum the rows."""
+    (launch,) = _launches(report, "warp_rows_loss_and_grad_20-128x4-3_float16")
+    assert (launch["name"], launch["grid"], launch["num_warps"]) == ("mlp_loss_rows", [8, 1, 1], 8)
+    assert (launch["operands"], launch["results"]) == (4, 6)
+    ptx = launch["ptx"]
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 1" in ptx
+    assert "bar.sync" not in ptx and "tf32" not in ptx
+    assert len(re.findall(r"\bshfl\.sync", ptx)) == 4
+
+
+@needs_tools
 @pytest.mark.parametrize("case", ["tensor_cores", "tiles", "warp_mma"])
 def test_activations_lower_in_every_cuda_kernel_family(report, case):
     """Networks with other activations lower for CUDA to the family their layout names: tanh and

@@ -52,7 +52,7 @@ from slax._compile import GROUP_SIZE, KernelSpec
 from slax._config import MLP_BACKENDS, LaunchRoutes, config
 from slax._kernel_primitive import UINT_MAX, run_kernel
 from slax._ptx_launch import compute_capability
-from slax.nn import _kernels, _warp_mma_kernels, _wide_warp_kernels
+from slax.nn import _kernels, _warp_mma_kernels, _warp_rows_kernels, _wide_warp_kernels
 from slax.nn._activations import ACTIVATIONS
 from slax.nn._architecture import Architecture
 from slax.nn._kernels import THREAD_SUMS_LIMIT, mlp_source, parameter_offsets, warp_mma_fits
@@ -313,6 +313,38 @@ def _narrow(arch: Architecture) -> bool:
     return _kernels.kernel_layout(arch.sizes).thread_sums
 
 
+def _unfit_wide(arch: Architecture) -> str | None:
+    """Why a wide networks' family does not run ``arch``: it is narrow."""
+    if _narrow(arch):
+        return (
+            f"its {_parameter_count(arch)} parameters' gradient sums fit a thread's registers: "
+            "thread_sums runs narrow networks"
+        )
+    return None
+
+
+def _no_tensor_cores(platform: Platform) -> str | None:
+    """Why kernels on tensor cores do not run on ``platform``, or None where they do."""
+    if platform.name != "cuda":
+        return f"it runs on CUDA GPUs, and this call runs on {platform}"
+    if not platform.tensor_cores:
+        if platform.capability < 80:
+            return f"it needs a GPU of compute capability 8.0 or newer, and this is sm_{platform.capability}"
+        return "slax.config.tensor_cores is off"
+    return None
+
+
+def _kept_input(arch: Architecture, reason: str) -> str | None:
+    """The refusal of a family whose kernels take a hidden layer's kept values for its output
+    (``reason``: why they do), where a hidden activation keeps its input z instead."""
+    kept_inputs = [name for name in arch.activations[:-1] if ACTIVATIONS[name].keeps_input]
+    if kept_inputs:
+        return (
+            f"a hidden {kept_inputs[0]} layer keeps its input z, and {reason} (shaders/nn/activations.slang)"
+        )
+    return None
+
+
 # --- the kernel families ----------------------------------------------------------------------------
 
 
@@ -367,14 +399,6 @@ class _Tiles(KernelBackend):
     def layout(self, arch: Architecture):
         """Its tiles' layout for ``arch``, or None where one does not fit."""
 
-    def _unfit_wide(self, arch) -> str | None:
-        if _narrow(arch):
-            return (
-                f"its {_parameter_count(arch)} parameters' gradient sums fit a thread's registers: "
-                "thread_sums runs narrow networks"
-            )
-        return None
-
     def forward_threads(self, arch, platform, samples):
         return -(-samples // self.layout(arch).samples) * TILE_THREADS
 
@@ -397,7 +421,7 @@ class Tiled(_Tiles):
         return tile_layout(arch.sizes)
 
     def unfit(self, arch, platform):
-        return self._unfit_wide(arch) or tile_error(arch.sizes)
+        return _unfit_wide(arch) or tile_error(arch.sizes)
 
     def summary(self, arch, platform, operation):
         return f"tiles of {self.layout(arch).samples} samples per thread group on SIMT cores"
@@ -418,28 +442,14 @@ class TensorCores(_Tiles):
         return tensor_core_layout(arch.sizes, arch.dtype)
 
     def unfit(self, arch, platform):
-        if platform.name != "cuda":
-            return f"it runs on CUDA GPUs, and this call runs on {platform}"
-        if not platform.tensor_cores:
-            if platform.capability < 80:
-                return (
-                    f"it needs a GPU of compute capability 8.0 or newer, and this is sm_{platform.capability}"
-                )
-            return "slax.config.tensor_cores is off"
-        if self._unfit_wide(arch):
-            return self._unfit_wide(arch)
+        if _no_tensor_cores(platform) or _unfit_wide(arch):
+            return _no_tensor_cores(platform) or _unfit_wide(arch)
         if self.layout(arch) is None:
             return (
                 "its tile does not fit 48 KiB of group-shared memory, or its weight gradients 96 "
                 "registers a thread (slax/nn/_tensor_core_kernels.py)"
             )
-        kept_inputs = [name for name in arch.activations[:-1] if ACTIVATIONS[name].keeps_input]
-        if kept_inputs:
-            return (
-                f"a hidden {kept_inputs[0]} layer keeps its input z, and the tensor-core products read "
-                "a hidden layer's kept tile as their input (shaders/nn/activations.slang)"
-            )
-        return None
+        return _kept_input(arch, "the tensor-core products read a hidden layer's kept tile as their input")
 
     def summary(self, arch, platform, operation):
         if self._on_warp_tiles(arch, "mlp_" + operation):
@@ -525,12 +535,60 @@ class Xla(Backend):
         )
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (ThreadSums(), Tiled(), TensorCores(), Xla())}
+class WarpRows(Xla):
+    """Wide float16 networks whose weight-gradient sums pass a warp's registers (128-wide layers,
+    eight 64-wide ones), on tensor cores: the fused loss and gradient runs each sample through
+    the network in warp tiles and writes each layer's rows, whose weight gradients XLA's matrix
+    products sum (slax/nn/_warp_rows_kernels.py); the network's other operations are XLA's, as
+    the ``xla`` backend runs them (a forward pass alone gains nothing from keeping a tile in
+    registers that XLA's fusions do not)."""
+
+    name = "warp_rows"
+
+    def unfit(self, arch, platform):
+        return (
+            _no_tensor_cores(platform)
+            or _unfit_wide(arch)
+            or _warp_rows_kernels.warp_rows_error(arch.sizes, arch.dtype)
+            or _kept_input(arch, "the warp tiles derive its activation's derivative from its output")
+        )
+
+    def summary(self, arch, platform, operation):
+        if operation == "loss_grad":
+            return (
+                "a warp per tile of 16 samples in registers through every layer as float16 mma.sync, "
+                "each layer's input and output gradient written out for XLA's matrix products to sum "
+                "into its weight gradient"
+            )
+        return super().summary(arch, platform, operation)
+
+    def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
+        return _warp_rows_kernels.loss_grad(
+            warp_rows_kernel(arch),
+            arch.sizes,
+            x,
+            target,
+            params,
+            group_ndim,
+            loss_scale,
+            packed(params),
+            routes,
+        )
+
+
+@functools.cache
+def warp_rows_kernel(arch: Architecture) -> KernelSpec:
+    """``mlp_loss_rows`` of ``arch`` (slax/nn/_warp_rows_kernels.py)."""
+    return _warp_rows_kernels.kernel(arch.sizes, tuple(ACTIVATIONS[name].slang for name in arch.activations))
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (ThreadSums(), Tiled(), TensorCores(), WarpRows(), Xla())}
 """The registry: each backend by name (``slax.config.mlp_backend`` takes these names)."""
 assert tuple(BACKENDS) == MLP_BACKENDS[1:], "slax._config.MLP_BACKENDS names the registry's backends"
 
-AUTO_ORDER = ("thread_sums", "tensor_cores", "tiled")
-"""The fused backends ``"auto"`` tries, in order, where :data:`XLA_WINS` does not send a call to XLA."""
+AUTO_ORDER = ("thread_sums", "tensor_cores", "warp_rows", "tiled")
+"""The fused backends ``"auto"`` tries, in order (``tensor_cores`` not where :data:`XLA_WINS` says XLA's
+products beat it)."""
 
 
 # --- the rule -----------------------------------------------------------------------------------
@@ -637,16 +695,15 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
             f"the first-order kernels on {where.name.upper()} (BENCHMARKS.md)",
         )
     row = xla_wins(arch, platform, samples)
-    if row is not None:
-        return Choice(
-            BACKENDS["xla"],
-            where,
-            f"{arch.dtype} networks with two adjacent hidden layers {row.hidden_pair} or wider train "
-            f"faster on XLA's products than on the fused kernels{_below(row.below_batch)} on "
-            f"{where.name.upper()} (BENCHMARKS.md)",
-        )
     skipped: list[str] = []
     for name in AUTO_ORDER:
+        if name == "tensor_cores" and row is not None:
+            skipped.append(
+                f"tensor_cores: {arch.dtype} networks with two adjacent hidden layers {row.hidden_pair} or "
+                f"wider train faster on XLA's products than on its tiles{_below(row.below_batch)} on "
+                f"{where.name.upper()} (BENCHMARKS.md)"
+            )
+            continue
         if name == "tiled" and where.tensor_cores and not TILED_ON_TENSOR_CORE_GPUS:
             skipped.append("tiled: slower than XLA's products on GPUs with tensor cores (BENCHMARKS.md)")
             continue

@@ -285,6 +285,16 @@ def main() -> None:
         jnp.asarray(rng.uniform(size=(1000, 20)), jnp.float16),
         jnp.asarray(rng.uniform(size=(1000, 5)), jnp.float16),
     )
+    # four 128-wide float16 layers: their weight-gradient sums fit neither the tensor-core tiles
+    # nor the warp tiles, so the fused loss and per-sample gradients run in warp tiles writing
+    # their rows (an odd output width: rows written a half at a time)
+    rows_network = slax.nn.mlp_init(jax.random.key(5), (20, 128, 128, 128, 128, 3), jnp.float16)
+    cases["warp_rows_loss_and_grad_20-128x4-3_float16"] = (
+        slax.nn.mlp_loss_and_grad,
+        rows_network,
+        jnp.asarray(rng.uniform(size=(1000, 20)), jnp.float16),
+        jnp.asarray(rng.uniform(size=(1000, 3)), jnp.float16),
+    )
     # activations besides the defaults, in each CUDA kernel family: a wide network on tensor cores
     # (tanh, then sigmoid) and on the SIMT tiles (sine, whose hidden layers keep z), a narrow
     # float16 network's warp tiles (sine, then sigmoid); each its loss and gradient, and the
