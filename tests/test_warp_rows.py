@@ -5,15 +5,12 @@ reflection on every device kind, and on a CUDA GPU its results against the float
 
 from __future__ import annotations
 
-import functools
 import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
-from _helpers import draw_uniform, mlp_inputs, relative_error
-from _training import cast
+from _helpers import assert_float16_loss_and_grad_match_reference, draw_uniform, relative_error
 
 import slax
 from slax import nn
@@ -22,6 +19,7 @@ from slax._device import get_device
 from slax.nn import _backends as nn_backends
 from slax.nn import _warp_rows_kernels as nn_warp_rows
 from slax.nn._architecture import Architecture
+from slax.nn._reference import loss_grad_twin
 
 ON_TENSOR_CORES = nn_backends.Platform("cuda", tensor_cores=True, capability=90)
 AUTO = nn_backends.BackendRequest("auto", True)
@@ -32,10 +30,12 @@ WIDE = [
     (16, *[32] * 6, 8),
     (20, 48, 48, 48, 5),
     (16, 112, 112, 65),
+    (24, 64, 64, 64, 7, "sine"),
 ]
 """Networks the kernel runs: the benchmark's two 128-wide layers, three 128-wide layers with an odd
 output width (its rows written a half at a time), six hidden layers (four in the hidden rows'
-arrays), widths off multiples of 16 (padded columns), and an output wider than its input."""
+arrays), widths off multiples of 16 (padded columns), an output wider than its input, and a sine
+output layer (which keeps z)."""
 TOLERANCE = 1e-2
 """Normwise relative error of the loss and gradients against the float32 reference (activations
 rounded to half): slax.testing's float16 tolerance. Each sample's gradient at a layer's output is
@@ -72,9 +72,13 @@ def test_which_networks_the_warp_rows_run(sizes, dtype, why):
 
 
 @pytest.mark.one_device_kind
-def test_a_hidden_activation_keeping_its_input_is_refused():
-    arch = Architecture((32, 128, 128, 16), "float16", ("sine", "sine", "identity"))
-    assert "a hidden sine layer keeps its input z" in nn_backends.WarpRows().unfit(arch, ON_TENSOR_CORES)
+def test_a_hidden_activation_keeping_its_input_is_refused_an_output_one_is_not():
+    """Hidden layers' outputs are read back for their derivative; the last layer's kept values
+    (z for sine) stay in registers."""
+    hidden = Architecture((32, 128, 128, 16), "float16", ("sine", "sine", "none"))
+    assert "a hidden sine layer keeps its input z" in nn_backends.WarpRows().unfit(hidden, ON_TENSOR_CORES)
+    output = Architecture((32, 128, 128, 16), "float16", ("leaky_relu", "leaky_relu", "sine"))
+    assert nn_backends.WarpRows().unfit(output, ON_TENSOR_CORES) is None
 
 
 @pytest.mark.one_device_kind
@@ -91,6 +95,19 @@ def test_auto_takes_the_warp_rows_where_the_tiles_lose_or_do_not_fit(monkeypatch
     monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", "90")
     choice = nn_backends.choose(Architecture(sizes, "float16"), "cuda", samples, AUTO)
     assert choice.backend.name == backend, choice.why
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize(("capability", "tensor_cores"), [("90", False), ("75", True)])
+def test_without_tensor_cores_auto_keeps_networks_xla_wins_on_xla(monkeypatch, capability, tensor_cores):
+    """Where the warp rows cannot run (tensor cores off or absent), a network XLA_WINS names runs
+    on XLA, not on the tiled kernels, which are slower still."""
+    monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
+    request = nn_backends.BackendRequest("auto", tensor_cores)
+    for dtype in ("float16", "float32"):
+        choice = nn_backends.choose(Architecture((32, 128, 128, 16), dtype), "cuda", 1 << 14, request)
+        assert choice.backend.name == "xla", choice.why
+        assert "tiled: float" in choice.why and "train faster on XLA's products" in choice.why
 
 
 @pytest.mark.one_device_kind
@@ -142,25 +159,76 @@ def test_warp_rows_match_the_reference(sizes, device_kind):
     float32 reference within TOLERANCE, and are the same bits on a second run."""
     if device_kind != "cuda":
         pytest.skip("JAX on a CUDA GPU runs the warp rows; elsewhere the Slang kernels for every device")
-    keys = jax.random.split(jax.random.key(sum(sizes)), 3)
-    params = nn.mlp_init(keys[0], sizes, "float16")
+    *sizes, output = sizes if isinstance(sizes[-1], str) else (*sizes, "none")
+    params = nn.mlp_init(jax.random.key(sum(sizes)), tuple(sizes), "float16", output_activation=output)
     rows = jnp.zeros((1000, sizes[0]), jnp.float16)
-    reference_grad = jax.jit(
-        jax.value_and_grad(functools.partial(nn.mlp_loss_reference, storage_dtype="float16"))
-    )
     with slax.config.override(mlp_backend="warp_rows"):
-        assert (
-            "each layer's input and output gradient written out"
-            in nn.describe(params, rows)["mlp_loss_and_grad"]
-        )
-        function = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))
-        for groups, batch in ((2, 1000), (1, 333), (1, 5)):
-            x = mlp_inputs(params, keys[1], groups * batch, "float16").reshape(groups, batch, sizes[0])
-            target = draw_uniform(keys[2], (groups, batch, sizes[-1]), "float16")
-            got = jax.tree.leaves(function(params, x, target))
-            again = jax.tree.leaves(function(params, x, target))
-            for k in range(groups):
-                want = jax.tree.leaves(reference_grad(*cast((params, x[k], target[k]), jnp.float32)))
-                for leaf, repeat, reference in zip(got, again, want, strict=True):
-                    assert np.array_equal(leaf[k], repeat[k]), "the sums are not deterministic"
-                    assert relative_error(leaf[k], reference) < TOLERANCE
+        summary = nn.describe(params, rows)["mlp_loss_and_grad"]
+        assert "each layer's input and output gradient written out" in summary
+        assert_float16_loss_and_grad_match_reference(params, sum(sizes), TOLERANCE)
+
+
+def _rows_as_the_kernel_writes_them(sizes, flat):
+    """A JAX stand-in for ``mlp_loss_rows`` on the network of ``sizes`` (LeakyReLU hidden layers,
+    an affine output; ``flat``: each layer's bias then weight, halves): run_kernel's results, each
+    sample's squared error and the five arrays of rows, as the kernel computes them (outputs and
+    dz rounded to half)."""
+
+    def run_kernel(spec, operands, results, count, scalars, routes):
+        x, target = (operand.reshape(-1, operand.shape[-1]).astype(jnp.float32) for operand in operands[:2])
+        layers = len(sizes) - 1
+        inputs, kept, h = [], [], x
+        for k in range(layers):
+            inputs.append(h)
+            z = h @ flat[2 * k + 1].astype(jnp.float32).T + flat[2 * k].astype(jnp.float32)
+            h = (
+                (jnp.where(z > 0, z, 0.01 * z) if k < layers - 1 else z)
+                .astype(jnp.float16)
+                .astype(jnp.float32)
+            )
+            kept.append(h)
+        dy = h - target
+        dz, gradient = [None] * layers, dy
+        for k in reversed(range(layers)):
+            slope = jnp.where(kept[k] > 0, 1.0, 0.01) if k < layers - 1 else 1.0
+            dz[k] = (gradient * slope).astype(jnp.float16)
+            gradient = dz[k].astype(jnp.float32) @ flat[2 * k + 1].astype(jnp.float32)
+        halves = [array.astype(jnp.float16) for array in inputs]
+        rows = [(dy * dy).sum(-1), dz[0], jnp.stack(halves[1:-1]), jnp.stack(dz[1:-1]), halves[-1], dz[-1]]
+        assert [(row.shape, row.dtype) for row in rows] == [(s, jnp.dtype(d)) for s, d in results]
+        return rows
+
+    return run_kernel
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize(
+    ("shape", "group_ndim"),
+    [
+        ((7, 20), 0),
+        ((3, 5, 20), 0),
+        ((2, 9, 20), 1),
+        ((2, 3, 4, 20), 1),
+        ((2, 3, 4, 5, 20), 2),
+        ((2, 0, 20), 1),
+        ((0, 4, 20), 1),
+    ],
+)
+def test_the_rows_sum_to_the_loss_and_gradients_of_each_group(monkeypatch, shape, group_ndim):
+    """What XLA does with the kernel's rows (``loss_grad``: dW = dz^T h and db = sum dz per group,
+    the loss's factors, the gradients' order), on rows a JAX stand-in for the kernel writes: each
+    group's loss and gradients agree with the ``xla`` backend's (slax/nn/_reference.py) within
+    float16's tolerance, for groups of several sample axes and empty ones."""
+    sizes = (20, 48, 48, 48, 5)
+    params = nn.mlp_init(jax.random.key(1), sizes, "float16")
+    flat = [array for layer in params for array in (layer["bias"], layer["weight"])]
+    monkeypatch.setattr(nn_warp_rows, "run_kernel", _rows_as_the_kernel_writes_them(sizes, flat))
+    x = draw_uniform(jax.random.key(2), shape, "float16")
+    target = draw_uniform(jax.random.key(3), shape[:-1] + (sizes[-1],), "float16")
+    got = nn_warp_rows.loss_grad(None, sizes, x, target, flat, group_ndim, 0.25, None, None)
+    want = loss_grad_twin(x, target, flat, "float16", ("leaky_relu",) * 3 + ("none",), group_ndim, 0.25)
+    assert [array.shape for array in got] == [array.shape for array in want]
+    assert all(array.dtype == jnp.float32 for array in got)
+    if x.size:
+        for leaf, wanted in zip(got, want, strict=True):
+            assert relative_error(leaf, wanted) < TOLERANCE

@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import draw_uniform, mlp_inputs, relative_error
-from _training import cast
+from _helpers import assert_float16_loss_and_grad_match_reference, draw_uniform
 
 import slax
 from slax import nn
@@ -125,22 +124,7 @@ def test_warp_tiles_match_the_reference(sizes, device_kind, fused_kernels):
     same bits on a second run."""
     if device_kind != "cuda":
         pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the tiled kernels run")
-    keys = jax.random.split(jax.random.key(sum(sizes)), 3)
-    params = nn.mlp_init(keys[0], sizes, "float16")
+    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, "float16")
     rows = jnp.zeros((1000, sizes[0]), jnp.float16)
     assert "a warp per tile of 16 samples in registers" in nn.describe(params, rows)["mlp_loss_and_grad"]
-    function = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))
-    for groups, batch in ((2, 1000), (1, 333), (1, 5)):
-        x = mlp_inputs(params, keys[1], groups * batch, "float16").reshape(groups, batch, sizes[0])
-        target = draw_uniform(keys[2], (groups, batch, sizes[-1]), "float16")
-        got = jax.tree.leaves(function(params, x, target))
-        again = jax.tree.leaves(function(params, x, target))
-        for k in range(groups):
-            want = jax.tree.leaves(
-                jax.value_and_grad(nn.mlp_loss_reference)(
-                    *cast((params, x[k], target[k]), jnp.float32), storage_dtype="float16"
-                )
-            )
-            for leaf, repeat, reference in zip(got, again, want, strict=True):
-                assert np.array_equal(leaf[k], repeat[k]), "the sums are not deterministic"
-                assert relative_error(leaf[k], reference) < TOLERANCE
+    assert_float16_loss_and_grad_match_reference(params, sum(sizes), TOLERANCE)

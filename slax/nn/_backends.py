@@ -27,12 +27,17 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
   runs its fused loss and gradient in warp tiles of halves instead, each warp's 16 samples in
   registers through every layer (``shaders/nn/wide_warp.slang``): the backend's kernel for that
   entry point, with its own operands and launch (:meth:`KernelBackend.entry_operands`).
+- ``warp_rows``: wide float16 networks whose weight-gradient sums pass a warp's registers, on CUDA
+  GPUs of compute capability 8.0 and newer: the fused loss and gradient in warp tiles that write
+  each layer's rows, whose weight gradients XLA's products sum (slax/nn/_warp_rows_kernels.py);
+  its other operations are ``xla``'s.
 - ``xla``: any network, on every platform: the operations as the plain-JAX twins
   (slax/nn/_reference.py), XLA's own matrix products.
 
 :func:`choose` is the rule: ``slax.config.mlp_backend`` forces a backend (refusing one that does not
-fit, saying why); ``"auto"`` takes ``xla`` where :data:`XLA_WINS` says the fused kernels lose to it,
-else the first of ``thread_sums``, ``tensor_cores``, ``tiled`` that fits, else ``xla``. The
+fit, saying why); ``"auto"`` takes the first of :data:`AUTO_ORDER` (``thread_sums``,
+``tensor_cores``, ``warp_rows``, ``tiled``) that fits, passing over the tile backends where
+:data:`XLA_WINS` says XLA's products beat them, else ``xla``. The
 primitives carry the user's :class:`BackendRequest` as a static parameter and apply the rule when
 they lower, where the platform is known; :func:`slax.nn.describe` applies it for the user.
 """
@@ -587,8 +592,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (ThreadSums(), Tiled(), Tenso
 assert tuple(BACKENDS) == MLP_BACKENDS[1:], "slax._config.MLP_BACKENDS names the registry's backends"
 
 AUTO_ORDER = ("thread_sums", "tensor_cores", "warp_rows", "tiled")
-"""The fused backends ``"auto"`` tries, in order (``tensor_cores`` not where :data:`XLA_WINS` says XLA's
-products beat it)."""
+"""The fused backends ``"auto"`` tries, in order (not those of :data:`XLA_WINS_OVER` where
+:data:`XLA_WINS` says XLA's products beat them)."""
 
 
 # --- the rule -----------------------------------------------------------------------------------
@@ -610,7 +615,8 @@ XLA_WINS = (
     XlaWins("cuda", "float32", 128, 1 << 16),
     XlaWins("cuda", "float16", 128, 1 << 62),
 )
-"""Where ``"auto"`` takes ``xla`` although the tensor-core kernels fit, measured against plain JAX
+"""Where ``"auto"`` passes over the tile backends (:data:`XLA_WINS_OVER`) although they fit: it takes
+``warp_rows`` where that runs the network (float16 ones), else ``xla``. Measured against plain JAX
 in one run (BENCHMARKS.md, wide networks): 32-128-128-16 trained at 0.88x plain JAX's samples/s in
 float32 and 0.87x in float16 at 2^14 samples on an H100 (cross-entropy), and in float16 at 0.65x at
 2^18 on an H200 (squared error), where on the H100 it had reached only 1.03-1.06x: float16 networks
@@ -618,6 +624,10 @@ with two adjacent 128-wide layers run on XLA at every batch, float32 ones below 
 from 2^18 on the H100). Networks without two adjacent 128-wide layers (64-128-64-10: 1.11-1.34x at
 2^12) keep the kernels. On the CPU routes the Slang kernels stay the default (they are what CI
 tests)."""
+
+XLA_WINS_OVER = ("tensor_cores", "tiled")
+"""The backends an :data:`XLA_WINS` row passes over: the tensor-core tiles it was measured against,
+and the tiled kernels, which are slower still (wherever tensor cores are off or absent too)."""
 
 TILED_ON_TENSOR_CORE_GPUS = False
 """Whether ``"auto"`` takes the tiled (SIMT) kernels on a GPU whose tensor cores slax may use,
@@ -697,9 +707,9 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
     row = xla_wins(arch, platform, samples)
     skipped: list[str] = []
     for name in AUTO_ORDER:
-        if name == "tensor_cores" and row is not None:
+        if row is not None and name in XLA_WINS_OVER:
             skipped.append(
-                f"tensor_cores: {arch.dtype} networks with two adjacent hidden layers {row.hidden_pair} or "
+                f"{name}: {arch.dtype} networks with two adjacent hidden layers {row.hidden_pair} or "
                 f"wider train faster on XLA's products than on its tiles{_below(row.below_batch)} on "
                 f"{where.name.upper()} (BENCHMARKS.md)"
             )

@@ -23,15 +23,12 @@ from slax._config import LaunchRoutes
 from slax._kernel_primitive import run_kernel
 from slax.nn._kernels import parameter_offsets
 from slax.nn._slang_types import nested_chain
-from slax.nn._tensor_core_kernels import WARPS
 from slax.nn._tiled_kernels import TILE_THREADS
-from slax.nn._wide_warp_kernels import fragment_offsets, half_fragments
+from slax.nn._wide_warp_kernels import TILE_SAMPLES, fragment_offsets, half_fragments
 
 WARP_ROWS_WIDTH = 128
 """Widest layer the kernel runs: eight blocks of 16 columns. A warp holds one layer's tile at a
 time: its 16 samples' 128 outputs as float sums (64 registers) and as halves (32)."""
-TILE_SAMPLES = 16 * WARPS
-"""Samples a thread group runs: 16 per warp, each warp on its own."""
 
 
 def warp_rows_error(sizes: tuple[int, ...], dtype: str) -> str | None:
@@ -98,23 +95,21 @@ def loss_grad(
     samples = math.prod(lead)
     blocks = -(-samples // TILE_SAMPLES)
     count = blocks * TILE_THREADS
-    halves = "float16"
     losses, first_dz, hidden_h, hidden_dz, last_h, last_dz = run_kernel(
         spec,
         [x, target, packed, half_fragments(params[1::2])],
         (
             ((samples,), "float32"),
-            ((samples, width), halves),
-            ((layers - 2, samples, width), halves),
-            ((layers - 2, samples, width), halves),
-            ((samples, width), halves),
-            ((samples, sizes[-1]), halves),
+            ((samples, width), "float16"),
+            ((layers - 2, samples, width), "float16"),
+            ((layers - 2, samples, width), "float16"),
+            ((samples, width), "float16"),
+            ((samples, sizes[-1]), "float16"),
         ),
         count,
         (("count", count), ("samples", samples)),
         routes=routes,
     )
-    group_shape = x.shape[:group_ndim]
     scale = 2.0 * loss_scale
 
     def weight_gradient(dz, h):
@@ -130,10 +125,9 @@ def loss_grad(
         return db * scale, dw * scale
 
     gradients = [*weight_gradient(first_dz, x.reshape(samples, sizes[0]))]
-    if layers > 2:
-        db, dw = weight_gradient(hidden_dz, hidden_h)
-        for k in range(layers - 2):
-            gradients += [db[k], dw[k]]
+    db, dw = weight_gradient(hidden_dz, hidden_h)  # layers 1 .. layers - 2, at least one
+    for k in range(layers - 2):
+        gradients += [db[k], dw[k]]
     gradients += [*weight_gradient(last_dz, last_h)]
-    loss = losses.reshape(group_shape + (-1,)).sum(axis=-1) * loss_scale
+    loss = losses.reshape(lead).sum(axis=tuple(range(group_ndim, len(lead)))) * loss_scale
     return [loss, *gradients]
