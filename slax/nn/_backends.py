@@ -631,7 +631,8 @@ and the tiled kernels, which are slower still (wherever tensor cores are off or 
 
 TILED_ON_TENSOR_CORE_GPUS = False
 """Whether ``"auto"`` takes the tiled (SIMT) kernels on a GPU whose tensor cores slax may use,
-for a network the tensor-core kernels do not run: no, XLA's products instead. Measured on an H100
+for a network the tensor-core kernels do not run: no, the warp rows (float16) or XLA's products
+instead. Measured on an H100
 (BENCHMARKS.md, wide networks): 32-64x8-16 (eight 64-wide hidden layers) trained at 0.33-0.66x
 plain JAX's samples/s on the tiled kernels, 32-128x4-16 at 0.17-0.28x, in both dtypes, from 2^14
 to 2^20 samples. Where tensor cores are off or absent the tiled kernels run."""
