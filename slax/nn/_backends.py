@@ -507,7 +507,26 @@ precision, as the kernels' (JAX's default takes TF32 on tensor cores, 5e-4 relat
 networks': XLA's default, TF32 on tensor cores, which holds half values exactly (11-bit
 significands, and an exponent range past half's), so the forward products are the kernels'
 (exact products, float32 sums); the backward products round their float32 gradients to TF32,
-2^-11 relative as half's own rounding, within float16's tolerance."""
+2^-11 relative as half's own rounding, within float16's tolerance. The second derivatives' rules
+(slax/nn/_primitives.py) run their twins at these precisions on every platform."""
+
+FLOAT32_ON_TENSOR_CORES = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+"""The ``xla`` backend's float32 products where tensor cores may run (:attr:`Platform.tensor_cores`):
+three TF32 products a product (each operand split into two TF32 parts; the parts' product of
+the two small ones dropped), about 2^-21 relative, float32's accuracy for the issue's purposes
+(tests at 1e-5 relative) and the tensor-core tiles' own (3xTF32). Full float32 products run on the
+SIMT cores: the 128-wide layers' products are bound by their arithmetic there. Measured on an H100
+(BENCHMARKS.md, wide networks in float32 on XLA): 32-128x4-16 trained in 2979 us a step at 2^18
+samples against 3277 us at full float32, 32-64x8-16 in 2504 against 2745 us."""
+
+
+def xla_products(arch: Architecture, platform: Platform):
+    """The precision of the ``xla`` backend's matrix products for ``arch`` on ``platform``:
+    :data:`FLOAT32_ON_TENSOR_CORES` for float32 networks on GPUs whose tensor cores slax may use,
+    else :data:`XLA_PRECISION`."""
+    if arch.dtype == "float32" and platform.tensor_cores:
+        return FLOAT32_ON_TENSOR_CORES
+    return XLA_PRECISION[arch.dtype]
 
 
 class Xla(Backend):
@@ -517,10 +536,11 @@ class Xla(Backend):
         return None
 
     def summary(self, arch, platform, operation):
-        return "XLA's own matrix products (the plain-JAX twin, slax/nn/_reference.py)"
+        products = " in 3xTF32" if xla_products(arch, platform) is FLOAT32_ON_TENSOR_CORES else ""
+        return f"XLA's own matrix products{products} (the plain-JAX twin, slax/nn/_reference.py)"
 
     def forward(self, arch, platform, x, params, keep_hidden, routes):
-        precision = XLA_PRECISION[arch.dtype]
+        precision = xla_products(arch, platform)
         if keep_hidden:
             return forward_twin(
                 x, *params, dtype=arch.dtype, activations=arch.activations, precision=precision
@@ -529,14 +549,21 @@ class Xla(Backend):
 
     def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes):
         x, dy = data[0], data[-1]  # the hidden activations between them: the twin recomputes them
-        precision = XLA_PRECISION[arch.dtype]
+        precision = xla_products(arch, platform)
         return backward_twin(
             x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision
         )
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         return loss_grad_twin(
-            x, target, params, arch.dtype, arch.activations, group_ndim, loss_scale, XLA_PRECISION[arch.dtype]
+            x,
+            target,
+            params,
+            arch.dtype,
+            arch.activations,
+            group_ndim,
+            loss_scale,
+            xla_products(arch, platform),
         )
 
 
