@@ -184,19 +184,18 @@ def cpu_path():
 @pytest.fixture
 def fused_kernels(monkeypatch):
     """For a test about the MLP's Slang kernels: ``"auto"`` takes them wherever they fit, sending
-    none of the networks that XLA_WINS sends to XLA on a GPU there, nor second derivatives
-    (SECOND_ORDER_ON_XLA), and taking the tiled kernels where the tensor-core ones do not fit."""
+    none of the networks that XLA_WINS sends to XLA on a GPU there, and taking the tiled kernels
+    where the tensor-core ones do not fit."""
     from slax.nn import _backends
 
     monkeypatch.setattr(_backends, "XLA_WINS", ())
-    monkeypatch.setattr(_backends, "SECOND_ORDER_ON_XLA", ())
     monkeypatch.setattr(_backends, "TILED_ON_TENSOR_CORE_GPUS", True)
 
 
 @pytest.fixture
 def lowered(monkeypatch, fused_kernels):
     """The MLP kernels lowered while the test runs: (architecture, entry point, tensor cores), the
-    wide float16 warp tiles' loss and gradient as (architecture, "mlp_loss_grad", "warp tiles")."""
+    wide float16 warp tiles' kernels as (architecture, entry point, "warp tiles")."""
     from slax.nn import _backends
 
     kernels = []
@@ -206,9 +205,9 @@ def lowered(monkeypatch, fused_kernels):
         kernels.append(key)
         return make(*key)
 
-    def recorded_wide(arch):
-        kernels.append((arch, "mlp_loss_grad", "warp tiles"))
-        return make_wide(arch)
+    def recorded_wide(arch, entry):
+        kernels.append((arch, entry, "warp tiles"))
+        return make_wide(arch, entry)
 
     monkeypatch.setattr(_backends, "kernel", recorded)
     monkeypatch.setattr(_backends, "wide_warp_kernel", recorded_wide)

@@ -2,11 +2,11 @@
 those of its plain-JAX twin, for a narrow network (a sample per thread) and a wide one (tiles), in
 float32 and float16.
 
-On one device kind (``one_device_kind``): no kernel computes a second derivative; the rules compose
-the first-order kernels (which tests/test_nn.py runs on every route, narrow and tiled, in both
-dtypes) with the twin's derivatives, so a route changes nothing here that test_nn does not catch.
-On a GPU, where ``"auto"`` runs second derivatives on XLA (SECOND_ORDER_ON_XLA; the xla backend's
-own test covers that path), these tests take the kernels (the ``fused_kernels`` fixture)."""
+On one device kind (``one_device_kind``): the CPU routes run no kernel of a second derivative; the
+rules compose the first-order kernels (which tests/test_nn.py runs on every route, narrow and
+tiled, in both dtypes) with the twin's derivatives, so a route changes nothing here that test_nn
+does not catch. On a GPU with tensor cores, float16 networks at most 64 wide also run the warp
+tiles' Hessian kernel for an eikonal loss's gradient (tests/test_wide_warp.py)."""
 
 from __future__ import annotations
 

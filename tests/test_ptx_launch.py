@@ -301,6 +301,23 @@ def test_float16_loss_and_gradient_of_four_128_wide_layers_lowers_to_warp_rows(r
 
 
 @needs_tools
+def test_an_eikonal_gradient_lowers_to_the_hessian_kernel(report):
+    """The gradient of an eikonal loss of a float16 3-64x3-1 network lowers to the tensor-core
+    kernels of its first-order parts (the forward pass keeping its hidden layers, the input
+    gradient, the parameters' gradient) and to one launch of the warp tiles' Hessian kernel for
+    the parameters' part of the second derivative: float16 mma.sync, the group's barriers, x,
+    direction, dy, the parameters and their fragments in, a row of sums per thread group out."""
+    launches = _launches(report, "eikonal_grad_3-64x3-1_float16")
+    names = [launch["name"] for launch in launches]
+    assert names.count("mlp_hessian_sums") == 1, names
+    assert {"mlp_forward_hidden", "mlp_backward", "mlp_backward_params"} <= set(names), names
+    (hessian,) = [launch for launch in launches if launch["name"] == "mlp_hessian_sums"]
+    assert (hessian["operands"], hessian["results"], hessian["num_warps"]) == (5, 1, 8)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in hessian["ptx"]
+    assert "bar.sync" in hessian["ptx"] and "tf32" not in hessian["ptx"]
+
+
+@needs_tools
 @pytest.mark.parametrize("case", ["tensor_cores", "tiles", "warp_mma"])
 def test_activations_lower_in_every_cuda_kernel_family(report, case):
     """Networks with other activations lower for CUDA to the family their layout names: tanh and

@@ -5,11 +5,13 @@ reference. Its PTX: tests/test_ptx_launch.py."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import assert_float16_loss_and_grad_match_reference, draw_uniform
+from _helpers import assert_float16_loss_and_grad_match_reference, draw_uniform, mlp_inputs, relative_error
 
 import slax
 from slax import nn
@@ -104,16 +106,22 @@ def test_every_device_kind_reflects_the_kernel(device_kind):
     """On the PTX route slax reads a kernel's parameters from SlangPy's reflection on
     ``slax.config.reflection_device`` (SlangPy's CPU device where no Vulkan driver is): the kernel
     compiles for every target, its tensor-core instructions NaN elsewhere."""
-    spec = nn_backends.wide_warp_kernel(Architecture((20, 48, 48, 5), "float16"))
-    parameters = kernel_parameters(get_device(slax.DeviceKind(device_kind)), spec)
+    arch = Architecture((20, 48, 48, 5), "float16")
+    device = get_device(slax.DeviceKind(device_kind))
+    parameters = kernel_parameters(device, nn_backends.wide_warp_kernel(arch, "mlp_loss_grad"))
     assert [name for name, _ in parameters.pointers] == ["x", "target", "params", "fragments", "partials"]
-    assert [name for name, _ in parameters.scalars] == [
-        "count",
-        "samples_per_group",
-        "blocks_per_group",
-        "tiles_per_block",
-        "loss_scale",
+    scalars = ["count", "samples_per_group", "blocks_per_group", "tiles_per_block"]
+    assert [name for name, _ in parameters.scalars] == [*scalars, "loss_scale"]
+    parameters = kernel_parameters(device, nn_backends.wide_warp_kernel(arch, "mlp_hessian_sums"))
+    assert [name for name, _ in parameters.pointers] == [
+        "x",
+        "direction",
+        "dy",
+        "params",
+        "fragments",
+        "partials",
     ]
+    assert [name for name, _ in parameters.scalars] == scalars
 
 
 @pytest.mark.parametrize("sizes", WIDE, ids=_ids)
@@ -128,3 +136,93 @@ def test_warp_tiles_match_the_reference(sizes, device_kind, fused_kernels):
     rows = jnp.zeros((1000, sizes[0]), jnp.float16)
     assert "a warp per tile of 16 samples in registers" in nn.describe(params, rows)["mlp_loss_and_grad"]
     assert_float16_loss_and_grad_match_reference(params, sum(sizes), TOLERANCE)
+
+
+HESSIAN = [(3, 64, 64, 64, 1), (20, 48, 48, 5), (16, 32, 16, 32, 8)]
+"""Networks whose eikonal gradient takes the Hessian kernel: the signed distance field's, widths off
+multiples of 16, and layers narrower than their neighbours."""
+
+
+def _eikonal(apply):
+    """The outputs' squares plus the distance of the input gradient (of the outputs' sum) from unit
+    norm: its gradient in the parameters is second order in the network."""
+
+    def loss(params, x):
+        gradient = jax.grad(lambda x: jnp.sum(apply(params, x).astype(jnp.float32)))(x)
+        norm = jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1)
+        return jnp.mean(apply(params, x).astype(jnp.float32) ** 2) + 0.1 * jnp.mean((norm - 1.0) ** 2)
+
+    return loss
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dtype", "activation", "platform", "runs"),
+    [
+        ((3, 64, 64, 64, 1), "float16", "leaky_relu", ON_TENSOR_CORES, True),
+        ((20, 48, 48, 5), "float16", "relu", ON_TENSOR_CORES, True),
+        ((3, 64, 64, 64, 1), "float16", "tanh", ON_TENSOR_CORES, False),  # its second derivative
+        ((3, 64, 64, 64, 1), "float32", "leaky_relu", ON_TENSOR_CORES, False),  # no float32 warp tiles
+        ((3, 128, 128, 1), "float16", "leaky_relu", ON_TENSOR_CORES, False),  # wider than the tiles
+        ((3, 64, 64, 64, 1), "float16", "leaky_relu", nn_backends.Platform("cuda", False, 90), False),
+        ((3, 64, 64, 64, 1), "float16", "leaky_relu", nn_backends.Platform("cpu"), False),
+    ],
+)
+def test_which_networks_take_the_hessian_kernel(sizes, dtype, activation, platform, runs):
+    """tensor_cores runs the Hessian-vector product's parameters' part (an eikonal loss's) on the
+    warp tiles for float16 networks at most 64 wide of activations whose second derivative is zero,
+    on tensor cores; elsewhere it has none (the twin runs), and no other backend has one; describe
+    says which."""
+    activations = (activation,) * (len(sizes) - 2) + ("none",)
+    arch, backend = Architecture(sizes, dtype, activations), nn_backends.TensorCores()
+    said = backend.second_order_summary(arch, platform)
+    assert ("warp tiles' Hessian kernel" in said) == runs
+    if not runs:
+        assert backend.hessian_sums(arch, platform, None, None, None, [], 0, None) is None
+    for other in ("thread_sums", "tiled", "warp_rows", "xla"):
+        assert nn_backends.BACKENDS[other].hessian_sums(arch, platform, None, None, None, [], 0, None) is None
+
+
+@pytest.mark.parametrize("sizes", HESSIAN, ids=_ids)
+def test_the_hessian_kernel_matches_the_reference(sizes, device_kind, monkeypatch):
+    """On a CUDA GPU, as "auto" chooses: the gradient in the parameters of an eikonal loss runs the
+    warp tiles' Hessian kernel (mlp_hessian_sums) for what the second derivative adds, and agrees
+    with the float32 reference within TOLERANCE, for 1000 samples and vmapped over two groups of
+    333 (each group's gradient its own); the same bits on a second run. A tanh network (its second
+    derivative not zero) takes the twin instead."""
+    if device_kind != "cuda":
+        pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the twin runs")
+    from _training import cast
+
+    entries = []
+    make = nn_backends.wide_warp_kernel
+    monkeypatch.setattr(
+        nn_backends, "wide_warp_kernel", lambda arch, entry: entries.append(entry) or make(arch, entry)
+    )
+    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, "float16")
+    x = mlp_inputs(params, jax.random.key(7), 1000, "float16")
+    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float16")
+    gradient = jax.jit(jax.grad(_eikonal(nn.mlp_apply)))
+    got, again = gradient(params, x), gradient(params, x)
+    want = jax.grad(_eikonal(reference))(*cast((params, x), jnp.float32))
+    for leaf, repeat, wanted in zip(
+        jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
+    ):
+        assert np.array_equal(leaf, repeat), "the sums are not deterministic"
+        assert relative_error(leaf, wanted) < TOLERANCE
+    assert "mlp_hessian_sums" in entries
+    grouped = jax.jit(jax.vmap(jax.grad(_eikonal(nn.mlp_apply)), (None, 0)))(
+        params, x[:666].reshape(2, 333, -1)
+    )
+    for k in range(2):
+        want = jax.grad(_eikonal(reference))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
+        for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
+            assert relative_error(leaf[k], wanted) < TOLERANCE
+    entries.clear()
+    smooth = nn.mlp_init(jax.random.key(1), sizes, "float16", activation="tanh")
+    got = jax.jit(jax.grad(_eikonal(nn.mlp_apply)))(smooth, x)
+    want = jax.grad(_eikonal(functools.partial(nn.mlp_apply_reference, storage_dtype="float16")))(
+        *cast((smooth, x), jnp.float32)
+    )
+    for leaf, wanted in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert relative_error(leaf, wanted) < TOLERANCE
+    assert "mlp_hessian_sums" not in entries

@@ -29,18 +29,23 @@ class Activation:
       keeps_input: kernels keep a layer's pre-activation z rather than its output (``keepsInput``:
         the derivative does not follow from the output).
       kink: it has no derivative at 0 (two correct implementations may take either side's).
+      linear_pieces: its second derivative is zero wherever it has one (the Hessian kernel,
+        ``mlp_hessian_sums``, runs only networks of such activations).
     """
 
     slang: str
     function: Callable[[jax.Array], jax.Array]
     keeps_input: bool = False
     kink: bool = False
+    linear_pieces: bool = False
 
 
 ACTIVATIONS = {
-    "leaky_relu": Activation("LeakyReLU", lambda z: jnp.where(z > 0, z, 0.01 * z), kink=True),
-    "relu": Activation("ReLU", lambda z: jnp.where(z > 0, z, 0.0), kink=True),
-    "none": Activation("Identity", lambda z: z),
+    "leaky_relu": Activation(
+        "LeakyReLU", lambda z: jnp.where(z > 0, z, 0.01 * z), kink=True, linear_pieces=True
+    ),
+    "relu": Activation("ReLU", lambda z: jnp.where(z > 0, z, 0.0), kink=True, linear_pieces=True),
+    "none": Activation("Identity", lambda z: z, linear_pieces=True),
     "sigmoid": Activation("Sigmoid", jax.nn.sigmoid),
     "tanh": Activation("Tanh", jnp.tanh),
     "sine": Activation("Sine", jnp.sin, keeps_input=True),

@@ -7,7 +7,10 @@ The operations are what the MLP's primitives lower to (slax/nn/_primitives.py):
   pass reads (slax/nn/_kernels.py, ``hidden_width``), ``-> y, hidden``;
 - ``backward``: ``x, [hidden,] dy, params -> [dx,] gradients``, the gradients summed per group of
   the leading ``group_ndim`` axes (vmapped calls), ``dx`` only where something reads it;
-- ``loss_grad``: ``x, target, params -> loss, gradients`` per group, the fused loss and gradient.
+- ``loss_grad``: ``x, target, params -> loss, gradients`` per group, the fused loss and gradient;
+- ``hessian_sums`` (optional, :meth:`Backend.hessian_sums`): ``x, direction, dy, params ->``
+  the parameters' part of each sample's Hessian of ``dy . network(x)`` along a direction in x,
+  summed per group: what the gradient of an eikonal loss takes of the second derivative.
 
 Each :class:`Backend` says whether it runs an :class:`Architecture` on a :class:`Platform` (and
 why not), and runs the operations. The three Slang kernel families are :class:`KernelBackend`\\ s,
@@ -26,7 +29,8 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
   products as ``mma.sync`` (``shaders/nn/tensor_cores.slang``). A float16 network at most 64 wide
   runs its fused loss and gradient in warp tiles of halves instead, each warp's 16 samples in
   registers through every layer (``shaders/nn/wide_warp.slang``): the backend's kernel for that
-  entry point, with its own operands and launch (:meth:`KernelBackend.entry_operands`).
+  entry point, with its own operands and launch (:meth:`KernelBackend.entry_operands`), and, for
+  networks of LeakyReLU, ReLU and linear layers, its ``hessian_sums`` (``mlp_hessian_sums``).
 - ``warp_rows``: wide float16 networks whose weight-gradient sums pass a warp's registers, on CUDA
   GPUs of compute capability 8.0 and newer: the fused loss and gradient in warp tiles that write
   each layer's rows, whose weight gradients XLA's products sum (slax/nn/_warp_rows_kernels.py);
@@ -76,23 +80,15 @@ class BackendRequest:
     Attributes:
       backend: ``"auto"`` or a backend's name (``slax.config.mlp_backend``).
       tensor_cores: whether kernels may run on tensor cores (``slax.config.tensor_cores``).
-      second_order: the call is a launch of a second (or higher) derivative's rules: the outer
-        derivative of a loss that holds a derivative of the network, as an eikonal loss does
-        (slax/nn/_primitives.py sets it; :data:`SECOND_ORDER_ON_XLA`).
     """
 
     backend: str = "auto"
     tensor_cores: bool = True
-    second_order: bool = False
 
     @classmethod
     def current(cls) -> BackendRequest:
         """The request of ``slax.config`` now."""
         return cls(config.mlp_backend, config.tensor_cores)
-
-    def of_second_order(self) -> BackendRequest:
-        """The same request for the launches of a second derivative's rules."""
-        return dataclasses.replace(self, second_order=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +148,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes) -> list:
         """``[loss, *gradients]``, per group."""
+
+    def second_order_summary(self, arch: Architecture, platform: Platform) -> str:
+        """How second derivatives of ``arch`` run on ``platform``, for :func:`slax.nn.describe`."""
+        return (
+            "first-order launches as jax.grad's, and what a second derivative adds in the plain-JAX "
+            "twin's products"
+        )
+
+    def hessian_sums(self, arch, platform, x, direction, dy, params, group_ndim, routes) -> list | None:
+        """The parameters' part of each sample's Hessian of ``dy . network(x)`` times ``direction``
+        (a direction in x alone, like ``x``), summed per group (float32, each layer's bias then
+        weight): what the gradient of an eikonal loss takes of the second derivative. A kernel's, or
+        None where the backend has none for ``arch`` on ``platform`` (the primitive then runs the
+        plain-JAX twin, slax/nn/_primitives.py)."""
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,12 +291,17 @@ def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
     return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores, arch.activations))
 
 
+WARP_TILE_ENTRIES = ("mlp_loss_grad", "mlp_hessian_sums")
+"""The entry points of the warp tiles (``shaders/nn/wide_warp.slang``)."""
+
+
 @functools.cache
-def wide_warp_kernel(arch: Architecture) -> KernelSpec:
-    """``mlp_loss_grad`` of ``arch`` on the warp tiles (slax/nn/_wide_warp_kernels.py)."""
+def wide_warp_kernel(arch: Architecture, entry: str) -> KernelSpec:
+    """Kernel ``entry`` (one of :data:`WARP_TILE_ENTRIES`) of ``arch`` on the warp tiles
+    (slax/nn/_wide_warp_kernels.py)."""
     activations = tuple(ACTIVATIONS[name].slang for name in arch.activations)
     source = _wide_warp_kernels.wide_warp_source(arch.sizes, activations)
-    return KernelSpec("mlp_loss_grad", source=source)
+    return KernelSpec(entry, source=source)
 
 
 def packed(params) -> jax.Array:
@@ -474,12 +490,38 @@ class TensorCores(_Tiles):
 
     def _on_warp_tiles(self, arch: Architecture, entry: str) -> bool:
         """Whether kernel ``entry`` of ``arch`` is the warp tiles': its own source, operands and launch."""
-        return entry == "mlp_loss_grad" and self.wide_warp(arch)
+        return entry in WARP_TILE_ENTRIES and self.wide_warp(arch)
 
     def kernel(self, arch, platform, entry):
         if self._on_warp_tiles(arch, entry):
-            return wide_warp_kernel(arch)
+            return wide_warp_kernel(arch, entry)
         return super().kernel(arch, platform, entry)
+
+    def _hessian_kernel(self, arch: Architecture, platform: Platform) -> bool:
+        """Whether the warp tiles' Hessian kernel runs ``arch`` on ``platform``: float16 networks at
+        most 64 wide whose activations are linear pieces (their second derivatives zero: the bias
+        parts are then zero, and the weights' are each layer's output gradient times its input's
+        tangent)."""
+        linear = all(ACTIVATIONS[name].linear_pieces for name in arch.activations)
+        return platform.tensor_cores and self.wide_warp(arch) and linear
+
+    def second_order_summary(self, arch, platform):
+        if not self._hessian_kernel(arch, platform):
+            return super().second_order_summary(arch, platform)
+        return (
+            "first-order launches as jax.grad's; of what a second derivative adds, the parameters' "
+            "part along a direction in x (an eikonal loss's gradient) in the warp tiles' Hessian "
+            "kernel, the rest in the plain-JAX twin's products"
+        )
+
+    def hessian_sums(self, arch, platform, x, direction, dy, params, group_ndim, routes):
+        """On the warp tiles (``mlp_hessian_sums``), where :meth:`_hessian_kernel` says so."""
+        if not self._hessian_kernel(arch, platform):
+            return None
+        _, *sums = self.gradient(
+            arch, platform, "mlp_hessian_sums", [x, direction, dy], params, group_ndim, [], (), routes
+        )
+        return [jnp.zeros_like(s) if k % 2 == 0 else s for k, s in enumerate(sums)]
 
     def operands(self, arch, params):
         """The packed parameters, and the weights as mma.sync B fragments."""
@@ -665,17 +707,6 @@ plain JAX's samples/s on the tiled kernels, 32-128x4-16 at 0.17-0.28x, in both d
 to 2^20 samples. Where tensor cores are off or absent the tiled kernels run."""
 
 
-SECOND_ORDER_ON_XLA = (("cuda", "float16"),)
-"""``(platform, dtype)`` where ``"auto"`` runs second derivatives of the network
-(:attr:`BackendRequest.second_order`) on XLA's products rather than on the first-order kernels: what
-a second derivative adds runs in the plain-JAX twin whichever backend runs the rest, and beside it,
-in float16, XLA's fusion of the whole derivative costs less than the kernels' separate passes.
-Measured on an H100 (BENCHMARKS.md, the signed distance field, 3-64-64-64-1 with its eikonal loss,
-at 2^16 and 2^18 samples): float16 at 0.87-0.88x plain JAX's steps/s on XLA against 0.76-0.83x on
-the kernels; float32 at 0.60x and 0.76x on XLA against 0.59x and 0.77x on the kernels, which it
-keeps. On the CPU routes the kernels stay (they are what CI tests)."""
-
-
 def _below(batch: int) -> str:
     return f" below {batch} samples" if batch < 1 << 32 else ""
 
@@ -692,8 +723,9 @@ def xla_wins(arch: Architecture, platform: str, samples: int) -> XlaWins | None:
 OPERATIONS = {"forward": "mlp_apply", "backward": "jax.grad of mlp_apply", "loss_grad": "mlp_loss_and_grad"}
 """The operations, and the calls of slax.nn that run them."""
 SECOND_ORDER_CALL = "second derivatives of mlp_apply"
-"""The calls of the launches in second derivatives' rules (:attr:`BackendRequest.second_order`), as
-:func:`slax.nn.describe` names them."""
+"""The calls whose launches are second derivatives' rules (``jax.hessian``, ``jax.grad`` of a loss
+holding ``jax.grad`` of the network), as :func:`slax.nn.describe` names them (operation
+``"second_order"``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -706,7 +738,10 @@ class Choice:
 
     def describe(self, arch: Architecture, operation: str) -> str:
         """``"backend: how it runs operation of arch, and why"``, as :func:`slax.nn.describe` says it."""
-        how = self.backend.summary(arch, self.platform, operation)
+        if operation == "second_order":
+            how = self.backend.second_order_summary(arch, self.platform)
+        else:
+            how = self.backend.summary(arch, self.platform, operation)
         return f"{self.backend.name}: {arch} on {self.platform}, {how}; {self.why}"
 
 
@@ -725,13 +760,6 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
                 "slax choose, or 'xla', which runs every network."
             )
         return Choice(backend, where, "forced by slax.config.mlp_backend")
-    if request.second_order and (platform, arch.dtype) in SECOND_ORDER_ON_XLA:
-        return Choice(
-            BACKENDS["xla"],
-            where,
-            f"second derivatives of {arch.dtype} networks run faster on XLA's products than through "
-            f"the first-order kernels on {where.name.upper()} (BENCHMARKS.md)",
-        )
     row = xla_wins(arch, platform, samples)
     skipped: list[str] = []
     for name in AUTO_ORDER:

@@ -97,7 +97,9 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     Differentiable in both modes and to any order, for params and x (``jax.grad``, ``jax.jvp``,
     ``jax.linearize``, ``jax.hessian``, and ``jax.grad`` of a loss that holds ``jax.grad`` of the
     network with respect to x, as an eikonal loss does): first derivatives run the layers' Slang
-    backward kernel, higher ones add the network's plain-JAX twin's (slax/nn/_primitives.py).
+    backward kernel, higher ones add the network's plain-JAX twin's, or, for the parameters' part
+    along a direction in x of an eikonal loss's gradient, the backend's Hessian kernel where it has
+    one (slax/nn/_primitives.py).
     Composes with jit, vmap, lax.scan and shard_map (gradients of replicated params are summed over
     the mesh, as JAX does).
 
@@ -230,8 +232,7 @@ def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, s
     samples, request = math.prod(x.shape[:-1]), BackendRequest.current()
     choice = choose(arch, platform, samples, request)
     answer = {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
-    second = choose(arch, platform, samples, request.of_second_order())
-    return answer | {SECOND_ORDER_CALL: second.describe(arch, "backward")}
+    return answer | {SECOND_ORDER_CALL: choice.describe(arch, "second_order")}
 
 
 # --- checks and flattening -------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fu
 from slax._primitive import check_finite, declare_primitive, result_aval
 from slax.nn._backends import XLA_PRECISION, choose
 from slax.nn._kernels import hidden_width
-from slax.nn._reference import backward_twin, forward_twin, tangent_twin
+from slax.nn._reference import backward_tangent_twin, forward_twin, tangent_twin
 
 PLATFORMS = ("cpu", "cuda")
 """Where the MLP's primitives lower, each platform through the backend :func:`choose` picks there."""
@@ -125,11 +125,8 @@ def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
 def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
     """The forward kernel, keeping the hidden activations the backward kernel reads where the
     network has them (``hidden_width``), and mlp_tangent_p. Where the forward call kept them itself
-    (an outer derivative of this rule: a second derivative), their tangent is the twin's, and the
-    launches are second order's."""
+    (an outer derivative of this rule: a second derivative), their tangent is the twin's."""
     x, *params = primals
-    if keep_hidden:
-        request = request.of_second_order()
     outputs = mlp_forward_p.bind(
         x, *params, arch=arch, keep_hidden=hidden_width(arch.sizes) > 0, request=request, routes=routes
     )
@@ -203,17 +200,45 @@ def _tangent_jvp(primals, tangents, **params):
     return _linear_map_jvp(mlp_tangent_p, _tangent, linear, primals, tangents, params)
 
 
-def _backward_twin(*operands, arch, group_ndim, hidden, input_gradient, request, routes):
-    x, dy, params = operands[0], operands[1 + hidden], operands[2 + hidden :]
-    precision = XLA_PRECISION[arch.dtype]
-    return backward_twin(x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision)
-
-
 def _backward_jvp(primals, tangents, **params):
-    """The backward launch's JVP: a second derivative, whose launches are second order's."""
-    params = {**params, "request": params["request"].of_second_order()}
-    linear = [i == 1 + params["hidden"] for i in range(len(primals))]
-    return _linear_map_jvp(mlp_backward_p, _backward_twin, linear, primals, tangents, params)
+    """The backward launch's JVP, a second derivative: the launch again along ``dy``'s tangent (it
+    is linear in ``dy``), plus :data:`mlp_backward_tangent_p` along the tangents of ``x`` and the
+    parameters. The kept hidden activations' tangent is not read: they are the forward pass's of
+    ``x`` and the parameters, whose tangents carry it."""
+    hidden, group_ndim = params["hidden"], params["group_ndim"]
+    x, kept, dy, weights = primals[0], primals[1 : 1 + hidden], primals[1 + hidden], primals[2 + hidden :]
+    tx, tdy, tweights = tangents[0], tangents[1 + hidden], tangents[2 + hidden :]
+    outputs = mlp_backward_p.bind(*primals, **params)
+    terms = []
+    if type(tdy) is not Zero:
+        terms.append(mlp_backward_p.bind(x, *kept, instantiate_zeros(tdy), *weights, **params))
+    x_direction = type(tx) is not Zero
+    param_direction = any(type(t) is not Zero for t in tweights)
+    if x_direction or param_direction:
+        groups = x.shape[:group_ndim]
+        directions = [
+            jnp.broadcast_to(instantiate_zeros(t), groups + w.shape) for t, w in zip(tweights, weights)
+        ]
+        terms.append(
+            mlp_backward_tangent_p.bind(
+                x,
+                dy,
+                instantiate_zeros(tx),
+                *directions,
+                *weights,
+                arch=params["arch"],
+                group_ndim=group_ndim,
+                input_gradient=params["input_gradient"],
+                x_direction=x_direction,
+                param_direction=param_direction,
+                param_output=True,
+                request=params["request"],
+                routes=params["routes"],
+            )
+        )
+    if not terms:
+        return outputs, [Zero(jax.typeof(o).to_tangent_aval()) for o in outputs]
+    return outputs, [functools.reduce(jnp.add, parts) for parts in zip(*terms)]
 
 
 def _backward_transpose(cotangents, *operands, arch, group_ndim, hidden, input_gradient, request, routes):
@@ -235,6 +260,128 @@ def _backward_transpose(cotangents, *operands, arch, group_ndim, hidden, input_g
     dparams = [instantiate_zeros(c).astype(p.dtype) for c, p in zip(cotangents, params)]
     dy_cotangent = tangent(x, list(kept), instantiate_zeros(dx).astype(x.dtype), dparams)
     return [None] * (1 + len(kept)) + [dy_cotangent.astype(dy.aval.dtype)] + [None] * len(params)
+
+
+# mlp_backward_tangent_p is the backward launch's JVP in x and the parameters at a fixed dy: per
+# sample, the Hessian of dy . network(x, params) times the direction (x_direction, the group's
+# param_directions). A Hessian is symmetric, so the primitive is its own transpose: the cotangents of
+# its results are the directions of the same product (:func:`_backward_tangent_transpose`). The
+# gradient of an eikonal loss takes its parameters' part along a direction in x alone, which a
+# backend may run as one kernel (``Backend.hessian_sums``); everything else runs the twin.
+
+
+def _backward_tangent_operands(operands):
+    """``x, dy, x_direction, *param_directions, *params`` of mlp_backward_tangent_p, split."""
+    count = (len(operands) - 3) // 2
+    return operands[0], operands[1], operands[2], list(operands[3 : 3 + count]), list(operands[3 + count :])
+
+
+def _backward_tangent_abstract_eval(*operands, arch, group_ndim, input_gradient, param_output, **_):
+    x = operands[0]
+    dx = [result_aval(x.shape, x.dtype, operands)] if input_gradient else []
+    sums = _grad_shapes(x, arch, group_ndim) if param_output else []
+    return dx + [result_aval(shape, jnp.float32, operands) for shape in sums]
+
+
+def _backward_tangent_twin(
+    *operands, arch, group_ndim, input_gradient, x_direction, param_direction, param_output, request, routes
+):
+    """mlp_backward_tangent_p's value from its twin, in XLA's products at the twins' precision."""
+    x, dy, x_dir, param_dirs, params = _backward_tangent_operands(operands)
+    return backward_tangent_twin(
+        x,
+        dy,
+        x_dir if x_direction else None,
+        param_dirs if param_direction else None,
+        params,
+        arch.dtype,
+        arch.activations,
+        group_ndim,
+        input_gradient,
+        param_output,
+        XLA_PRECISION[arch.dtype],
+    )
+
+
+def _backward_tangent(*operands, platform, **params):
+    """mlp_backward_tangent_p's value: the parameters' part along a direction in x alone from the
+    Hessian kernel of the backend that runs the network's first-order operations there
+    (``Backend.hessian_sums``), where it has one; else the twin."""
+    x, dy, x_dir, _, params_ = _backward_tangent_operands(operands)
+    arch = params["arch"]
+    if params["x_direction"] and not params["param_direction"] and params["param_output"]:
+        if not params["input_gradient"]:
+            choice = choose(arch, platform, math.prod(x.shape[:-1]), params["request"])
+            sums = choice.backend.hessian_sums(
+                arch,
+                choice.platform,
+                x,
+                x_dir,
+                dy.astype(arch.dtype),
+                params_,
+                params["group_ndim"],
+                params["routes"],
+            )
+            if sums is not None:
+                return sums
+    return _backward_tangent_twin(*operands, **params)
+
+
+def _backward_tangent_transpose(cotangents, *operands, **params):
+    """The same Hessian-vector product, along the cotangents: ``dx``'s as the direction in ``x``,
+    the parameters' (per group) as theirs; results for the directions being transposed."""
+    x, dy, x_dir, param_dirs, weights = _backward_tangent_operands(operands)
+    _refuse_nonlinear("mlp_backward_tangent", [x, dy, *weights])
+    cotangents = list(cotangents)
+    dx = cotangents.pop(0) if params["input_gradient"] else Zero(jax.typeof(x).to_tangent_aval())
+    sums = cotangents if params["param_output"] else [Zero(jax.typeof(w).to_tangent_aval()) for w in weights]
+    want_x = is_undefined_primal(x_dir)
+    want_params = any(is_undefined_primal(p) for p in param_dirs)
+    along_x = type(dx) is not Zero
+    along_params = any(type(c) is not Zero for c in sums)
+    if not (want_x or want_params) or not (along_x or along_params):
+        return [None] * len(operands)
+    dtypes = [p.aval.dtype if is_undefined_primal(p) else p.dtype for p in param_dirs]
+    groups = x.shape[: params["group_ndim"]]
+    outputs = mlp_backward_tangent_p.bind(
+        x,
+        dy,
+        instantiate_zeros(dx).astype(x.dtype),
+        *[
+            jnp.broadcast_to(instantiate_zeros(c).astype(d), groups + w.shape)
+            for c, d, w in zip(sums, dtypes, weights)
+        ],
+        *weights,
+        **{
+            **params,
+            "input_gradient": want_x,
+            "x_direction": along_x,
+            "param_direction": along_params,
+            "param_output": want_params,
+        },
+    )
+    x_cotangent = outputs.pop(0) if want_x else None
+    if want_params:
+        param_cotangents = [
+            g.astype(d) if is_undefined_primal(p) else None for g, p, d in zip(outputs, param_dirs, dtypes)
+        ]
+    else:
+        param_cotangents = [None] * len(param_dirs)
+    return [None, None, x_cotangent, *param_cotangents] + [None] * len(weights)
+
+
+def _backward_tangent_jvp(primals, tangents, **params):
+    """Linear in the directions: itself along theirs, and its twin's derivative along the rest
+    (third derivatives and beyond)."""
+    count = (len(primals) - 3) // 2
+    linear = [False, False, True] + [True] * count + [False] * count
+    return _linear_map_jvp(mlp_backward_tangent_p, _backward_tangent_twin, linear, primals, tangents, params)
+
+
+def _batch_backward_tangent(primitive, args, dims, **params):
+    """vmap over the data or the directions adds a group axis (each parameter direction is a
+    group's already); over the parameters, a launch per example."""
+    return _batch_per_sample(primitive, args, dims, num_data=3 + (len(args) - 3) // 2, **params)
 
 
 def _linear_map_jvp(primitive, twin, linear, primals, tangents, params):
@@ -340,6 +487,15 @@ mlp_tangent_p = declare_primitive(
     batching_rule=_batch_tangent,
     jvp=_tangent_jvp,
     transpose=_tangent_transpose,
+)
+mlp_backward_tangent_p = declare_primitive(
+    "slang_mlp_backward_tangent",
+    abstract_eval=_backward_tangent_abstract_eval,
+    lowering=lower_fun(_backward_tangent, multiple_results=True),
+    platforms=PLATFORMS,
+    batching_rule=_batch_backward_tangent,
+    jvp=_backward_tangent_jvp,
+    transpose=_backward_tangent_transpose,
 )
 mlp_loss_grad_p = declare_primitive(
     "slang_mlp_loss_grad",

@@ -182,6 +182,65 @@ def backward_twin(
     return [dx.reshape(x.shape), *grads] if input_gradient else grads
 
 
+def backward_tangent_twin(
+    x,
+    dy,
+    x_direction,
+    param_directions,
+    flat,
+    dtype: str,
+    activations: tuple[str, ...],
+    group_ndim: int,
+    input_gradient: bool,
+    param_output: bool,
+    precision=FULL_PRECISION,
+) -> list[jax.Array]:
+    """``mlp_backward_tangent``'s results: the Jacobian-vector product of :func:`backward_twin`'s
+    results in ``x`` and the parameters, at a fixed ``dy``, along ``x_direction`` (like ``x``, or
+    None: no direction in ``x``) and ``param_directions`` (each layer's bias and weight with the
+    ``group_ndim`` leading group axes: one direction per group; or None). Per sample, the Hessian
+    of ``dy . network(x, params)`` times the direction: ``[dx,]`` (with ``input_gradient``) and,
+    with ``param_output``, each parameter's part summed over each group's samples (float32).
+
+    Forward over reverse: one ``jax.jvp`` of the backward pass, closed over what does not vary, so
+    that an absent direction, and an activation whose second derivative is zero (LeakyReLU, ReLU,
+    none), add no products."""
+    layers = _layers(flat)
+    storage = jnp.dtype(dtype)
+
+    def gradients(x, layers, dy):
+        y, pullback = jax.vjp(lambda x, layers: _apply(layers, activations, x, storage, precision), x, layers)
+        dx, grads = pullback(dy.astype(y.dtype))
+        return dx, flat_layers(grads)
+
+    def one_group(x, dy, x_direction, param_directions):
+        if param_directions is None:
+            _, (dx, grads) = jax.jvp(lambda x: gradients(x, layers, dy), (x,), (x_direction,))
+        elif x_direction is None:
+            directions = _layers(param_directions)
+            _, (dx, grads) = jax.jvp(lambda layers: gradients(x, layers, dy), (layers,), (directions,))
+        else:
+            directions = _layers(param_directions)
+            _, (dx, grads) = jax.jvp(
+                lambda x, layers: gradients(x, layers, dy), (x, layers), (x_direction, directions)
+            )
+        return [dx] * input_gradient + grads * param_output
+
+    groups = x.shape[:group_ndim]
+    count = math.prod(groups)
+    flat_x = x.reshape((count, -1) + x.shape[-1:])
+    flat_dy = dy.reshape((count, -1) + dy.shape[-1:])
+    flat_x_direction = None if x_direction is None else x_direction.reshape(flat_x.shape)
+    flat_directions = (
+        None
+        if param_directions is None
+        else [d.reshape((count,) + d.shape[group_ndim:]) for d in param_directions]
+    )
+    results = jax.vmap(one_group)(flat_x, flat_dy, flat_x_direction, flat_directions)
+    shaped = [results[0].reshape(x.shape)] if input_gradient else []
+    return shaped + [g.reshape(groups + g.shape[1:]) for g in results[input_gradient:]]
+
+
 def loss_grad_twin(
     x,
     target,

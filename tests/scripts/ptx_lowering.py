@@ -28,7 +28,6 @@ from slax.nn import _backends
 # This script checks that the MLP's kernels lower: "auto" takes them wherever they fit, as the
 # tests' fused_kernels fixture has it (tests/conftest.py), rather than XLA where they lose.
 _backends.XLA_WINS = ()
-_backends.SECOND_ORDER_ON_XLA = ()
 _backends.TILED_ON_TENSOR_CORE_GPUS = True
 
 ACCUMULATE = """
@@ -294,6 +293,22 @@ def main() -> None:
         rows_network,
         jnp.asarray(rng.uniform(size=(1000, 20)), jnp.float16),
         jnp.asarray(rng.uniform(size=(1000, 3)), jnp.float16),
+    )
+    # the gradient of an eikonal loss of the signed distance field's float16 network: the first-order
+    # kernels, and the warp tiles' Hessian kernel for the parameters' part of the second derivative
+    sdf = slax.nn.mlp_init(jax.random.key(6), (3, 64, 64, 64, 1), jnp.float16)
+
+    def eikonal(params, points):
+        gradient = jax.grad(lambda p: slax.nn.mlp_apply(params, p).astype(jnp.float32).sum())(points)
+        norm = jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1)
+        return jnp.mean(slax.nn.mlp_apply(params, points).astype(jnp.float32) ** 2) + jnp.mean(
+            (norm - 1) ** 2
+        )
+
+    cases["eikonal_grad_3-64x3-1_float16"] = (
+        jax.grad(eikonal),
+        sdf,
+        jnp.asarray(rng.uniform(-1, 1, size=(1000, 3)), jnp.float16),
     )
     # activations besides the defaults, in each CUDA kernel family: a wide network on tensor cores
     # (tanh, then sigmoid) and on the SIMT tiles (sine, whose hidden layers keep z), a narrow
