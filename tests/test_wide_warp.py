@@ -140,7 +140,7 @@ def test_warp_tiles_match_the_reference(sizes, device_kind, fused_kernels):
 
 HESSIAN = [(3, 64, 64, 64, 1), (20, 48, 48, 5), (16, 32, 16, 32, 8)]
 """Networks whose eikonal gradient takes the Hessian kernel: the signed distance field's, widths off
-multiples of 16, and layers narrower than their neighbours."""
+multiples of 16 (with ReLU hidden layers), and layers narrower than their neighbours."""
 
 
 def _eikonal(apply):
@@ -170,16 +170,52 @@ def _eikonal(apply):
 def test_which_networks_take_the_hessian_kernel(sizes, dtype, activation, platform, runs):
     """tensor_cores runs the Hessian-vector product's parameters' part (an eikonal loss's) on the
     warp tiles for float16 networks at most 64 wide of activations whose second derivative is zero,
-    on tensor cores; elsewhere it has none (the twin runs), and no other backend has one; describe
-    says which."""
+    on tensor cores; elsewhere it has none (the twin runs); describe says which."""
     activations = (activation,) * (len(sizes) - 2) + ("none",)
     arch, backend = Architecture(sizes, dtype, activations), nn_backends.TensorCores()
     said = backend.second_order_summary(arch, platform)
     assert ("warp tiles' Hessian kernel" in said) == runs
     if not runs:
         assert backend.hessian_sums(arch, platform, None, None, None, [], 0, None) is None
-    for other in ("thread_sums", "tiled", "warp_rows", "xla"):
-        assert nn_backends.BACKENDS[other].hessian_sums(arch, platform, None, None, None, [], 0, None) is None
+
+
+def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(monkeypatch):
+    """hessian_sums scales each group's direction and dy by powers of two (the largest into
+    [0.5, 1)) before the kernel, which rounds each layer's tangent to half, and scales its sums
+    back: directions as tiny as an eikonal term's at 2^18 samples (about 1e-6, below half's normal
+    range) go in and come out exactly. The kernel is replaced by the twin, in float32 on what it is
+    given; the bias parts are zero."""
+    from slax.nn._params import flat_layers
+    from slax.nn._reference import backward_tangent_twin
+
+    arch = Architecture((3, 32, 32, 1), "float16")
+    flat = flat_layers(nn.mlp_init(jax.random.key(2), arch.sizes, "float16"))
+    keys = jax.random.split(jax.random.key(3), 2)
+    x = draw_uniform(keys[0], (2, 100, 3), "float16")
+    tiny = draw_uniform(keys[1], (2, 100, 3), "float32") * jnp.array([1e-6, 1e-3])[:, None, None]
+    direction = tiny.astype(jnp.float16)
+    dy = jnp.full((2, 100, 1), 2.0**-20, jnp.float16)
+    peaks = []
+
+    def twin(x, direction, dy, group_ndim):
+        args = (arch.dtype, arch.activations, group_ndim, False, True)
+        return backward_tangent_twin(x, dy, direction, None, flat, *args)
+
+    def kernel(self, arch, platform, entry, data, params, group_ndim, *rest):
+        x, direction, dy = data
+        peaks.append(jnp.max(jnp.abs(jnp.stack([direction.max((1, 2)), dy.max((1, 2))])), axis=0))
+        assert entry == "mlp_hessian_sums" and direction.dtype == dy.dtype == jnp.float16
+        return [jnp.zeros(x.shape[:group_ndim]), *twin(x, direction, dy, group_ndim)]
+
+    monkeypatch.setattr(nn_backends.TensorCores, "gradient", kernel)
+    got = nn_backends.TensorCores().hessian_sums(arch, ON_TENSOR_CORES, x, direction, dy, flat, 1, None)
+    want = twin(x, direction, dy, 1)
+    for k, (leaf, wanted) in enumerate(zip(got, want, strict=True)):
+        if k % 2 == 0:
+            assert leaf.shape == wanted.shape and not jnp.any(leaf)
+        else:
+            assert relative_error(leaf, wanted) < 1e-6 and float(jnp.max(jnp.abs(wanted))) < 1e-3
+    assert jnp.all((peaks[0] >= 0.5) & (peaks[0] < 1.0)), peaks
 
 
 @pytest.mark.parametrize("sizes", HESSIAN, ids=_ids)
@@ -198,7 +234,8 @@ def test_the_hessian_kernel_matches_the_reference(sizes, device_kind, monkeypatc
     monkeypatch.setattr(
         nn_backends, "wide_warp_kernel", lambda arch, entry: entries.append(entry) or make(arch, entry)
     )
-    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, "float16")
+    activation = "relu" if sizes == HESSIAN[1] else "leaky_relu"
+    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, "float16", activation=activation)
     x = mlp_inputs(params, jax.random.key(7), 1000, "float16")
     reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float16")
     gradient = jax.jit(jax.grad(_eikonal(nn.mlp_apply)))

@@ -187,9 +187,9 @@ class Launch:
 class KernelBackend(Backend):
     """A family of Slang kernels, whose entry points (slax/nn/_kernels.py) run the operations:
     ``mlp_forward`` / ``mlp_forward_hidden``, ``mlp_backward`` / ``mlp_backward_params`` and
-    ``mlp_loss_grad``. Each thread group of a gradient kernel writes one row of partial sums (the
-    parameters' gradients, then the loss) in a fixed order, and XLA adds a group's rows: results
-    are bit-identical from run to run."""
+    ``mlp_loss_grad`` (and, on the warp tiles, ``mlp_hessian_sums``). Each thread group of a
+    gradient kernel writes one row of partial sums (the parameters' gradients, then the loss) in a
+    fixed order, and XLA adds a group's rows: results are bit-identical from run to run."""
 
     @abc.abstractmethod
     def operands(self, arch: Architecture, params) -> list[jax.Array]:
@@ -289,6 +289,19 @@ def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
     source per specialisation, whichever family asks (each family's entry points are
     the source's)."""
     return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores, arch.activations))
+
+
+def power_of_two_normalised(values: jax.Array, group_ndim: int) -> tuple[jax.Array, jax.Array]:
+    """``values`` (groups, then samples and columns) times a power of two per group of the
+    ``group_ndim`` leading axes, its largest magnitude then in [0.5, 1) (1 where all are zero or
+    one is not finite), in their own dtype; and the exponents ``e`` (int32, per group) with
+    ``values == ldexp(scaled, e)``. Exact: scaling by a power of two changes no significand."""
+    wide = values.astype(jnp.float32)
+    peak = jnp.max(jnp.abs(wide), axis=tuple(range(group_ndim, values.ndim)), initial=0.0)
+    _, exponent = jnp.frexp(jnp.where(jnp.isfinite(peak), peak, 0.0))
+    exponent = exponent.astype(jnp.int32)
+    shaped = exponent.reshape(exponent.shape + (1,) * (values.ndim - group_ndim))
+    return jnp.ldexp(wide, -shaped).astype(values.dtype), exponent
 
 
 WARP_TILE_ENTRIES = ("mlp_loss_grad", "mlp_hessian_sums")
@@ -485,7 +498,8 @@ class TensorCores(_Tiles):
 
     @staticmethod
     def wide_warp(arch: Architecture) -> bool:
-        """Whether its ``mlp_loss_grad`` for ``arch`` is the warp tiles' (``shaders/nn/wide_warp.slang``)."""
+        """Whether its ``mlp_loss_grad`` (and ``mlp_hessian_sums``) for ``arch`` are the warp tiles'
+        (``shaders/nn/wide_warp.slang``)."""
         return _wide_warp_kernels.wide_warp_fits(arch.sizes, arch.dtype)
 
     def _on_warp_tiles(self, arch: Architecture, entry: str) -> bool:
@@ -515,20 +529,30 @@ class TensorCores(_Tiles):
         )
 
     def hessian_sums(self, arch, platform, x, direction, dy, params, group_ndim, routes):
-        """On the warp tiles (``mlp_hessian_sums``), where :meth:`_hessian_kernel` says so."""
+        """On the warp tiles (``mlp_hessian_sums``), where :meth:`_hessian_kernel` says so. The
+        kernel rounds each layer's tangent and output gradient to half, where a mean loss's
+        cotangents over many samples (an eikonal term's direction, about 1e-6 at 2^18 samples)
+        would fall below half's normal range: the direction and ``dy`` enter scaled by powers of
+        two, each group's largest to [0.5, 1), and the sums leave unscaled (both exact)."""
         if not self._hessian_kernel(arch, platform):
             return None
+        direction, direction_exponent = power_of_two_normalised(direction, group_ndim)
+        dy, dy_exponent = power_of_two_normalised(dy, group_ndim)
         _, *sums = self.gradient(
             arch, platform, "mlp_hessian_sums", [x, direction, dy], params, group_ndim, [], (), routes
         )
-        return [jnp.zeros_like(s) if k % 2 == 0 else s for k, s in enumerate(sums)]
+        exponent = direction_exponent + dy_exponent  # per group
+        return [
+            jnp.zeros_like(s) if k % 2 == 0 else jnp.ldexp(s, exponent.reshape(exponent.shape + (1, 1)))
+            for k, s in enumerate(sums)
+        ]
 
     def operands(self, arch, params):
         """The packed parameters, and the weights as mma.sync B fragments."""
         return [packed(params), weight_fragments(params[1::2], arch.dtype)]
 
     def entry_operands(self, arch, platform, entry, params):
-        """The warp tiles' loss and gradient reads the weights as B fragments of halves."""
+        """The warp tiles' kernels read the weights as B fragments of halves."""
         if self._on_warp_tiles(arch, entry):
             return [packed(params), _wide_warp_kernels.half_fragments(params[1::2])]
         return self.operands(arch, params)
@@ -544,8 +568,10 @@ class TensorCores(_Tiles):
 
 
 XLA_PRECISION = {"float32": FULL_PRECISION, "float16": jax.lax.Precision.DEFAULT}
-"""The ``xla`` backend's matrix products by the network's dtype. float32 networks': full float32
-precision, as the kernels' (JAX's default takes TF32 on tensor cores, 5e-4 relative). float16
+"""The ``xla`` backend's matrix products by the network's dtype where tensor cores do not run
+(:func:`xla_products`; on tensor cores float32's are 3xTF32), and the second derivatives' twins'
+everywhere. float32 networks': full float32 precision, as the kernels' (JAX's default takes TF32
+on tensor cores, 5e-4 relative). float16
 networks': XLA's default, TF32 on tensor cores, which holds half values exactly (11-bit
 significands, and an exponent range past half's), so the forward products are the kernels'
 (exact products, float32 sums); the backward products round their float32 gradients to TF32,

@@ -1,5 +1,7 @@
-"""The MLP's JAX primitives: forward, backward and fused loss-and-gradient, and the tangent (the
-network's Jacobian-vector product) that links forward and backward in JAX's differentiation.
+"""The MLP's JAX primitives: forward, backward and fused loss-and-gradient, the tangent (the
+network's Jacobian-vector product) that links forward and backward in JAX's differentiation, and
+the backward pass's tangent (a Hessian-vector product, its own transpose) that second derivatives
+take.
 
 Each takes the input batch (and ``dy`` or the target), then every layer's bias and weight, and
 lowers, per platform, through the backend that :func:`slax.nn._backends.choose` picks there for
@@ -347,9 +349,10 @@ def _backward_tangent_transpose(cotangents, *operands, **params):
         x,
         dy,
         instantiate_zeros(dx).astype(x.dtype),
+        # float32 directions: the sums' cotangents, not rounded to the parameters' dtype
         *[
-            jnp.broadcast_to(instantiate_zeros(c).astype(d), groups + w.shape)
-            for c, d, w in zip(sums, dtypes, weights)
+            jnp.broadcast_to(instantiate_zeros(c).astype(jnp.float32), groups + w.shape)
+            for c, w in zip(sums, weights)
         ],
         *weights,
         **{

@@ -227,9 +227,9 @@ def backward_tangent_twin(
         return [dx] * input_gradient + grads * param_output
 
     groups = x.shape[:group_ndim]
-    count = math.prod(groups)
-    flat_x = x.reshape((count, -1) + x.shape[-1:])
-    flat_dy = dy.reshape((count, -1) + dy.shape[-1:])
+    count, samples = math.prod(groups), math.prod(x.shape[group_ndim:-1])
+    flat_x = x.reshape((count, samples) + x.shape[-1:])
+    flat_dy = dy.reshape((count, samples) + dy.shape[-1:])
     flat_x_direction = None if x_direction is None else x_direction.reshape(flat_x.shape)
     flat_directions = (
         None
