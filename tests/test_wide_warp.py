@@ -179,7 +179,8 @@ def test_which_networks_take_the_hessian_kernel(sizes, dtype, activation, platfo
         assert backend.hessian_sums(arch, platform, None, None, None, [], 0, None) is None
 
 
-def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(monkeypatch):
+@pytest.mark.parametrize("group_ndim", [0, 1])
+def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(monkeypatch, group_ndim):
     """hessian_sums scales each group's direction and dy by powers of two (the largest into
     [0.5, 1)) before the kernel, which rounds each layer's tangent to half, and scales its sums
     back: directions as tiny as an eikonal term's at 2^18 samples (about 1e-6, below half's normal
@@ -195,6 +196,8 @@ def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(monk
     tiny = draw_uniform(keys[1], (2, 100, 3), "float32") * jnp.array([1e-6, 1e-3])[:, None, None]
     direction = tiny.astype(jnp.float16)
     dy = jnp.full((2, 100, 1), 2.0**-20, jnp.float16)
+    if group_ndim == 0:  # one group of the first group's tiny directions
+        x, direction, dy = x[0], direction[0], dy[0]
     peaks = []
 
     def twin(x, direction, dy, group_ndim):
@@ -203,13 +206,16 @@ def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(monk
 
     def kernel(self, arch, platform, entry, data, params, group_ndim, *rest):
         x, direction, dy = data
-        peaks.append(jnp.max(jnp.abs(jnp.stack([direction.max((1, 2)), dy.max((1, 2))])), axis=0))
+        sample_axes = tuple(range(group_ndim, direction.ndim))
+        peaks.append(jnp.stack([jnp.abs(direction).max(sample_axes), jnp.abs(dy).max(sample_axes)]))
         assert entry == "mlp_hessian_sums" and direction.dtype == dy.dtype == jnp.float16
         return [jnp.zeros(x.shape[:group_ndim]), *twin(x, direction, dy, group_ndim)]
 
     monkeypatch.setattr(nn_backends.TensorCores, "gradient", kernel)
-    got = nn_backends.TensorCores().hessian_sums(arch, ON_TENSOR_CORES, x, direction, dy, flat, 1, None)
-    want = twin(x, direction, dy, 1)
+    got = nn_backends.TensorCores().hessian_sums(
+        arch, ON_TENSOR_CORES, x, direction, dy, flat, group_ndim, None
+    )
+    want = twin(x, direction, dy, group_ndim)
     for k, (leaf, wanted) in enumerate(zip(got, want, strict=True)):
         if k % 2 == 0:
             assert leaf.shape == wanted.shape and not jnp.any(leaf)
