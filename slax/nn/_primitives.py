@@ -311,21 +311,21 @@ def _backward_tangent(*operands, platform, **params):
     (``Backend.hessian_sums``), where it has one; else the twin."""
     x, dy, x_dir, _, params_ = _backward_tangent_operands(operands)
     arch = params["arch"]
-    if params["x_direction"] and not params["param_direction"] and params["param_output"]:
-        if not params["input_gradient"]:
-            choice = choose(arch, platform, math.prod(x.shape[:-1]), params["request"])
-            sums = choice.backend.hessian_sums(
-                arch,
-                choice.platform,
-                x,
-                x_dir,
-                dy.astype(arch.dtype),
-                params_,
-                params["group_ndim"],
-                params["routes"],
-            )
-            if sums is not None:
-                return sums
+    along_x_alone = params["x_direction"] and not params["param_direction"]
+    if along_x_alone and params["param_output"] and not params["input_gradient"]:
+        choice = choose(arch, platform, math.prod(x.shape[:-1]), params["request"])
+        sums = choice.backend.hessian_sums(
+            arch,
+            choice.platform,
+            x,
+            x_dir,
+            dy.astype(arch.dtype),
+            params_,
+            params["group_ndim"],
+            params["routes"],
+        )
+        if sums is not None:
+            return sums
     return _backward_tangent_twin(*operands, **params)
 
 

@@ -172,14 +172,18 @@ def backward_twin(
     layers = _layers(flat)
 
     def one_group(x, dy):
-        y, pullback = jax.vjp(
-            lambda x, layers: _apply(layers, activations, x, jnp.dtype(dtype), precision), x, layers
-        )
-        dx, grads = pullback(dy.astype(y.dtype))
-        return dx, flat_layers(grads)
+        return _pullback(x, layers, dy, activations, jnp.dtype(dtype), precision)
 
     dx, grads = _per_group(one_group, group_ndim, x, dy)
     return [dx.reshape(x.shape), *grads] if input_gradient else grads
+
+
+def _pullback(x, layers, dy, activations, storage, precision) -> tuple[jax.Array, list[jax.Array]]:
+    """The network's vector-Jacobian product with ``dy`` at ``x``: ``dx`` and each layer's bias
+    and weight gradient (flat), ``dy`` rounded to the outputs' dtype as the kernels read it."""
+    y, pullback = jax.vjp(lambda x, layers: _apply(layers, activations, x, storage, precision), x, layers)
+    dx, grads = pullback(dy.astype(y.dtype))
+    return dx, flat_layers(grads)
 
 
 def backward_tangent_twin(
@@ -206,39 +210,20 @@ def backward_tangent_twin(
     that an absent direction, and an activation whose second derivative is zero (LeakyReLU, ReLU,
     none), add no products."""
     layers = _layers(flat)
-    storage = jnp.dtype(dtype)
 
     def gradients(x, layers, dy):
-        y, pullback = jax.vjp(lambda x, layers: _apply(layers, activations, x, storage, precision), x, layers)
-        dx, grads = pullback(dy.astype(y.dtype))
-        return dx, flat_layers(grads)
+        return _pullback(x, layers, dy, activations, jnp.dtype(dtype), precision)
 
     def one_group(x, dy, x_direction, param_directions):
         if param_directions is None:
-            _, (dx, grads) = jax.jvp(lambda x: gradients(x, layers, dy), (x,), (x_direction,))
-        elif x_direction is None:
-            directions = _layers(param_directions)
-            _, (dx, grads) = jax.jvp(lambda layers: gradients(x, layers, dy), (layers,), (directions,))
-        else:
-            directions = _layers(param_directions)
-            _, (dx, grads) = jax.jvp(
-                lambda x, layers: gradients(x, layers, dy), (x, layers), (x_direction, directions)
-            )
-        return [dx] * input_gradient + grads * param_output
+            return jax.jvp(lambda x: gradients(x, layers, dy), (x,), (x_direction,))[1]
+        directions = _layers(param_directions)
+        if x_direction is None:
+            return jax.jvp(lambda layers: gradients(x, layers, dy), (layers,), (directions,))[1]
+        return jax.jvp(lambda x, layers: gradients(x, layers, dy), (x, layers), (x_direction, directions))[1]
 
-    groups = x.shape[:group_ndim]
-    count, samples = math.prod(groups), math.prod(x.shape[group_ndim:-1])
-    flat_x = x.reshape((count, samples) + x.shape[-1:])
-    flat_dy = dy.reshape((count, samples) + dy.shape[-1:])
-    flat_x_direction = None if x_direction is None else x_direction.reshape(flat_x.shape)
-    flat_directions = (
-        None
-        if param_directions is None
-        else [d.reshape((count,) + d.shape[group_ndim:]) for d in param_directions]
-    )
-    results = jax.vmap(one_group)(flat_x, flat_dy, flat_x_direction, flat_directions)
-    shaped = [results[0].reshape(x.shape)] if input_gradient else []
-    return shaped + [g.reshape(groups + g.shape[1:]) for g in results[input_gradient:]]
+    dx, grads = _per_group(one_group, group_ndim, x, dy, x_direction, group_data=(param_directions,))
+    return [dx.reshape(x.shape)] * input_gradient + grads * param_output
 
 
 def loss_grad_twin(
@@ -269,14 +254,15 @@ def loss_grad_twin(
     return [losses, *grads]
 
 
-def _per_group(one_group, group_ndim: int, x, data):
-    """``one_group(x, data) -> (value, sums)`` over each group of the ``group_ndim`` leading axes
-    (their samples flattened, mapped with vmap), ``value`` per sample or per group, the sums per
-    group, all reshaped to those axes."""
+def _per_group(one_group, group_ndim: int, x, *data, group_data=()):
+    """``one_group(x, *data, *group_data) -> (value, sums)`` over each group of the ``group_ndim``
+    leading axes (their samples flattened, mapped with vmap): ``data`` per sample like ``x`` (or
+    None), ``group_data`` pytrees of arrays per group (leading axes the groups'); ``value`` per
+    sample or per group, the sums per group, all reshaped to those axes."""
     groups = x.shape[:group_ndim]
     grouped = (math.prod(groups), math.prod(x.shape[group_ndim:-1]))
-    value, sums = jax.vmap(one_group)(
-        x.reshape(grouped + x.shape[-1:]), data.reshape(grouped + data.shape[-1:])
-    )
+    per_sample = jax.tree.map(lambda a: a.reshape(grouped + a.shape[-1:]), (x, *data))
+    per_group = jax.tree.map(lambda a: a.reshape(grouped[:1] + a.shape[group_ndim:]), group_data)
+    value, sums = jax.vmap(one_group)(*per_sample, *per_group)
     value = value.reshape(groups + value.shape[1:])
     return value, [s.reshape(groups + s.shape[1:]) for s in sums]
