@@ -251,6 +251,42 @@ def test_second_derivatives_bind_the_hessian_vector_product():
     assert hessian and all(key[:2] == (True, True) for key in hessian), hessian
 
 
+@pytest.mark.parametrize("backend", ["auto", "xla"])
+def test_an_input_gradient_nothing_differentiates_in_the_parameters_drops_their_sums(monkeypatch, backend):
+    """jax.jit's dead-code elimination: where nothing reads the parameters' gradients of a backward
+    launch (the input gradient inside an eikonal loss, or jax.grad in x alone), the launch runs
+    with ``param_output`` off, which a backend may run without the sums (the warp tiles'
+    mlp_input_gradient); where they are read, with it on. The gradients are the reference's."""
+    calls = []
+
+    def recording(cls):
+        original = cls.backward
+
+        def backward(self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes):
+            calls.append((input_gradient, param_output))
+            return original(
+                self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes
+            )
+
+        monkeypatch.setattr(cls, "backward", backward)
+
+    recording(_backends.KernelBackend)
+    recording(_backends.Xla)
+    monkeypatch.setattr(slax.config, "mlp_backend", backend)
+    params, x, _ = _problem(WIDE, "float32")
+    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float32")
+    cases = [
+        (jax.grad(_eikonal(nn.mlp_apply)), jax.grad(_eikonal(reference)), (True, False)),
+        (jax.grad(_wavy(nn.mlp_apply), 1), jax.grad(_wavy(reference), 1), (True, False)),
+        (jax.grad(_wavy(nn.mlp_apply), (0, 1)), jax.grad(_wavy(reference), (0, 1)), (True, True)),
+        (jax.grad(_wavy(nn.mlp_apply)), jax.grad(_wavy(reference)), (False, True)),
+    ]
+    for got, want, launched in cases:
+        calls.clear()
+        _assert_close(jax.jit(got)(params, x), want(params, x), "float32")
+        assert calls[:1] == [launched], calls
+
+
 def test_describe_refuses_a_platform_it_does_not_lower_for():
     params, x, _ = _problem(NARROW, "float32")
     with pytest.raises(

@@ -221,10 +221,12 @@ def test_mlp_kernels_lower_in_both_precisions(report):
         arch = Architecture((4, 16, 16, 4), dtype)
         launch = TensorCores().gradient_launch(arch, SM_90, "mlp_loss_grad", 1000, 1000)
         assert (fused["grid"], fused["num_warps"]) == ([launch.blocks, 1, 1], launch.threads // 32)
-        # the forward pass keeps the hidden activations, which the backward pass reads; the
-        # gradient of the parameters alone computes no input gradient
+        # float32: the forward pass keeps the hidden activations, which the backward pass reads;
+        # float16: the warp tiles' backward recomputes them in registers. The gradient of the
+        # parameters alone computes no input gradient
         forward, backward = _launches(report, f"mlp_apply_grad_{dtype}")
-        assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward_params")
+        kept = "mlp_forward_hidden" if dtype == "float32" else "mlp_forward"
+        assert (forward["name"], backward["name"]) == (kept, "mlp_backward_params")
     forward, backward = _launches(report, "mlp_apply_grad_with_input_float32")
     assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward")
 
@@ -302,15 +304,19 @@ def test_float16_loss_and_gradient_of_four_128_wide_layers_lowers_to_warp_rows(r
 
 @needs_tools
 def test_an_eikonal_gradient_lowers_to_the_hessian_kernel(report):
-    """The gradient of an eikonal loss of a float16 3-64x3-1 network lowers to the tensor-core
-    kernels of its first-order parts (the forward pass keeping its hidden layers, the input
-    gradient, the parameters' gradient) and to one launch of the warp tiles' Hessian kernel for
-    the parameters' part of the second derivative: float16 mma.sync, the group's barriers, x,
-    direction, dy, the parameters and their fragments in, a row of sums per thread group out."""
+    """The gradient of an eikonal loss of a float16 3-64x3-1 network lowers to the warp tiles'
+    kernels: of its first-order parts, the forward pass, the input gradient without the
+    parameters' sums (nothing reads them: a warp per tile, no barriers) and the parameters'
+    gradient, and one launch of the Hessian kernel for the parameters' part of the second
+    derivative: float16 mma.sync, the group's barriers, x, direction, dy, the parameters and their
+    fragments in, a row of sums per thread group out."""
     launches = _launches(report, "eikonal_grad_3-64x3-1_float16")
     names = [launch["name"] for launch in launches]
     assert names.count("mlp_hessian_sums") == 1, names
-    assert {"mlp_forward_hidden", "mlp_backward", "mlp_backward_params"} <= set(names), names
+    assert names.count("mlp_input_gradient") == 1, names
+    assert {"mlp_forward", "mlp_backward_params"} <= set(names) and "mlp_backward" not in names, names
+    (dx,) = [launch for launch in launches if launch["name"] == "mlp_input_gradient"]
+    assert (dx["operands"], dx["results"]) == (4, 1) and "bar.sync" not in dx["ptx"]
     (hessian,) = [launch for launch in launches if launch["name"] == "mlp_hessian_sums"]
     assert (hessian["operands"], hessian["results"], hessian["num_warps"]) == (5, 1, 8)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in hessian["ptx"]
@@ -336,9 +342,11 @@ def test_activations_lower_in_every_cuda_kernel_family(report, case):
         ]
         return
     forward, backward = _launches(report, f"activations_apply_grad_{case}")
-    assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward_params")
+    kept = "mlp_forward" if case == "tensor_cores" else "mlp_forward_hidden"  # warp tiles: recomputed
+    assert (forward["name"], backward["name"]) == (kept, "mlp_backward_params")
     for launch in (forward, backward):
-        assert (tensor_cores in launch["ptx"]) == (case == "tensor_cores"), launch["name"]
+        assert (warp_tiles in launch["ptx"]) == (case == "tensor_cores"), launch["name"]
+        assert tensor_cores not in launch["ptx"], launch["name"]
     # the float16 network's loss and gradient on the wide warp tiles (shaders/nn/wide_warp.slang)
     assert (warp_tiles in fused["ptx"]) == (case == "tensor_cores")
     assert tensor_cores not in fused["ptx"]
@@ -377,8 +385,9 @@ def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
         tf32 = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
         assert (tf32 in fused["ptx"]) == (dtype == "float32")
         assert re.search(r"^\.target sm_80$", fused["ptx"], re.MULTILINE)
+        half = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"  # float16: the warp tiles
         for launch in _launches(report, f"mlp_apply_grad_{dtype}"):
-            assert tf32 in launch["ptx"], launch["name"]
+            assert (tf32 if dtype == "float32" else half) in launch["ptx"], launch["name"]
         for launch in (fused, *_launches(report, f"mlp_apply_grad_{dtype}")):
             counts = _tile_copies(launch["ptx"])
             if dtype == "float32":

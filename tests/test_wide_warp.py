@@ -49,14 +49,14 @@ def _ids(sizes):
     ],
 )
 def test_which_networks_take_the_warp_tiles(sizes, dtype, fits):
-    """The tensor_cores backend runs a float16 network at most 64 wide's loss and gradient in the
-    warp tiles (its own kernel, operands and launch), and every other entry point in its tiles."""
+    """The tensor_cores backend runs every entry point of a float16 network at most 64 wide in the
+    warp tiles (their own kernels, operands and launches), and every other network in its tiles."""
     arch, backend = Architecture(sizes, dtype), nn_backends.TensorCores()
     assert nn_wide_warp.wide_warp_fits(sizes, dtype) == fits
     assert backend.wide_warp(arch) == fits
-    spec = backend.kernel(arch, ON_TENSOR_CORES, "mlp_loss_grad")
-    assert ("typealias WideNetwork" in (spec.source or "")) == fits
-    assert "WideNetwork" not in (backend.kernel(arch, ON_TENSOR_CORES, "mlp_backward").source or "")
+    for entry in ("mlp_loss_grad", "mlp_backward", "mlp_backward_params", "mlp_forward"):
+        spec = backend.kernel(arch, ON_TENSOR_CORES, entry)
+        assert ("typealias WideNetwork" in (spec.source or "")) == fits
     launch = backend.gradient_launch(arch, ON_TENSOR_CORES, "mlp_loss_grad", 1 << 18, 1 << 18)
     if fits:
         tiles = launch.share[1]
@@ -76,8 +76,9 @@ def test_the_descriptor_names_the_layers_and_includes_the_kernels():
     assert "{" not in source
     forward, backward, total = nn_wide_warp.fragment_offsets(sizes)
     # blocks of 8 columns by 16 terms: 2 x 3 x 2, 2 x 3 x 3, 2 x 1 x 3; the input gradients' after
-    assert (forward, backward) == ([0, 12, 30], [36, 36, 54]) and total == 60
-    assert f"WideLayer<48, 5, {offsets[2]}, 30, 54, 1, Identity>" in source
+    # (2 x 2 x 3, 2 x 3 x 3, 2 x 3 x 1)
+    assert (forward, backward) == ([0, 12, 30], [36, 48, 66]) and total == 72
+    assert f"WideLayer<48, 5, {offsets[2]}, 30, 66, 1, Identity>" in source
 
 
 @pytest.mark.parametrize("shape", [(16, 32), (20, 48), (5, 48), (48, 5)], ids=_ids)
@@ -136,6 +137,102 @@ def test_warp_tiles_match_the_reference(sizes, device_kind, fused_kernels):
     rows = jnp.zeros((1000, sizes[0]), jnp.float16)
     assert "a warp per tile of 16 samples in registers" in nn.describe(params, rows)["mlp_loss_and_grad"]
     assert_float16_loss_and_grad_match_reference(params, sum(sizes), TOLERANCE)
+
+
+@pytest.mark.parametrize("sizes", WIDE[:4], ids=_ids)
+def test_mlp_apply_and_its_gradients_on_the_warp_tiles_match_the_reference(sizes, device_kind, lowered):
+    """On a CUDA GPU, mlp_apply and jax.grad of a loss of it run the warp tiles' kernels: the forward
+    pass (mlp_forward), the gradient in the parameters (mlp_backward_params), in the parameters and
+    x (mlp_backward) and in x alone (mlp_input_gradient, no sums), each within TOLERANCE of the
+    float32 reference for 1000 samples of a mean loss (cotangents of 1e-3, where the kernels'
+    half gradients need the power-of-two scaling), per-example gradients vmapped over two groups of
+    333 too; the same bits on a second run."""
+    if device_kind != "cuda":
+        pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the tiled kernels run")
+    from _training import cast
+
+    params = nn.mlp_init(jax.random.key(sum(sizes) + 1), sizes, "float16")
+    x = mlp_inputs(params, jax.random.key(8), 1000, "float16")
+    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float16")
+
+    def loss(apply):
+        return lambda params, x: jnp.mean(jnp.sin(1.3 * apply(params, x).astype(jnp.float32)))
+
+    def warp_tiles():
+        return sorted({key[1] for key in lowered if key[2] == "warp tiles"})
+
+    lowered.clear()
+    got = jax.jit(nn.mlp_apply)(params, x)
+    assert warp_tiles() == ["mlp_forward"]
+    assert relative_error(got, reference(*cast((params, x), jnp.float32))) < TOLERANCE
+    for argnums, entry in [(0, "mlp_backward_params"), ((0, 1), "mlp_backward"), (1, "mlp_input_gradient")]:
+        lowered.clear()
+        gradient = jax.jit(jax.grad(loss(nn.mlp_apply), argnums))
+        got, again = gradient(params, x), gradient(params, x)
+        assert warp_tiles() == sorted(["mlp_forward", entry])
+        want = jax.grad(loss(reference), argnums)(*cast((params, x), jnp.float32))
+        for leaf, repeat, wanted in zip(
+            jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
+        ):
+            assert np.array_equal(leaf, repeat), f"{entry}: not deterministic"
+            assert relative_error(leaf, wanted) < TOLERANCE, entry
+    grouped = jax.jit(jax.vmap(jax.grad(loss(nn.mlp_apply), (0, 1)), (None, 0)))(
+        params, x[:666].reshape(2, 333, -1)
+    )
+    for k in range(2):
+        want = jax.grad(loss(reference), (0, 1))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
+        for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
+            assert relative_error(leaf[k], wanted) < TOLERANCE
+
+
+@pytest.mark.parametrize(("group_ndim", "param_output"), [(0, True), (1, True), (1, False)])
+def test_the_backward_kernels_take_dy_scaled_into_halfs_normal_range(monkeypatch, group_ndim, param_output):
+    """The warp tiles' backward scales each group's dy by a power of two (the largest into [0.5,
+    1)) before its kernels, which round each layer's output gradient to half, and scales their
+    results back: cotangents as small as a mean loss's over 2^18 samples (1e-6, below half's
+    normal range) go in and come out exactly. The kernels are replaced by the twin, in float32 on
+    what they are given."""
+    from slax.nn._params import flat_layers
+    from slax.nn._reference import backward_twin
+
+    arch = Architecture((3, 32, 32, 1), "float16")
+    flat = flat_layers(nn.mlp_init(jax.random.key(2), arch.sizes, "float16"))
+    keys = jax.random.split(jax.random.key(4), 2)
+    x = draw_uniform(keys[0], (2, 100, 3), "float16")
+    dy = (draw_uniform(keys[1], (2, 100, 1), "float32") * jnp.array([1e-6, 1e-3])[:, None, None]).astype(
+        jnp.float16
+    )
+    if group_ndim == 0:
+        x, dy = x[0], dy[0]
+    peaks = []
+
+    def twin(x, dy, group_ndim):
+        return backward_twin(x, dy, flat, arch.dtype, arch.activations, group_ndim, True)
+
+    def seen(dy, group_ndim):
+        peaks.append(jnp.abs(dy.astype(jnp.float32)).max(tuple(range(group_ndim, dy.ndim))))
+
+    def gradient(self, arch, platform, entry, data, params, group_ndim, *rest):
+        assert entry == "mlp_backward"
+        seen(data[1], group_ndim)
+        return [jnp.zeros(data[0].shape[:group_ndim]), *twin(*data, group_ndim)]
+
+    def warp_tiles(self, arch, platform, entry, data, params, width, routes):
+        assert entry == "mlp_input_gradient"
+        seen(data[1], group_ndim)
+        return twin(*data, 0)[0]
+
+    monkeypatch.setattr(nn_backends.TensorCores, "gradient", gradient)
+    monkeypatch.setattr(nn_backends.TensorCores, "_warp_tiles", warp_tiles)
+    got = nn_backends.TensorCores().backward(
+        arch, ON_TENSOR_CORES, [x, dy], flat, group_ndim, True, param_output, None
+    )
+    want = twin(x, dy, group_ndim)
+    assert len(got) == (len(want) if param_output else 1)
+    for leaf, wanted in zip(got, want):  # dx: halves, which the unscaled twin rounds in their subnormals
+        tolerance = 1e-6 if wanted.dtype == jnp.float32 else 2e-3
+        assert leaf.dtype == wanted.dtype and relative_error(leaf, wanted) < tolerance
+    assert jnp.all((peaks[0] >= 0.5) & (peaks[0] < 1.0)), peaks
 
 
 HESSIAN = [(3, 64, 64, 64, 1), (20, 48, 48, 5), (16, 32, 16, 32, 8)]

@@ -27,10 +27,12 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
   (``shaders/nn/tiled.slang``), on every platform.
 - ``tensor_cores``: wide networks on CUDA GPUs of compute capability 8.0 and newer, the tiles'
   products as ``mma.sync`` (``shaders/nn/tensor_cores.slang``). A float16 network at most 64 wide
-  runs its fused loss and gradient in warp tiles of halves instead, each warp's 16 samples in
-  registers through every layer (``shaders/nn/wide_warp.slang``): the backend's kernel for that
-  entry point, with its own operands and launch (:meth:`KernelBackend.entry_operands`), and, for
-  networks of LeakyReLU, ReLU and linear layers, its ``hessian_sums`` (``mlp_hessian_sums``).
+  runs every operation in warp tiles of halves instead, each warp's 16 samples in registers
+  through every layer (``shaders/nn/wide_warp.slang``): the backend's kernels for it, with their
+  own operands and launches (:meth:`KernelBackend.entry_operands`), a backward pass that
+  recomputes the forward pass's activations rather than reading them, an input gradient without
+  the parameters' sums, and, for networks of LeakyReLU, ReLU and linear layers, its
+  ``hessian_sums`` (``mlp_hessian_sums``).
 - ``warp_rows``: wide float16 networks whose weight-gradient sums pass a warp's registers, on CUDA
   GPUs of compute capability 8.0 and newer: the fused loss and gradient in warp tiles that write
   each layer's rows, whose weight gradients XLA's products sum (slax/nn/_warp_rows_kernels.py);
@@ -139,11 +141,16 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def forward(self, arch, platform, x, params, keep_hidden: bool, routes: LaunchRoutes) -> list:
-        """``[y]``, or with ``keep_hidden`` ``[y, hidden]``."""
+        """``[y]``, or with ``keep_hidden`` ``[y, hidden]``: ``hidden`` what this backend's backward
+        reads of them (a backend whose backward recomputes them may return zeros, which nothing reads
+        and XLA drops; the primitives run both on one backend, :func:`choose`'s for the same call)."""
 
     @abc.abstractmethod
-    def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes) -> list:
-        """``data``: ``[x, *hidden, dy]``; ``[dx,] *gradients`` (``dx`` with ``input_gradient``)."""
+    def backward(
+        self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes
+    ) -> list:
+        """``data``: ``[x, *hidden, dy]``; ``[dx,] [*gradients]`` (``dx`` with ``input_gradient``, the
+        gradients with ``param_output``: the input gradient inside an eikonal loss reads none)."""
 
     @abc.abstractmethod
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes) -> list:
@@ -235,12 +242,12 @@ class KernelBackend(Backend):
             routes=routes,
         )
 
-    def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes):
+    def backward(self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes):
         x = data[0]
         entry = "mlp_backward" if input_gradient else "mlp_backward_params"
         extra = [(x.shape, arch.dtype)] if input_gradient else []
         _, *results = self.gradient(arch, platform, entry, data, params, group_ndim, extra, (), routes)
-        return results
+        return results if param_output else results[:1]  # no kernel of theirs skips the sums
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         scalars = (("loss_scale", float(loss_scale)),)
@@ -304,7 +311,21 @@ def power_of_two_normalised(values: jax.Array, group_ndim: int) -> tuple[jax.Arr
     return jnp.ldexp(wide, -shaped).astype(values.dtype), exponent
 
 
-WARP_TILE_ENTRIES = ("mlp_loss_grad", "mlp_hessian_sums")
+def scaled_back(value: jax.Array, exponent: jax.Array) -> jax.Array:
+    """``value`` (the groups' axes first, as ``exponent``'s) times 2 ** ``exponent`` per group, in
+    its own dtype: :func:`power_of_two_normalised`'s inverse, exact wherever the result is normal."""
+    shaped = exponent.reshape(exponent.shape + (1,) * (value.ndim - exponent.ndim))
+    return jnp.ldexp(value.astype(jnp.float32), shaped).astype(value.dtype)
+
+
+WARP_TILE_ENTRIES = (
+    "mlp_forward",
+    "mlp_backward",
+    "mlp_backward_params",
+    "mlp_input_gradient",
+    "mlp_loss_grad",
+    "mlp_hessian_sums",
+)
 """The entry points of the warp tiles (``shaders/nn/wide_warp.slang``)."""
 
 
@@ -498,8 +519,7 @@ class TensorCores(_Tiles):
 
     @staticmethod
     def wide_warp(arch: Architecture) -> bool:
-        """Whether its ``mlp_loss_grad`` (and ``mlp_hessian_sums``) for ``arch`` are the warp tiles'
-        (``shaders/nn/wide_warp.slang``)."""
+        """Whether its kernels for ``arch`` are the warp tiles' (``shaders/nn/wide_warp.slang``)."""
         return _wide_warp_kernels.wide_warp_fits(arch.sizes, arch.dtype)
 
     def _on_warp_tiles(self, arch: Architecture, entry: str) -> bool:
@@ -542,10 +562,57 @@ class TensorCores(_Tiles):
             arch, platform, "mlp_hessian_sums", [x, direction, dy], params, group_ndim, [], (), routes
         )
         exponent = direction_exponent + dy_exponent  # per group
-        return [
-            jnp.zeros_like(s) if k % 2 == 0 else jnp.ldexp(s, exponent.reshape(exponent.shape + (1, 1)))
-            for k, s in enumerate(sums)
-        ]
+        return [jnp.zeros_like(s) if k % 2 == 0 else scaled_back(s, exponent) for k, s in enumerate(sums)]
+
+    def forward(self, arch, platform, x, params, keep_hidden, routes):
+        """On the warp tiles, ``mlp_forward``; the hidden activations' place holds zeros, since the
+        warp tiles' backward recomputes them in registers."""
+        if not self.wide_warp(arch):
+            return super().forward(arch, platform, x, params, keep_hidden, routes)
+        y = self._warp_tiles(arch, platform, "mlp_forward", [x], params, arch.sizes[-1], routes)
+        if not keep_hidden:
+            return [y]
+        return [y, jnp.zeros(x.shape[:-1] + (_kernels.hidden_width(arch.sizes),), arch.dtype)]
+
+    def backward(self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes):
+        """On the warp tiles, from ``x`` (the forward pass again, in registers) and ``dy``, entering
+        scaled by a power of two per group (:func:`power_of_two_normalised`; the results leave
+        unscaled): the tiles round each layer's output gradient to half, where a mean loss's
+        cotangents over many samples (2 / N of a residual: 8e-6 at 2^18) lie near or below half's
+        normal range (6e-5). The input gradient alone (``param_output`` off) runs
+        ``mlp_input_gradient``, a warp per tile with no sums."""
+        if not self.wide_warp(arch):
+            return super().backward(
+                arch, platform, data, params, group_ndim, input_gradient, param_output, routes
+            )
+        x, dy = data[0], data[-1]
+        dy, exponent = power_of_two_normalised(dy, group_ndim)
+        if not param_output:
+            if not input_gradient:
+                return []
+            dx = self._warp_tiles(
+                arch, platform, "mlp_input_gradient", [x, dy], params, arch.sizes[0], routes
+            )
+            return [scaled_back(dx, exponent)]
+        entry = "mlp_backward" if input_gradient else "mlp_backward_params"
+        extra = [(x.shape, arch.dtype)] if input_gradient else []
+        _, *results = self.gradient(arch, platform, entry, [x, dy], params, group_ndim, extra, (), routes)
+        return [scaled_back(r, exponent) for r in results]
+
+    def _warp_tiles(self, arch, platform, entry, data, params, width, routes) -> jax.Array:
+        """Kernel ``entry`` of the warp tiles a warp per tile of 16 samples (no sums) on ``data``
+        (per-sample arrays, ``x`` first): its per-sample result, ``width`` values a sample."""
+        samples = math.prod(data[0].shape[:-1])
+        count = _wide_warp_kernels.warp_tile_threads(samples)
+        (result,) = run_kernel(
+            wide_warp_kernel(arch, entry),
+            [*data, *self.entry_operands(arch, platform, entry, params)],
+            ((data[0].shape[:-1] + (width,), arch.dtype),),
+            count,
+            (("count", count), ("samples", samples)),
+            routes=routes,
+        )
+        return result
 
     def operands(self, arch, params):
         """The packed parameters, and the weights as mma.sync B fragments."""
@@ -615,12 +682,13 @@ class Xla(Backend):
             )
         return [apply_twin(x, params, arch.dtype, arch.activations, precision)]
 
-    def backward(self, arch, platform, data, params, group_ndim, input_gradient, routes):
+    def backward(self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes):
         x, dy = data[0], data[-1]  # the hidden activations between them: the twin recomputes them
         precision = xla_products(arch, platform)
-        return backward_twin(
+        results = backward_twin(
             x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision
         )
+        return results if param_output else results[:1]  # XLA drops the sums' products
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         return loss_grad_twin(

@@ -62,10 +62,13 @@ def _forward(x, *params, arch, keep_hidden, request, routes, platform):
 # --- gradients ----------------------------------------------------------------------------------
 
 
-def _backward_abstract_eval(*operands, arch, group_ndim, hidden, input_gradient, request, routes):
+def _backward_abstract_eval(
+    *operands, arch, group_ndim, hidden, input_gradient, param_output, request, routes
+):
     x = operands[0]
     dx = [result_aval(x.shape, x.dtype, operands)] if input_gradient else []
-    return dx + [result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, arch, group_ndim)]
+    sums = _grad_shapes(x, arch, group_ndim) if param_output else []
+    return dx + [result_aval(shape, jnp.float32, operands) for shape in sums]
 
 
 def _loss_grad_abstract_eval(x, target, *params, arch, group_ndim, loss_scale, request, routes):
@@ -75,27 +78,37 @@ def _loss_grad_abstract_eval(x, target, *params, arch, group_ndim, loss_scale, r
     ]
 
 
-def _backward(*operands, arch, group_ndim, hidden, input_gradient, request, routes, platform):
-    """``x, [hidden,] dy, *params -> [dx,] *grads``: with ``hidden``, from the hidden activations
+def _backward(*operands, arch, group_ndim, hidden, input_gradient, param_output, request, routes, platform):
+    """``x, [hidden,] dy, *params -> [dx,] [*grads]``: with ``hidden``, from the hidden activations
     the forward pass kept (``mlp_forward_p`` with ``keep_hidden``); ``dx`` only with
-    ``input_gradient`` (else ``mlp_backward_params``, which computes none)."""
+    ``input_gradient`` (else ``mlp_backward_params``, which computes none), the gradients only with
+    ``param_output``."""
     num_data = 3 if hidden else 2
     data, params = operands[:num_data], operands[num_data:]
     choice = choose(arch, platform, math.prod(data[0].shape[:-1]), request)
-    return choice.backend.backward(arch, choice.platform, data, params, group_ndim, input_gradient, routes)
+    return choice.backend.backward(
+        arch, choice.platform, data, params, group_ndim, input_gradient, param_output, routes
+    )
 
 
 def _backward_dead_code(used_outputs: list[bool], equation):
     """jax.jit's dead-code elimination of a backward launch: where nothing reads ``dx`` (a gradient
     of the parameters alone, as a training step takes it), the launch of ``mlp_backward_params``,
     which computes none (for wide networks, a quarter of the backward products fewer); where
-    nothing reads any result, none."""
+    nothing reads the parameters' gradients (the input gradient inside an eikonal loss), a launch
+    without them (``param_output`` off: the backends that can skip their sums do); where nothing
+    reads any result, none."""
     if not any(used_outputs):
         return [False] * len(equation.invars), None
-    if equation.params["input_gradient"] and not used_outputs[0]:
-        params = {**equation.params, "input_gradient": False}
-        equation = equation.replace(params=params, outvars=equation.outvars[1:])
-    return [True] * len(equation.invars), equation
+    params, outvars = dict(equation.params), list(equation.outvars)
+    if params["input_gradient"] and not used_outputs[0]:
+        params["input_gradient"] = False
+        outvars, used_outputs = outvars[1:], used_outputs[1:]
+    sums = slice(1 if params["input_gradient"] else 0, None)
+    if params["param_output"] and not any(used_outputs[sums]):
+        params["param_output"] = False
+        outvars = outvars[: sums.start]
+    return [True] * len(equation.invars), equation.replace(params=params, outvars=outvars)
 
 
 def _loss_grad(x, target, *params, arch, group_ndim, loss_scale, request, routes, platform):
@@ -186,6 +199,7 @@ def _tangent_transpose(cotangents, *operands, arch, hidden, request, routes):
         group_ndim=0,
         hidden=hidden,
         input_gradient=input_gradient,
+        param_output=True,
         request=request,
         routes=routes,
     )
@@ -233,7 +247,7 @@ def _backward_jvp(primals, tangents, **params):
                 input_gradient=params["input_gradient"],
                 x_direction=x_direction,
                 param_direction=param_direction,
-                param_output=True,
+                param_output=params["param_output"],
                 request=params["request"],
                 routes=params["routes"],
             )
@@ -243,13 +257,15 @@ def _backward_jvp(primals, tangents, **params):
     return outputs, [functools.reduce(jnp.add, parts) for parts in zip(*terms)]
 
 
-def _backward_transpose(cotangents, *operands, arch, group_ndim, hidden, input_gradient, request, routes):
+def _backward_transpose(
+    cotangents, *operands, arch, group_ndim, hidden, input_gradient, param_output, request, routes
+):
     """The Jacobian-vector product: ``dx, *dparams -> dy``, per group for vmapped groups."""
     x, kept, dy, params = operands[0], operands[1 : 1 + hidden], operands[1 + hidden], operands[2 + hidden :]
     _refuse_nonlinear("mlp_backward", [x, *kept, *params])
     cotangents = list(cotangents)
     dx = cotangents.pop(0) if input_gradient else Zero(jax.typeof(x).to_tangent_aval())
-    if all(type(c) is Zero for c in [dx, *cotangents]):
+    if all(type(c) is Zero for c in [dx, *cotangents]):  # no sums' cotangents without param_output
         return [None] * len(operands)
 
     def tangent(x, kept, dx, dparams):
@@ -259,7 +275,10 @@ def _backward_transpose(cotangents, *operands, arch, group_ndim, hidden, input_g
 
     for _ in range(group_ndim):  # each group's parameter cotangent is its own tangent
         tangent = jax.vmap(tangent)
-    dparams = [instantiate_zeros(c).astype(p.dtype) for c, p in zip(cotangents, params)]
+    if param_output:
+        dparams = [instantiate_zeros(c).astype(p.dtype) for c, p in zip(cotangents, params)]
+    else:
+        dparams = [jnp.zeros(x.shape[:group_ndim] + p.shape, p.dtype) for p in params]
     dy_cotangent = tangent(x, list(kept), instantiate_zeros(dx).astype(x.dtype), dparams)
     return [None] * (1 + len(kept)) + [dy_cotangent.astype(dy.aval.dtype)] + [None] * len(params)
 

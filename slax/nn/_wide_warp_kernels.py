@@ -1,11 +1,10 @@
-"""Slang source for a wide float16 network's fused loss and gradient on NVIDIA tensor cores, each
-warp's tile of 16 samples in registers through every layer (``shaders/nn/wide_warp.slang``), for JAX
-on CUDA.
+"""Slang source for a wide float16 network's kernels on NVIDIA tensor cores, each warp's tile of 16
+samples in registers through every layer (``shaders/nn/wide_warp.slang``), for JAX on CUDA.
 
-The kernel runs ``mlp_loss_grad`` of the ``tensor_cores`` backend (slax/nn/_backends.py) where
-:func:`wide_warp_fits` says so; the backend's other kernels are the tensor-core tiles'. What Python
-writes is a descriptor of the network (:func:`wide_warp_source`), and the operand the kernel reads
-the weights from (:func:`half_fragments`).
+The kernels run every operation of the ``tensor_cores`` backend (slax/nn/_backends.py) where
+:func:`wide_warp_fits` says so; elsewhere the backend's kernels are the tensor-core tiles'. What
+Python writes is a descriptor of the network (:func:`wide_warp_source`), and the operand the
+kernels read the weights from (:func:`half_fragments`).
 """
 
 from __future__ import annotations
@@ -28,31 +27,36 @@ TILE_SAMPLES = 16 * WARPS
 """Samples a thread group runs at once: 16 per warp."""
 
 
+def warp_tile_threads(samples: int) -> int:
+    """Threads of a launch a warp per tile of 16 of ``samples`` (``mlp_forward``,
+    ``mlp_input_gradient``), in whole thread groups of ``WARPS`` warps."""
+    return -(-samples // TILE_SAMPLES) * 32 * WARPS
+
+
 def _blocks(width: int) -> int:
     """Blocks of 16 columns that hold ``width`` values."""
     return math.ceil(width / 16)
 
 
 def wide_warp_fits(sizes: tuple[int, ...], dtype: str) -> bool:
-    """Whether ``shaders/nn/wide_warp.slang`` runs the loss and gradient of ``sizes`` (a wide
-    network: the caller checks that its gradient sums exceed a thread's) in ``dtype``: float16, every
-    layer at most WIDE_WARP_WIDTH wide. float32 stays on the tensor-core tiles' 3xTF32 products."""
+    """Whether ``shaders/nn/wide_warp.slang`` runs the network of ``sizes`` (a wide network: the
+    caller checks that its gradient sums exceed a thread's) in ``dtype``: float16, every layer at
+    most WIDE_WARP_WIDTH wide. float32 stays on the tensor-core tiles' 3xTF32 products."""
     return dtype == "float16" and max(sizes) <= WIDE_WARP_WIDTH
 
 
 def fragment_offsets(sizes: tuple[int, ...]) -> tuple[list[int], list[int], int]:
     """Where each layer's B fragments start in :func:`half_fragments`, in blocks of 32 lanes' 8
-    bytes: its weight's for the forward pass, its transpose's for the input gradient (none for the
-    first layer, whose input gradient the loss's gradient never needs); and the blocks in all."""
+    bytes: its weight's for the forward pass, its transpose's for the input gradient; and the blocks
+    in all."""
     forward, backward, total = [], [], 0
     layers = list(zip(sizes[:-1], sizes[1:]))
     for n_in, n_out in layers:
         forward.append(total)
         total += 2 * _blocks(n_out) * _blocks(n_in)
-    for k, (n_in, n_out) in enumerate(layers):
+    for n_in, n_out in layers:
         backward.append(total)
-        if k > 0:
-            total += 2 * _blocks(n_in) * _blocks(n_out)
+        total += 2 * _blocks(n_in) * _blocks(n_out)
     return forward, backward, total
 
 
@@ -72,10 +76,10 @@ def _b_fragments(matrix: jax.Array) -> jax.Array:
 
 def half_fragments(weights: list[jax.Array]) -> jax.Array:
     """The kernel's fragments operand (uint32, :func:`fragment_offsets`' layout) from each layer's
-    weight (Out x In): every layer's W^T as B fragments for the forward pass, then the W of every
-    layer but the first for the input gradients (one small XLA fusion). The parameters of a
-    float16 network are halves, so the conversion is exact."""
-    return jnp.concatenate([_b_fragments(w) for w in weights] + [_b_fragments(w.T) for w in weights[1:]])
+    weight (Out x In): every layer's W^T as B fragments for the forward pass, then every layer's W
+    for the input gradients (one small XLA fusion). The parameters of a float16 network are halves,
+    so the conversion is exact."""
+    return jnp.concatenate([_b_fragments(w) for w in weights] + [_b_fragments(w.T) for w in weights])
 
 
 @functools.cache
