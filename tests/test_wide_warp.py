@@ -109,6 +109,13 @@ def test_every_device_kind_reflects_the_kernel(device_kind):
     compiles for every target, its tensor-core instructions NaN elsewhere."""
     arch = Architecture((20, 48, 48, 5), "float16")
     device = get_device(slax.DeviceKind(device_kind))
+    for entry, pointers in [
+        ("mlp_backward", ["x", "dy", "params", "fragments", "partials", "dx"]),
+        ("mlp_forward", ["x", "params", "fragments", "y"]),
+        ("mlp_input_gradient", ["x", "dy", "params", "fragments", "dx"]),
+    ]:
+        parameters = kernel_parameters(device, nn_backends.wide_warp_kernel(arch, entry))
+        assert [name for name, _ in parameters.pointers] == pointers, entry
     parameters = kernel_parameters(device, nn_backends.wide_warp_kernel(arch, "mlp_loss_grad"))
     assert [name for name, _ in parameters.pointers] == ["x", "target", "params", "fragments", "partials"]
     scalars = ["count", "samples_per_group", "blocks_per_group", "tiles_per_block"]
