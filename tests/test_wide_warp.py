@@ -192,6 +192,18 @@ def test_mlp_apply_and_its_gradients_on_the_warp_tiles_match_the_reference(sizes
             assert relative_error(leaf[k], wanted) < TOLERANCE
 
 
+def test_power_of_two_normalisation_only_scales_up():
+    """Each group below 0.5 is raised into [0.5, 1) by a power of two, exactly (scaled back, the same
+    bits); a group at or past 0.5 stays as it is, since scaling it down would push its small values
+    into half's subnormals (a dy of 1000 beside one of 1e-3); zeros stay zeros."""
+    values = jnp.array([[1000.0, 1.234e-3], [1e-6, -3e-7], [0.0, 0.0]], jnp.float16)
+    scaled, exponent = nn_backends.power_of_two_normalised(values, 1)
+    assert exponent.tolist() == [0, -19, 0]
+    assert np.array_equal(scaled[0], values[0]) and not jnp.any(scaled[2])
+    assert 0.5 <= float(jnp.max(jnp.abs(scaled[1]))) < 1.0
+    assert np.array_equal(nn_backends.scaled_back(scaled, exponent), values)
+
+
 @pytest.mark.parametrize(("group_ndim", "param_output"), [(0, True), (1, True), (1, False)])
 def test_the_backward_kernels_take_dy_scaled_into_halfs_normal_range(monkeypatch, group_ndim, param_output):
     """The warp tiles' backward scales each group's dy by a power of two (the largest into [0.5,

@@ -247,7 +247,7 @@ class KernelBackend(Backend):
         entry = "mlp_backward" if input_gradient else "mlp_backward_params"
         extra = [(x.shape, arch.dtype)] if input_gradient else []
         _, *results = self.gradient(arch, platform, entry, data, params, group_ndim, extra, (), routes)
-        return results if param_output else results[:1]  # no kernel of theirs skips the sums
+        return results if param_output else results[: int(input_gradient)]  # none of theirs skips the sums
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         scalars = (("loss_scale", float(loss_scale)),)
@@ -300,13 +300,15 @@ def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
 
 def power_of_two_normalised(values: jax.Array, group_ndim: int) -> tuple[jax.Array, jax.Array]:
     """``values`` (groups, then samples and columns) times a power of two per group of the
-    ``group_ndim`` leading axes, its largest magnitude then in [0.5, 1) (1 where all are zero or
-    one is not finite), in their own dtype; and the exponents ``e`` (int32, per group) with
-    ``values == ldexp(scaled, e)``. Exact: scaling by a power of two changes no significand."""
+    ``group_ndim`` leading axes, raising a group whose largest magnitude is below 0.5 into [0.5, 1)
+    (a group already at or past 0.5, all zero or holding a value not finite stays as it is), in
+    their own dtype; and the exponents ``e`` (int32, per group, at most 0) with ``values ==
+    ldexp(scaled, e)``. Exact: scaling up by a power of two keeps every significand, where scaling
+    down would push a group's smallest values into half's subnormals."""
     wide = values.astype(jnp.float32)
     peak = jnp.max(jnp.abs(wide), axis=tuple(range(group_ndim, values.ndim)), initial=0.0)
     _, exponent = jnp.frexp(jnp.where(jnp.isfinite(peak), peak, 0.0))
-    exponent = exponent.astype(jnp.int32)
+    exponent = jnp.minimum(exponent, 0).astype(jnp.int32)
     shaped = exponent.reshape(exponent.shape + (1,) * (values.ndim - group_ndim))
     return jnp.ldexp(wide, -shaped).astype(values.dtype), exponent
 
@@ -576,24 +578,26 @@ class TensorCores(_Tiles):
 
     def backward(self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes):
         """On the warp tiles, from ``x`` (the forward pass again, in registers) and ``dy``, entering
-        scaled by a power of two per group (:func:`power_of_two_normalised`; the results leave
+        scaled up by a power of two per group (:func:`power_of_two_normalised`; the results leave
         unscaled): the tiles round each layer's output gradient to half, where a mean loss's
         cotangents over many samples (2 / N of a residual: 8e-6 at 2^18) lie near or below half's
         normal range (6e-5). The input gradient alone (``param_output`` off) runs
-        ``mlp_input_gradient``, a warp per tile with no sums."""
+        ``mlp_input_gradient``, a warp per tile with no sums, its dy scaled per sample (no sum
+        mixes samples there)."""
         if not self.wide_warp(arch):
             return super().backward(
                 arch, platform, data, params, group_ndim, input_gradient, param_output, routes
             )
         x, dy = data[0], data[-1]
-        dy, exponent = power_of_two_normalised(dy, group_ndim)
         if not param_output:
             if not input_gradient:
                 return []
+            dy, exponent = power_of_two_normalised(dy, dy.ndim - 1)
             dx = self._warp_tiles(
                 arch, platform, "mlp_input_gradient", [x, dy], params, arch.sizes[0], routes
             )
             return [scaled_back(dx, exponent)]
+        dy, exponent = power_of_two_normalised(dy, group_ndim)
         entry = "mlp_backward" if input_gradient else "mlp_backward_params"
         extra = [(x.shape, arch.dtype)] if input_gradient else []
         _, *results = self.gradient(arch, platform, entry, [x, dy], params, group_ndim, extra, (), routes)
@@ -688,7 +692,7 @@ class Xla(Backend):
         results = backward_twin(
             x, dy, params, arch.dtype, arch.activations, group_ndim, input_gradient, precision
         )
-        return results if param_output else results[:1]  # XLA drops the sums' products
+        return results if param_output else results[: int(input_gradient)]  # XLA drops the sums' products
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         return loss_grad_twin(
