@@ -252,11 +252,14 @@ def test_second_derivatives_bind_the_hessian_vector_product():
 
 
 @pytest.mark.parametrize("backend", ["auto", "xla"])
-def test_an_input_gradient_nothing_differentiates_in_the_parameters_drops_their_sums(monkeypatch, backend):
+def test_an_input_gradient_nothing_differentiates_in_the_parameters_drops_their_sums(
+    monkeypatch, backend, lowered
+):
     """jax.jit's dead-code elimination: where nothing reads the parameters' gradients of a backward
     launch (the input gradient inside an eikonal loss, or jax.grad in x alone), the launch runs
-    with ``param_output`` off, which a backend may run without the sums (the warp tiles'
-    mlp_input_gradient); where they are read, with it on. The gradients are the reference's."""
+    with ``param_output`` off, which a backend may run without the sums (the tile families' and
+    the warp tiles' mlp_input_gradient); where they are read, with it on. The gradients are the
+    reference's."""
     calls = []
 
     def recording(cls):
@@ -283,8 +286,11 @@ def test_an_input_gradient_nothing_differentiates_in_the_parameters_drops_their_
     ]
     for got, want, launched in cases:
         calls.clear()
+        lowered.clear()
         _assert_close(jax.jit(got)(params, x), want(params, x), "float32")
         assert calls[:1] == [launched], calls
+        dx_alone = [key[1] for key in lowered if key[1] == "mlp_input_gradient"]
+        assert dx_alone == (["mlp_input_gradient"] if launched == (True, False) and backend == "auto" else [])
 
 
 def test_describe_refuses_a_platform_it_does_not_lower_for():

@@ -242,12 +242,18 @@ class KernelBackend(Backend):
             routes=routes,
         )
 
+    input_gradient_kernel: ClassVar[bool] = False
+    """Whether the family has ``mlp_input_gradient``: ``mlp_backward``'s operands and results, dx
+    alone computed (where nothing reads the parameters' gradients, ``param_output`` off)."""
+
     def backward(self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes):
         x = data[0]
         entry = "mlp_backward" if input_gradient else "mlp_backward_params"
+        if input_gradient and not param_output and self.input_gradient_kernel:
+            entry = "mlp_input_gradient"
         extra = [(x.shape, arch.dtype)] if input_gradient else []
         _, *results = self.gradient(arch, platform, entry, data, params, group_ndim, extra, (), routes)
-        return results if param_output else results[: int(input_gradient)]  # none of theirs skips the sums
+        return results if param_output else results[: int(input_gradient)]
 
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
         scalars = (("loss_scale", float(loss_scale)),)
@@ -451,6 +457,8 @@ def samples_per_thread(samples: int, per_group: int, warp_tiles: bool = False) -
 class _Tiles(KernelBackend):
     """Wide networks' kernels, a tile of samples per thread group of TILE_THREADS
     (slax/nn/_tiled_kernels.py); each family lays its tiles out its own way (:meth:`layout`)."""
+
+    input_gradient_kernel = True
 
     @abc.abstractmethod
     def layout(self, arch: Architecture):

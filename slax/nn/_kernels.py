@@ -10,7 +10,10 @@ output layer). Every kernel family has these entry points:
   nothing reads it (slax/nn/_primitives.py, ``_backward_dead_code``: a training step's gradient,
   whose data need none); wide networks' kernels then skip the first layer's input-gradient
   product (about a quarter of the digits network's backward products).
-- wide networks only (:func:`hidden_width`): ``mlp_forward_hidden``, ``x, params -> y, hidden``,
+- wide networks only: ``mlp_input_gradient``, ``mlp_backward``'s operands and results, ``dx``
+  alone computed, where nothing reads the parameters' gradients (``_backward_dead_code`` again:
+  the input gradient inside an eikonal loss); and (:func:`hidden_width`) ``mlp_forward_hidden``,
+  ``x, params -> y, hidden``,
   which keeps each sample's hidden activations, and both backward kernels read them (``x, hidden,
   dy, params -> ...``) instead of running the forward pass again.
 - ``mlp_loss_grad``: ``x, target, params -> partial sums``: ``bwd_diff`` of each sample's squared

@@ -179,7 +179,8 @@ def tile_kernels_source(network: Network, family: TileFamily) -> str:
     architecture (``T``, the tiles, ``Network``: the chain of layer types, and its sizes as
     ``static const``s) that includes ``shaders/nn/tile_kernels.slang``, where the entry points
     (``mlp_forward``, ``mlp_forward_hidden``, ``mlp_backward``, ``mlp_backward_params``,
-    ``mlp_loss_grad``; their operands: slax/nn/_kernels.py) are written once."""
+    ``mlp_input_gradient``, ``mlp_loss_grad``; their operands: slax/nn/_kernels.py) are written
+    once."""
     imports = "".join(f"import {module};\n" for module in ("slax.kernel", *family.modules))
     tiles = "".join(f"typealias {name} = {tile};\n" for name, tile in family.tiles.items())
     last = len(network.layers)
