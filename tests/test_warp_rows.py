@@ -129,7 +129,9 @@ def test_the_descriptor_names_the_layers_and_includes_the_kernel():
     assert "static const int Width = 48;" in source and "static const int Layers = 4;" in source
     assert source.rstrip().endswith('#include "nn/warp_rows.slang"')
     assert "{" not in source
-    assert f"RowsLayer<3, 48, 5, {offsets[3]}, 48, 90, Identity>" in source
+    # fragments: every layer's forward blocks (12, 18, 18, 6), then every layer's input-gradient
+    # blocks (12, 18, 18, 6; the first layer's too, which the warp tiles' dx reads)
+    assert f"RowsLayer<3, 48, 5, {offsets[3]}, 48, 102, Identity>" in source
 
 
 def test_every_device_kind_reflects_the_kernel(device_kind):
