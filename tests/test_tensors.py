@@ -144,6 +144,27 @@ def test_vector_elements_vector_call_id_and_plain_tensors(mod):
     close(d_albedo, jnp.zeros_like(albedo))
 
 
+def test_vector_elements_gradients_add_whole_elements():
+    """float4 and float2 elements gathered by 4096 calls at 16 and 8 indices (hundreds of calls
+    adding into each element, atomically on a GPU): the gradients are JAX's scatter-add, under jit."""
+    gather = slax.load_module(TENSOR_MODULE).gather_vectors
+    keys = jax.random.split(jax.random.key(8), 6)
+    n = 4096
+    colours, pairs = jax.random.normal(keys[0], (16, 4)), jax.random.normal(keys[1], (8, 2))
+    i, j = jax.random.randint(keys[2], (n,), 0, 16), jax.random.randint(keys[3], (n,), 0, 8)
+    colour_weight, pair_weight = jax.random.normal(keys[4], (n, 4)), jax.random.normal(keys[5], (n, 2))
+
+    def twin(colours, pairs, i, j, colour_weight, pair_weight):
+        return (colours[i] * colour_weight).sum(-1) + (pairs[j] * pair_weight).sum(-1)
+
+    args = (i, j, colour_weight, pair_weight)
+    close(gather(colours, pairs, *args), twin(colours, pairs, *args))
+    slang = jax.jit(jax.grad(lambda c, p: gather(c, p, *args).sum(), (0, 1)))(colours, pairs)
+    want = jax.grad(lambda c, p: twin(c, p, *args).sum(), (0, 1))(colours, pairs)
+    for got, expected in zip(slang, want):
+        close(got, expected)
+
+
 def test_jit_vmap_scan_and_pytrees(mod, bilinear, texture_and_uv):
     """vmap over the tensor and over the element-wise argument (one launch each), lax.scan, and a
     dict of parameters through jax.grad, all under jit."""
