@@ -44,7 +44,7 @@ rows as a table per width and dtype:
         --batch 16384 262144 1048576 --dtype float16 float32 --json runs/bench-wide.json
 
 ``--network texture`` (not run unless named) times experiments/texture.py's step instead: a
-512x512x3 texture fitted through a bilinear sampler at ``--batch`` random points a step, the
+512x512 RGBA texture fitted through a bilinear sampler at ``--batch`` random points a step, the
 target sampled from a fixed random image by the same sampler; slax's sampler reads the texture as a
 SlangPy ``IDiffTensor`` and adds its gradient with atomic adds, plain JAX's (row ``jax``, the only
 plain-JAX row: it has no matmuls and no layers) gathers and scatter-adds. Its floor counts no
@@ -189,8 +189,8 @@ from _training import (
 import slax
 from slax import nn
 
-TEXTURE_SHAPE = (512, 512, 3)
-"""The ``texture`` workload's texture: the issue's size, that of experiments/texture.py."""
+TEXTURE_SHAPE = (512, 512, 4)
+"""The ``texture`` workload's texture: the issue's size, RGBA as experiments/texture.py's."""
 PEAKS = {
     "H100 80GB HBM3": (67e12, 3.35e12),  # H100 SXM5: FP32 (non-tensor) FLOP/s, HBM3 bytes/s
     "H100 PCIe": (51e12, 2.0e12),
@@ -205,12 +205,13 @@ def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
     twice that except no input gradient for the first layer (sdf: the forward pass, the input
     gradient, and the backward pass of each, twice their products); the batch (inputs and targets
     or int32 labels) written by the sampler and read by the model. The texture fit: no FLOPs to
-    speak of; its batch (uv and three-channel targets) written and read, and Adam's pass over the
+    speak of; its batch (uv and four-channel targets) written and read, and Adam's pass over the
     texture (its gradient, the texture and both moments read, the texture and both moments
     written)."""
     if network == "texture":
         texels = TEXTURE_SHAPE[0] * TEXTURE_SHAPE[1] * TEXTURE_SHAPE[2]
-        return 0.0, float(2 * batch * (2 + 3) * jnp.dtype(dtype).itemsize + 7 * texels * 4)
+        channels = TEXTURE_SHAPE[2]
+        return 0.0, float(2 * batch * (2 + channels) * jnp.dtype(dtype).itemsize + 7 * texels * 4)
     sizes = harness.network_sizes(network)
     pairs = list(zip(sizes[:-1], sizes[1:]))
     products = batch * sum(a * b for a, b in pairs)
@@ -438,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     networks = harness.workloads(args)
     if "texture" in networks and set(args.dtype) != {"float32"}:
         print(
-            "the texture fit runs in float32 only (its sampler reads IDiffTensor<float, 3>): no float16 rows"
+            "the texture fit runs in float32 only (its sampler reads IDiffTensor<float4, 2>): no float16 rows"
         )
     peaks = device_peaks(args.peak_tflops, args.peak_gbps)
     print(harness.describe_platform(args.device))

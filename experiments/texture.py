@@ -1,23 +1,26 @@
 """Fit a texture to a photograph through a differentiable bilinear sampler written in Slang.
 
-The texture, (size, size, 3) float32 texels starting from uniform noise, is the only parameter. Each
-step draws --batch points uv uniformly in [0, 1]^2, samples the photograph there (the target) and
-the texture (the prediction) with bilinear interpolation, and takes one optax Adam step on their
+The texture, (size, size, 4) float32 RGBA texels starting from uniform noise, is the only parameter.
+Each step draws --batch points uv uniformly in [0, 1]^2, samples the photograph there (the target)
+and the texture (the prediction) with bilinear interpolation, and takes one optax Adam step on their
 squared error; the whole loop runs in jitted lax.scan chunks. slax's sampler is sample_bilinear in
-shaders/texture.slang, which reads the texture as SlangPy's IDiffTensor<float, 3>: its backward pass
-adds each sample's gradient into the texture's gradient buffer with atomic adds. Beside it the same
-model in plain JAX (bilinear_reference: a gather, whose gradient XLA computes as a scatter-add)
-trains from the same texture on the same points. Each model samples its targets with its own sampler.
+shaders/texture.slang, which reads the texture as SlangPy's IDiffTensor<float4, 2>: its backward
+pass adds each sample's gradient into the texture's gradient buffer with atomic adds (on a CUDA GPU
+from sm_90, one vector reduction a texel). Beside it the same model in plain JAX
+(bilinear_reference: a gather, whose gradient XLA computes as a scatter-add) trains from the same
+texture on the same points. Each model samples its targets with its own sampler.
 
 The photograph is Grace Hopper's portrait from matplotlib's sample data (600x512), its central
-512x512 crop, averaged over blocks down to --size.
+512x512 crop, averaged over blocks down to --size, opaque (alpha 1). Texels are RGBA, as a GPU
+texture's are: a texel is then one 16-byte element, which the GPU loads and adds into at once
+(plain JAX trains as fast on RGBA as on RGB texels: BENCHMARKS.md, "The texture fit").
 
     python experiments/texture.py --steps 500 --batch 65536
 
-Writes metrics.json (per model the texture's MSE against the photograph and its PSNR), loss.png and
-texture.png (the photograph, both fits and slax's error) to --out. With --target-psnr, exits 1 if
-slax's texture ends below it (the sampler can represent the photograph exactly: the default run ends
-near 88 dB in plain JAX, float32's rounding; short runs stay lower).
+Writes metrics.json (per model the texture's MSE against the photograph's colours and its PSNR),
+loss.png and texture.png (the photograph, both fits and slax's error, in RGB) to --out. With
+--target-psnr, exits 1 if slax's texture ends below it (the sampler can represent the photograph
+exactly: the default run ends near 88 dB in plain JAX, float32's rounding; short runs stay lower).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.dtype != "float32":
         parser.error(
-            "--dtype float16: the sampler reads a float texture (IDiffTensor<float, 3>); use float32."
+            "--dtype float16: the sampler reads a float texture (IDiffTensor<float4, 2>); use float32."
         )
     if args.size < 1 or PHOTOGRAPH_SIZE % args.size:
         parser.error(f"--size must divide {PHOTOGRAPH_SIZE} (the photograph's crop); got {args.size}.")
@@ -76,14 +79,14 @@ from _training import fit, result_line
 import slax
 
 Sampler = Callable[[jax.Array, jax.Array], jax.Array]
-"""``(texture (H, W, 3), uv (N, 2)) -> (N, 3)``: bilinear samples at ``uv`` in [0, 1]^2."""
+"""``(texture (H, W, C), uv (N, 2)) -> (N, C)``: bilinear samples at ``uv`` in [0, 1]^2."""
 
 
 def bilinear_reference(texture: jax.Array, uv: jax.Array) -> jax.Array:
-    """Plain JAX's twin of shaders/texture.slang's ``sample_bilinear``: ``texture`` (H, W, 3) at
+    """Plain JAX's twin of shaders/texture.slang's ``sample_bilinear``: ``texture`` (H, W, C) at
     ``uv`` (N, 2) in [0, 1]^2 (u along the width, v along the height), interpolated between the four
     nearest texel centres, texel (y, x) sitting at uv ((x + 0.5) / W, (y + 0.5) / H), the edge texels
-    extended beyond the outermost centres. Returns (N, 3). Reads the texels with a gather, so that
+    extended beyond the outermost centres. Returns (N, C). Reads the texels with a gather, so that
     its gradient with respect to the texture is XLA's scatter-add."""
     height, width = texture.shape[:2]
     size = jnp.array([width, height], jnp.int32)
@@ -129,7 +132,7 @@ def batch_drawer(sample: Sampler, photograph: jax.Array, batch: int):
 
 
 def load_photograph(size: int) -> np.ndarray:
-    """The photograph as (size, size, 3) float32 in [0, 1]: the central square of matplotlib's
+    """The photograph as (size, size, 3) float32 RGB in [0, 1]: the central square of matplotlib's
     ``grace_hopper.jpg``, averaged over blocks of (512 / size)^2 pixels."""
     try:
         from matplotlib import cbook, image
@@ -143,6 +146,11 @@ def load_photograph(size: int) -> np.ndarray:
     square = pixels[top : top + PHOTOGRAPH_SIZE, :PHOTOGRAPH_SIZE, :3]
     block = PHOTOGRAPH_SIZE // size
     return square.reshape(size, block, size, block, 3).mean(axis=(1, 3))
+
+
+def opaque(colours: np.ndarray) -> np.ndarray:
+    """``colours`` (H, W, 3) as RGBA texels (H, W, 4), alpha 1."""
+    return np.concatenate([colours, np.ones_like(colours[..., :1])], axis=-1)
 
 
 def psnr(mse: float) -> float:
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    photograph = jnp.asarray(load_photograph(args.size))
+    photograph = jnp.asarray(opaque(load_photograph(args.size)))
     init_key, data_key, grad_key = jax.random.split(jax.random.key(args.seed), 3)
     texture = jax.random.uniform(init_key, photograph.shape)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
@@ -182,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         f"relative {disagreement['max_difference_relative_to_largest']:.3g}"
     )
 
+    def colour_mse(texture) -> float:
+        return float(jnp.mean((texture[..., :3] - photograph[..., :3]) ** 2))
+
     def texture_psnr(texture) -> float:
-        return psnr(float(jnp.mean((texture - photograph) ** 2)))
+        return psnr(colour_mse(texture))
 
     results, curves, fitted = {}, {}, {}
     for name in ("slax", "jax"):
@@ -202,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             flat=False,
             evaluate=texture_psnr,
         )
-        fitted[name], curves[name] = np.asarray(final), run.losses
-        mse = float(np.mean((fitted[name] - np.asarray(photograph)) ** 2))
+        fitted[name], curves[name] = np.asarray(final)[..., :3], run.losses
+        mse = colour_mse(final)
         results[name] = run.results(args.batch, {"texture_mse": mse, "texture_psnr_db": psnr(mse)})
         print(result_line(name, f"texture PSNR {psnr(mse):.2f} dB (MSE {mse:.3e})", results[name], 1))
 
@@ -224,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "training loss (squared error)",
         {
             "texture.png": lambda title: plots.plot_image_fits(
-                out / "texture.png", np.asarray(photograph), fitted, "texture", title
+                out / "texture.png", np.asarray(photograph)[..., :3], fitted, "texture", title
             )
         },
     )

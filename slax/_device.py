@@ -268,6 +268,25 @@ _SPY_DEVICE_TYPES = {
 }
 
 
+def cuda_defines(capability: int | None) -> dict[str, str]:
+    """The preprocessor macros slax's Slang is compiled with for a CUDA GPU of compute capability
+    ``capability`` (90 for sm_90; None where unknown): ``SLAX_CUDA_ARCH``, from which
+    shaders/slax/tensor.slang uses that architecture's instructions (vector reductions from 90).
+    Both CUDA routes compile with it (the PTX route in slax/_ptx_launch.py, the SlangPy route's
+    device here); without it, kernels use no instruction newer than their own code asks for."""
+    return {} if capability is None else {"SLAX_CUDA_ARCH": str(capability)}
+
+
+def _jax_compute_capability(ordinal: int) -> int | None:
+    """JAX's GPU ``ordinal``'s compute capability (90 for "9.0"), or None where JAX has no such
+    GPU or does not say."""
+    try:
+        major, minor = str(jax.devices("gpu")[ordinal].compute_capability).split(".")
+        return int(major) * 10 + int(minor)
+    except (RuntimeError, IndexError, AttributeError, ValueError):
+        return None
+
+
 def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
     if kind is DeviceKind.CPU and not cpp_compiler():
         raise DeviceUnavailableError(_missing_device_advice(kind, RuntimeError("no C++ compiler found")))
@@ -293,6 +312,7 @@ def _create_device(kind: DeviceKind, ordinal: int) -> spy.Device:
             )
         # GPU 0 uses SlangPy's default adapter, as verified to share JAX's CUDA context.
         adapter_luid = adapters[ordinal].luid if ordinal else None
+        options["defines"] = cuda_defines(_jax_compute_capability(ordinal))
     _set_aside_damaged_shader_cache(cache / "shaders")
     try:
         with _quiet_slangpy(spy.LogLevel.error):

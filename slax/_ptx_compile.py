@@ -47,8 +47,9 @@ def timeout_s() -> float:
     return seconds
 
 
-def compile_ptx(spec: KernelSpec, snapshot: str | None) -> str:
-    """``spec``'s PTX (:func:`slax._slang_c.compile_entry_point`), from the compile worker.
+def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] | None = None) -> str:
+    """``spec``'s PTX (:func:`slax._slang_c.compile_entry_point`, with the preprocessor macros
+    ``defines``), from the compile worker.
 
     Raises:
       PtxCompileTimeout: the worker ran past :func:`timeout_s` on it and was killed.
@@ -61,7 +62,7 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None) -> str:
             _worker = _Worker()
         worker = _worker
         try:
-            ok, value = worker.ask((spec, snapshot), limit)
+            ok, value = worker.ask((spec, snapshot, defines), limit)
         except subprocess.TimeoutExpired:
             worker.close(kill=True)
             _worker = None
@@ -164,11 +165,11 @@ def _serve() -> None:
 
     while True:
         try:
-            spec, snapshot = pickle.load(sys.stdin.buffer)
+            spec, snapshot, defines = pickle.load(sys.stdin.buffer)
         except EOFError:
             return
         try:
-            result: tuple[bool, object] = (True, compile_entry_point(spec, CodeTarget.PTX, snapshot))
+            result: tuple[bool, object] = (True, compile_entry_point(spec, CodeTarget.PTX, snapshot, defines))
         except Exception as error:  # handed to the parent, which raises it
             result = (False, error)
         pickle.dump(result, answers)

@@ -48,7 +48,7 @@ from slax._compile import (
     kernel_parameters,
     spec_content,
 )
-from slax._device import reflection_device
+from slax._device import cuda_defines, reflection_device
 from slax._jax_api import ffi_lowering, gpu_triton
 from slax._ptx_compile import PtxCompileTimeout, compile_ptx
 from slax._sources import require_unchanged, snapshot
@@ -144,7 +144,7 @@ def _checked_ptx(spec: KernelSpec, content: str, expected: tuple[str, ...]) -> s
     if content in _timed_out:
         raise PtxLaunchError(_timed_out[content])
     try:
-        ptx = compile_ptx(spec, kept)
+        ptx = compile_ptx(spec, kept, _compile_defines())
     except PtxCompileTimeout as timeout:  # kept, so later lowerings fall back at once
         _timed_out[content] = str(timeout)
         raise PtxLaunchError(str(timeout)) from None
@@ -158,6 +158,16 @@ def _checked_ptx(spec: KernelSpec, content: str, expected: tuple[str, ...]) -> s
             "pointers and scalars only (no global shader parameters); see shaders/slax/kernel.slang."
         )
     return ptx
+
+
+def _compile_defines() -> dict[str, str]:
+    """The macros a kernel's Slang is compiled with for the GPU it will run on
+    (:func:`slax._device.cuda_defines`); none where this process sees no GPU and was not told one
+    (its PTX then uses no instruction newer than its code asks for)."""
+    try:
+        return cuda_defines(compute_capability())
+    except (PtxLaunchError, RuntimeError):
+        return {}
 
 
 def ptx_entry_parameter_types(ptx: str, entry: str) -> list[str]:

@@ -426,7 +426,7 @@ def test_benchmark_runs(tmp_path):
 @pytest.mark.slow
 def test_benchmark_times_the_texture_fit_against_plain_jax(tmp_path):
     """``--network texture``: slax's row and plain JAX's one row (no float16 rows: the sampler
-    reads float), the floor from the batch and Adam's pass over the 512x512x3 texture."""
+    reads float4), the floor from the batch and Adam's pass over the 512x512 RGBA texture."""
     arguments = ["--network", "texture", "--batch", "256", "--dtype", "float32", "float16", "--steps", "2"]
     arguments += [
         "--repeats",
@@ -445,7 +445,7 @@ def test_benchmark_times_the_texture_fit_against_plain_jax(tmp_path):
         ("texture", "float32", "jax"),
     ]
     assert rows[1]["speedup_vs_jax"] == pytest.approx(1.0)
-    assert (rows[0]["flops"], rows[0]["bytes"]) == (0, 2 * 256 * 5 * 4 + 7 * 512 * 512 * 3 * 4)
+    assert (rows[0]["flops"], rows[0]["bytes"]) == (0, 2 * 256 * 6 * 4 + 7 * 512 * 512 * 4 * 4)
     assert all(r["steps_per_s"] > 0 for r in rows)
 
 

@@ -145,24 +145,27 @@ def test_vector_elements_vector_call_id_and_plain_tensors(mod):
 
 
 def test_vector_elements_gradients_add_whole_elements():
-    """float4 and float2 elements gathered by 4096 calls at 16 and 8 indices (hundreds of calls
-    adding into each element, atomically on a GPU): the gradients are JAX's scatter-add, under jit."""
+    """float4, float3 and float2 elements gathered by 4096 calls at 16, 9 and 9 indices (hundreds of
+    calls adding into each element, atomically on a GPU; float3 elements at odd indices start 4
+    bytes past an 8-byte boundary): the gradients are JAX's scatter-add, under jit."""
     gather = slax.load_module(TENSOR_MODULE).gather_vectors
-    keys = jax.random.split(jax.random.key(8), 6)
+    keys = jax.random.split(jax.random.key(8), 8)
     n = 4096
-    colours, pairs = jax.random.normal(keys[0], (16, 4)), jax.random.normal(keys[1], (8, 2))
-    i, j = jax.random.randint(keys[2], (n,), 0, 16), jax.random.randint(keys[3], (n,), 0, 8)
-    colour_weight, pair_weight = jax.random.normal(keys[4], (n, 4)), jax.random.normal(keys[5], (n, 2))
+    tensors = [jax.random.normal(k, shape) for k, shape in zip(keys, [(16, 4), (9, 3), (9, 2)])]
+    i, j = jax.random.randint(keys[3], (n,), 0, 16), jax.random.randint(keys[4], (n,), 0, 9)
+    weights = [jax.random.normal(k, (n, size)) for k, size in zip(keys[5:], (4, 3, 2))]
 
-    def twin(colours, pairs, i, j, colour_weight, pair_weight):
-        return (colours[i] * colour_weight).sum(-1) + (pairs[j] * pair_weight).sum(-1)
+    def twin(colours, normals, pairs):
+        return sum((t[at] * w).sum(-1) for t, at, w in zip((colours, normals, pairs), (i, j, j), weights))
 
-    args = (i, j, colour_weight, pair_weight)
-    close(gather(colours, pairs, *args), twin(colours, pairs, *args))
-    slang = jax.jit(jax.grad(lambda c, p: gather(c, p, *args).sum(), (0, 1)))(colours, pairs)
-    want = jax.grad(lambda c, p: twin(c, p, *args).sum(), (0, 1))(colours, pairs)
-    for got, expected in zip(slang, want):
-        close(got, expected)
+    def slang(colours, normals, pairs):
+        return gather(colours, normals, pairs, i, j, *weights)
+
+    close(slang(*tensors), twin(*tensors))
+    got = jax.jit(jax.grad(lambda *t: slang(*t).sum(), (0, 1, 2)))(*tensors)
+    want = jax.grad(lambda *t: twin(*t).sum(), (0, 1, 2))(*tensors)
+    for g, w in zip(got, want):
+        close(g, w)
 
 
 def test_jit_vmap_scan_and_pytrees(mod, bilinear, texture_and_uv):

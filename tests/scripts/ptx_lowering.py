@@ -235,6 +235,13 @@ def main() -> None:
         jax.grad(lambda v: tensors.custom_activation(slax.grid((300,)), v).sum()),
         x,
     )
+    gather_vectors = slax.load_module(slax.examples.TENSOR_MODULE).gather_vectors
+    at = jnp.arange(40, dtype=jnp.int32) % 3
+    weights = (jnp.full((40, 4), 0.5), jnp.full((40, 3), 0.5), jnp.full((40, 2), 0.5))
+    cases["gather_vectors_grad"] = (
+        jax.grad(lambda *t: gather_vectors(*t, at, at, *weights).sum(), (0, 1, 2)),
+        *(jnp.ones((3, size), jnp.float32) for size in (4, 3, 2)),
+    )
     for example in slax.examples.EXAMPLES:
         function = getattr(examples, example.name)
         args = example.draw(rng, jnp.float32)
