@@ -606,9 +606,7 @@ class TensorCores(_Tiles):
             )
             return [scaled_back(dx, exponent)]
         dy, exponent = power_of_two_normalised(dy, group_ndim)
-        entry = "mlp_backward" if input_gradient else "mlp_backward_params"
-        extra = [(x.shape, arch.dtype)] if input_gradient else []
-        _, *results = self.gradient(arch, platform, entry, [x, dy], params, group_ndim, extra, (), routes)
+        results = super().backward(arch, platform, [x, dy], params, group_ndim, input_gradient, True, routes)
         return [scaled_back(r, exponent) for r in results]
 
     def _warp_tiles(self, arch, platform, entry, data, params, width, routes) -> jax.Array:
