@@ -13,7 +13,7 @@ texture on the same points. Each model samples its targets with its own sampler.
 The photograph is Grace Hopper's portrait from matplotlib's sample data (600x512), its central
 512x512 crop, averaged over blocks down to --size, opaque (alpha 1). Texels are RGBA, as a GPU
 texture's are: a texel is then one 16-byte element, which the GPU loads and adds into at once
-(plain JAX trains as fast on RGBA as on RGB texels: BENCHMARKS.md, "The texture fit").
+(plain JAX trains no slower on RGBA than on RGB texels: BENCHMARKS.md, "The texture fit").
 
     python experiments/texture.py --steps 500 --batch 65536
 
