@@ -2,11 +2,12 @@
 those of its plain-JAX twin, for a narrow network (a sample per thread) and a wide one (tiles), in
 float32 and float16.
 
-On one device kind (``one_device_kind``): the CPU routes run no kernel of a second derivative; the
-rules compose the first-order kernels (which tests/test_nn.py runs on every route, narrow and
-tiled, in both dtypes) with the twin's derivatives, so a route changes nothing here that test_nn
-does not catch. On a GPU with tensor cores, float16 networks at most 64 wide also run the warp
-tiles' Hessian kernel for an eikonal loss's gradient (tests/test_wide_warp.py)."""
+On one device kind (``one_device_kind``): the rules compose the first-order kernels (which
+tests/test_nn.py runs on every route, narrow and tiled, in both dtypes) with the twin's
+derivatives, so a route changes nothing here that test_nn does not catch. The gradient of an
+eikonal loss in the parameters alone also runs a wide network's Hessian kernel, which
+tests/test_tile_hessian.py (the tile families') and tests/test_wide_warp.py (the warp tiles') test
+on every route."""
 
 from __future__ import annotations
 

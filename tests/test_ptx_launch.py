@@ -332,6 +332,21 @@ def test_an_eikonal_gradient_lowers_to_the_hessian_kernel(report):
 
 
 @needs_tools
+def test_a_float32_eikonal_gradient_lowers_to_the_tensor_core_hessian_kernel(report):
+    """In float32 the same gradient lowers to the tensor-core tiles' kernels, the second
+    derivative's parameters' part to their Hessian kernel (the tiles' source with each layer's
+    input tangent, 3xTF32 mma.sync): x, direction, dy, the parameters and the weights' fragments
+    in, a row of sums per thread group out."""
+    launches = _launches(report, "eikonal_grad_3-64x3-1_float32")
+    names = [launch["name"] for launch in launches]
+    assert names.count("mlp_hessian_sums") == 1 and names.count("mlp_input_gradient") == 1, names
+    (hessian,) = [launch for launch in launches if launch["name"] == "mlp_hessian_sums"]
+    assert (hessian["operands"], hessian["results"], hessian["num_warps"]) == (5, 1, 8)
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in hessian["ptx"]
+    assert "bar.sync" in hessian["ptx"] and "cp.async" in hessian["ptx"]
+
+
+@needs_tools
 @pytest.mark.parametrize("case", ["tensor_cores", "tiles", "warp_mma"])
 def test_activations_lower_in_every_cuda_kernel_family(report, case):
     """Networks with other activations lower for CUDA to the family their layout names: tanh and

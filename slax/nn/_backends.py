@@ -24,7 +24,9 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
   samples (``shaders/nn/warp_mma.slang``): a specialisation of this backend, not a backend of its
   own, since its other operations are the per-sample kernels and its launches theirs.
 - ``tiled``: wide networks, a tile of samples per thread group on SIMT cores
-  (``shaders/nn/tiled.slang``), on every platform.
+  (``shaders/nn/tiled.slang``), on every platform; for networks of LeakyReLU, ReLU and linear
+  layers, its ``hessian_sums`` (``mlp_hessian_sums``, a source of its own whose tiles hold each
+  layer's input tangent), as the ``tensor_cores`` tiles have.
 - ``tensor_cores``: wide networks on CUDA GPUs of compute capability 8.0 and newer, the tiles'
   products as ``mma.sync`` (``shaders/nn/tensor_cores.slang``). A float16 network at most 64 wide
   runs every operation in warp tiles of halves instead, each warp's 16 samples in registers
@@ -32,7 +34,8 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
   own operands and launches (:meth:`KernelBackend.entry_operands`), a backward pass that
   recomputes the forward pass's activations rather than reading them, an input gradient without
   the parameters' sums, and, for networks of LeakyReLU, ReLU and linear layers, its
-  ``hessian_sums`` (``mlp_hessian_sums``).
+  ``hessian_sums`` (``mlp_hessian_sums``); the tiles have their own for the other networks of such
+  layers (in float32, the forward pass and its tangent in one row product of twice the rows).
 - ``warp_rows``: wide float16 networks whose weight-gradient sums pass a warp's registers, on CUDA
   GPUs of compute capability 8.0 and newer: the fused loss and gradient in warp tiles that write
   each layer's rows, whose weight gradients XLA's products sum (slax/nn/_warp_rows_kernels.py);
@@ -194,7 +197,7 @@ class Launch:
 class KernelBackend(Backend):
     """A family of Slang kernels, whose entry points (slax/nn/_kernels.py) run the operations:
     ``mlp_forward`` / ``mlp_forward_hidden``, ``mlp_backward`` / ``mlp_backward_params`` and
-    ``mlp_loss_grad`` (and, on the warp tiles, ``mlp_hessian_sums``). Each thread group of a
+    ``mlp_loss_grad`` (and, in the wide networks' families, ``mlp_hessian_sums``). Each thread group of a
     gradient kernel writes one row of partial sums (the parameters' gradients, then the loss) in a
     fixed order, and XLA adds a group's rows: results are bit-identical from run to run."""
 
@@ -296,12 +299,18 @@ class KernelBackend(Backend):
         return [summed[..., -1], *extra, *unpacked(summed, arch.sizes, x.shape[:group_ndim])]
 
 
+HESSIAN_ENTRY = "mlp_hessian_sums"
+"""The entry point of :meth:`Backend.hessian_sums`' kernels; a tile family's has a source and
+layout of its own (slax/nn/_kernels.py, ``tangents``)."""
+
+
 @functools.cache
 def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
     """Kernel ``entry`` of ``arch``'s Slang source, specialised for tensor cores or not: one
     source per specialisation, whichever family asks (each family's entry points are
-    the source's)."""
-    return KernelSpec(entry, source=mlp_source(arch.sizes, arch.dtype, tensor_cores, arch.activations))
+    the source's), and the Hessian kernel's own for :data:`HESSIAN_ENTRY`."""
+    source = mlp_source(arch.sizes, arch.dtype, tensor_cores, arch.activations, entry == HESSIAN_ENTRY)
+    return KernelSpec(entry, source=source)
 
 
 def power_of_two_normalised(values: jax.Array, group_ndim: int) -> tuple[jax.Array, jax.Array]:
@@ -408,6 +417,12 @@ def _kept_input(arch: Architecture, reason: str) -> str | None:
     return None
 
 
+def _linear_pieces(arch: Architecture) -> bool:
+    """Whether every activation of ``arch`` is linear pieces (its second derivative zero): the
+    Hessian kernels' networks."""
+    return all(ACTIVATIONS[name].linear_pieces for name in arch.activations)
+
+
 # --- the kernel families ----------------------------------------------------------------------------
 
 
@@ -456,20 +471,62 @@ def samples_per_thread(samples: int, per_group: int, warp_tiles: bool = False) -
 
 class _Tiles(KernelBackend):
     """Wide networks' kernels, a tile of samples per thread group of TILE_THREADS
-    (slax/nn/_tiled_kernels.py); each family lays its tiles out its own way (:meth:`layout`)."""
+    (slax/nn/_tiled_kernels.py); each family lays its tiles out its own way (:meth:`layout`).
+    Both families have a Hessian kernel (``mlp_hessian_sums``, :meth:`hessian_sums`) for networks
+    of activations whose second derivatives are zero."""
 
     input_gradient_kernel = True
 
     @abc.abstractmethod
-    def layout(self, arch: Architecture):
-        """Its tiles' layout for ``arch``, or None where one does not fit."""
+    def layout(self, arch: Architecture, tangents: bool = False):
+        """Its tiles' layout for ``arch`` (with ``tangents``, its Hessian kernel's), or None where
+        one does not fit."""
 
     def forward_threads(self, arch, platform, samples):
         return -(-samples // self.layout(arch).samples) * TILE_THREADS
 
     def gradient_launch(self, arch, platform, entry, samples, per_group):
-        tile = self.layout(arch)
+        tile = self.layout(arch, entry == HESSIAN_ENTRY)
         return tile_launch(tile.samples, tile.tiles_per_block(samples, per_group), per_group)
+
+    def hessian_kernel(self, arch: Architecture, platform: Platform) -> str | None:
+        """How its Hessian kernel runs ``arch`` on ``platform`` (for :func:`slax.nn.describe`), or
+        None where it has none: networks whose activations are linear pieces (their second
+        derivatives zero: the bias parts are then zero, and the weights' are each layer's output
+        gradient times its input's tangent), whose tiles fit with their tangents."""
+        if self.unfit(arch, platform) or not _linear_pieces(arch):
+            return None
+        tile = self.layout(arch, True)
+        if tile is None:
+            return None
+        return f"the {self.name} kernels' Hessian kernel, tiles of {tile.samples} samples"
+
+    def second_order_summary(self, arch, platform):
+        kernel = self.hessian_kernel(arch, platform)
+        if kernel is None:
+            return super().second_order_summary(arch, platform)
+        return (
+            "first-order launches as jax.grad's; of what a second derivative adds, the parameters' "
+            f"part along a direction in x (an eikonal loss's gradient) in {kernel}, the rest in the "
+            "plain-JAX twin's products"
+        )
+
+    def hessian_sums(self, arch, platform, x, direction, dy, params, group_ndim, routes):
+        """``mlp_hessian_sums``, where :meth:`hessian_kernel` says it runs. The direction and ``dy``
+        enter scaled by powers of two, each group's largest to [0.5, 1), and the sums leave unscaled
+        (both exact): the warp tiles round each layer's tangent and output gradient to half, where
+        a mean loss's cotangents over many samples (an eikonal term's direction, about 1e-6 at
+        2^18 samples) would fall below half's normal range, and a float16 network's tiles take
+        both as halves. The bias parts are zero."""
+        if self.hessian_kernel(arch, platform) is None:
+            return None
+        direction, direction_exponent = power_of_two_normalised(direction, group_ndim)
+        dy, dy_exponent = power_of_two_normalised(dy, group_ndim)
+        _, *sums = self.gradient(
+            arch, platform, HESSIAN_ENTRY, [x, direction, dy], params, group_ndim, [], (), routes
+        )
+        exponent = direction_exponent + dy_exponent  # per group
+        return [jnp.zeros_like(s) if k % 2 == 0 else scaled_back(s, exponent) for k, s in enumerate(sums)]
 
 
 def tile_launch(tile_samples: int, each: int, per_group: int) -> Launch:
@@ -482,8 +539,8 @@ def tile_launch(tile_samples: int, each: int, per_group: int) -> Launch:
 class Tiled(_Tiles):
     name = "tiled"
 
-    def layout(self, arch) -> TileLayout | None:
-        return tile_layout(arch.sizes)
+    def layout(self, arch, tangents=False) -> TileLayout | None:
+        return tile_layout(arch.sizes, tangents)
 
     def unfit(self, arch, platform):
         return _unfit_wide(arch) or tile_error(arch.sizes)
@@ -503,8 +560,8 @@ class Tiled(_Tiles):
 class TensorCores(_Tiles):
     name = "tensor_cores"
 
-    def layout(self, arch):
-        return tensor_core_layout(arch.sizes, arch.dtype)
+    def layout(self, arch, tangents=False):
+        return tensor_core_layout(arch.sizes, arch.dtype, tangents)
 
     def unfit(self, arch, platform):
         if _no_tensor_cores(platform) or _unfit_wide(arch):
@@ -541,38 +598,14 @@ class TensorCores(_Tiles):
             return wide_warp_kernel(arch, entry)
         return super().kernel(arch, platform, entry)
 
-    def _hessian_kernel(self, arch: Architecture, platform: Platform) -> bool:
-        """Whether the warp tiles' Hessian kernel runs ``arch`` on ``platform``: float16 networks at
-        most 64 wide whose activations are linear pieces (their second derivatives zero: the bias
-        parts are then zero, and the weights' are each layer's output gradient times its input's
-        tangent)."""
-        linear = all(ACTIVATIONS[name].linear_pieces for name in arch.activations)
-        return platform.tensor_cores and self.wide_warp(arch) and linear
-
-    def second_order_summary(self, arch, platform):
-        if not self._hessian_kernel(arch, platform):
-            return super().second_order_summary(arch, platform)
-        return (
-            "first-order launches as jax.grad's; of what a second derivative adds, the parameters' "
-            "part along a direction in x (an eikonal loss's gradient) in the warp tiles' Hessian "
-            "kernel, the rest in the plain-JAX twin's products"
-        )
-
-    def hessian_sums(self, arch, platform, x, direction, dy, params, group_ndim, routes):
-        """On the warp tiles (``mlp_hessian_sums``), where :meth:`_hessian_kernel` says so. The
-        kernel rounds each layer's tangent and output gradient to half, where a mean loss's
-        cotangents over many samples (an eikonal term's direction, about 1e-6 at 2^18 samples)
-        would fall below half's normal range: the direction and ``dy`` enter scaled by powers of
-        two, each group's largest to [0.5, 1), and the sums leave unscaled (both exact)."""
-        if not self._hessian_kernel(arch, platform):
+    def hessian_kernel(self, arch, platform):
+        """The warp tiles' Hessian kernel for the networks they run (float16 ones at most 64 wide),
+        else the tensor-core tiles' (:meth:`_Tiles.hessian_kernel`)."""
+        if not self.wide_warp(arch):
+            return super().hessian_kernel(arch, platform)
+        if self.unfit(arch, platform) or not _linear_pieces(arch):
             return None
-        direction, direction_exponent = power_of_two_normalised(direction, group_ndim)
-        dy, dy_exponent = power_of_two_normalised(dy, group_ndim)
-        _, *sums = self.gradient(
-            arch, platform, "mlp_hessian_sums", [x, direction, dy], params, group_ndim, [], (), routes
-        )
-        exponent = direction_exponent + dy_exponent  # per group
-        return [jnp.zeros_like(s) if k % 2 == 0 else scaled_back(s, exponent) for k, s in enumerate(sums)]
+        return "the warp tiles' Hessian kernel"
 
     def forward(self, arch, platform, x, params, keep_hidden, routes):
         """On the warp tiles, ``mlp_forward``; the hidden activations' place holds zeros, since the

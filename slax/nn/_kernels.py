@@ -16,6 +16,10 @@ output layer). Every kernel family has these entry points:
   ``x, params -> y, hidden``,
   which keeps each sample's hidden activations, and both backward kernels read them (``x, hidden,
   dy, params -> ...``) instead of running the forward pass again.
+- wide networks only, in a source of its own (``tangents``): ``mlp_hessian_sums``, ``x, direction,
+  dy, params -> partial sums``, the parameters' part of each sample's Hessian of ``dy .
+  network(x)`` along ``direction`` for networks whose activations have zero second derivatives
+  (slax/nn/_backends.py, ``Backend.hessian_sums``).
 - ``mlp_loss_grad``: ``x, target, params -> partial sums``: ``bwd_diff`` of each sample's squared
   error weighted by ``loss_scale`` (1/batch for a mean), whose backward derivative also adds the
   weighted loss: a training step's loss and gradient in one pass.
@@ -143,17 +147,21 @@ class KernelLayout:
 
 
 @functools.cache
-def kernel_layout(sizes: tuple[int, ...], tensor_cores: bool = False, dtype: str = "float32") -> KernelLayout:
+def kernel_layout(
+    sizes: tuple[int, ...], tensor_cores: bool = False, dtype: str = "float32", tangents: bool = False
+) -> KernelLayout:
     """How the kernels of ``sizes`` sum and read parameters: a narrow network's per thread (with
     ``tensor_cores``, its fused loss and gradient in warp tiles where :func:`warp_mma_fits`), a
     wide one's in tiles, on tensor cores with ``tensor_cores`` (their layout in ``dtype``, or none
-    where it does not exist), else on SIMT cores. Which of these a network may take on a platform
-    is its backend's rule (slax/nn/_backends.py, ``TensorCores.unfit``), not this function's."""
+    where it does not exist), else on SIMT cores; with ``tangents``, the tiles of a wide network's
+    Hessian kernel (``mlp_hessian_sums``), which hold each layer's input tangent too. Which of these
+    a network may take on a platform is its backend's rule (slax/nn/_backends.py,
+    ``TensorCores.unfit``), not this function's."""
     _, total = parameter_offsets(sizes)
     thread_sums = total + 1 <= THREAD_SUMS_LIMIT
     tile = None
     if not thread_sums:
-        tile = tensor_core_layout(sizes, dtype) if tensor_cores else tile_layout(sizes)
+        tile = tensor_core_layout(sizes, dtype, tangents) if tensor_cores else tile_layout(sizes, tangents)
     return KernelLayout(
         parameters=total,
         sums=total + 1,
@@ -190,13 +198,18 @@ def _chunk(layout: KernelLayout, values: int) -> int:
 
 
 def mlp_source(
-    sizes: tuple[int, ...], dtype: str, tensor_cores: bool = False, activations: tuple[str, ...] | None = None
+    sizes: tuple[int, ...],
+    dtype: str,
+    tensor_cores: bool = False,
+    activations: tuple[str, ...] | None = None,
+    tangents: bool = False,
 ) -> str:
     """The kernels of ``sizes`` in ``dtype`` with each layer's activation named in ``activations``
     (slax/nn/_activations.py; None: the defaults), those of :func:`kernel_layout` (sizes,
-    tensor_cores, dtype): the source its backend asked for, which checked that they run it."""
+    tensor_cores, dtype, tangents): the source its backend asked for, which checked that they run
+    it; with ``tangents``, the wide network's Hessian kernel's."""
     activations = activations or layer_activations(len(sizes) - 1, HIDDEN_DEFAULT, OUTPUT_DEFAULT)
-    layout = kernel_layout(sizes, tensor_cores, dtype)
+    layout = kernel_layout(sizes, tensor_cores, dtype, tangents)
     types = [ACTIVATIONS[name].slang for name in activations]
     if not layout.thread_sums:
         tile = layout.wide_tile

@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from slax.nn._tiled_kernels import TILE_THREADS, Network, TileFamily, tiles_per_block
+from slax.nn._tiled_kernels import TILE_THREADS, Network, TileFamily, tangent_tiles, tiles_per_block
 
 TENSOR_CORE_SAMPLES = {"float32": 32, "float16": 16}
 """Samples per tile, by the network's dtype: blocks of an mma.sync's 16 rows. Two blocks let each
@@ -112,6 +112,8 @@ class TensorCoreLayout:
         (Out x In) and of its transpose, in blocks of 8 x 8 values (:func:`weight_fragments`).
       gradients: how warps hold each layer's weight gradient.
       bias_sums: per layer, the bias gradients each thread holds.
+      tangents: the Hessian kernel's layout only: the tangent tile of each layer's input (strides
+        as its input's); empty in the first-derivative kernels'.
     """
 
     samples: int
@@ -123,6 +125,7 @@ class TensorCoreLayout:
     backward_fragments: tuple[int, ...]
     gradients: tuple[GradientShape, ...]
     bias_sums: tuple[int, ...]
+    tangents: tuple[int, ...] = ()
 
     def tiles_per_block(self, samples: int, per_group: int) -> int:
         least = max(1, LEAST_SAMPLES_PER_BLOCK // self.samples)
@@ -143,19 +146,39 @@ def tile_samples(sizes: tuple[int, ...], dtype: str) -> int:
 
 
 @functools.cache
-def tensor_core_layout(sizes: tuple[int, ...], dtype: str) -> TensorCoreLayout | None:
+def tensor_core_layout(sizes: tuple[int, ...], dtype: str, tangents: bool = False) -> TensorCoreLayout | None:
     """The layout of the tensor-core kernels of ``sizes`` in ``dtype``, or None where they cannot
-    run it (a tile over the group-shared memory budget, or gradient sums over ``MAX_REGISTER_SUMS``)."""
-    samples = tile_samples(sizes, dtype)
+    run it (a tile over the group-shared memory budget, or gradient sums over ``MAX_REGISTER_SUMS``).
+    With ``tangents``, the Hessian kernel's, whose tiles also hold each layer's input tangent: in
+    tiles of :func:`tile_samples`, or of one mma block (16 samples) where those do not fit (the
+    signed distance field's 3-64x3-1 in float32)."""
+    candidates = [tile_samples(sizes, dtype)]
+    if tangents and candidates[0] > 16:
+        candidates.append(16)
+    for samples in candidates:
+        layout = _layout(sizes, samples, tangents)
+        if layout.scratch <= TENSOR_CORE_SCRATCH_FLOATS:
+            break
+    if layout.scratch > TENSOR_CORE_SCRATCH_FLOATS or layout.register_sums > MAX_REGISTER_SUMS:
+        return None
+    return layout
+
+
+def _layout(sizes: tuple[int, ...], samples: int, tangents: bool) -> TensorCoreLayout:
     layers = list(zip(sizes[:-1], sizes[1:]))
     strides = tuple(_stride(width) for width in sizes)
     offsets, total = [], 0
     for stride in strides:
         offsets.append(total)
         total += samples * stride
+    tangent_offsets = []
+    for stride in strides[:-1] if tangents else ():
+        tangent_offsets.append(total)
+        total += samples * stride
     # Every row 16-byte aligned in group-shared memory, as ldmatrix reads it and copyTile writes it
     # (16-byte cp.async): the group's `scratch`, its only group-shared array, starts the window.
-    assert all(offset % 4 == 0 for offset in offsets) and all(stride % 4 == 0 for stride in strides)
+    assert all(offset % 4 == 0 for offset in offsets + tangent_offsets)
+    assert all(stride % 4 == 0 for stride in strides)
     forward, backward, blocks = [], [], 0
     for n_in, n_out in layers:
         forward.append(blocks)
@@ -163,7 +186,7 @@ def tensor_core_layout(sizes: tuple[int, ...], dtype: str) -> TensorCoreLayout |
     for n_in, n_out in layers:
         backward.append(blocks)
         blocks += _blocks8(n_in, n_out)
-    layout = TensorCoreLayout(
+    return TensorCoreLayout(
         samples=samples,
         offsets=tuple(offsets),
         strides=strides,
@@ -173,18 +196,17 @@ def tensor_core_layout(sizes: tuple[int, ...], dtype: str) -> TensorCoreLayout |
         backward_fragments=tuple(backward),
         gradients=tuple(gradient_shape(n_out, n_in) for n_in, n_out in layers),
         bias_sums=tuple(math.ceil(n_out / TILE_THREADS) for _, n_out in layers),
+        tangents=tuple(tangent_offsets),
     )
-    if layout.scratch > TENSOR_CORE_SCRATCH_FLOATS or layout.register_sums > MAX_REGISTER_SUMS:
-        return None
-    return layout
 
 
-def pieces(dtype: str) -> tuple[int, int, int]:
+def pieces(dtype: str, tangents: bool = False) -> tuple[int, int, int]:
     """TF32 pieces of the activations, the weights and the gradients in a ``dtype`` network: one
     for values held as half (a float16 network's activations and weights are TF32 values exactly),
-    two for floats."""
+    two for floats. In the Hessian kernel (``tangents``) the weight gradients read the inputs'
+    tangents, floats, as activations: two pieces."""
     held = 1 if dtype == "float16" else 2
-    return held, held, 2
+    return (2 if tangents else held), held, 2
 
 
 def _tf32(values):
@@ -233,11 +255,15 @@ def tensor_core_family(network: Network, layout: TensorCoreLayout) -> TileFamily
     group's tiles, and write it to the row of partial sums once. Float tiles are copied (cp.async:
     all of a tile's loads in flight at once, through no register); half ones are loaded, to be
     converted."""
-    s, (act, weight, grad) = layout.samples, pieces(network.dtype)
+    s, (act, weight, grad) = layout.samples, pieces(network.dtype, bool(layout.tangents))
     tiles = {
         f"Tile{k}": f"FragmentTile<{offset}, {stride}, GroupScratch>"
         for k, (offset, stride) in enumerate(zip(layout.offsets, layout.strides))
     }
+    tiles.update(
+        (f"Tangent{k}", f"FragmentTile<{offset}, {stride}, GroupScratch>")
+        for k, (offset, stride) in enumerate(zip(layout.tangents, layout.strides))
+    )
 
     def layer(k: int) -> str:
         (n_in, n_out), shape = network.layers[k], layout.gradients[k]
@@ -249,7 +275,8 @@ def tensor_core_family(network: Network, layout: TensorCoreLayout) -> TileFamily
             f"TensorCoreLayer<T, {s}, {n_in}, {n_out}, {network.offsets[k]}, "
             f"Pieces<{act}, {weight}, {grad}>, {forward}, {_chunk(n_out)}, {backward}, {_chunk(n_in)}, "
             f"GradientShape<{shape.rows}, {shape.cols}, {shape.rounds}>, {layout.bias_sums[k]}, "
-            f"Tile{k}, {network.below(k)}, Tile{k + 1}, {network.activations[k]}, Parameters, Memory>"
+            f"Tile{k}, {network.below(k)}, Tile{k + 1}, {network.activations[k]}, Parameters, Memory, "
+            f"{tangent_tiles(network, k, layout.tangents, f'Tile{k}')}>"
         )
 
     copies = network.dtype == "float32"
@@ -263,4 +290,5 @@ def tensor_core_family(network: Network, layout: TensorCoreLayout) -> TileFamily
         scratch=layout.scratch,
         losses=layout.losses,
         fragment_scratch=True,
+        tangents=bool(layout.tangents),
     )

@@ -14,7 +14,9 @@ one row of ``partials`` (the parameters' gradient sums, then the loss) as the pe
 Per tile, in group-shared memory: the input and every layer's output (``TileLayout.offsets``), which
 the backward pass overwrites with each layer's output gradient once that layer's weight gradient no
 longer needs them; one layer's input gradient (``TileLayout.gradient``); and each role's share of
-the loss (``TileLayout.losses``).
+the loss (``TileLayout.losses``). The Hessian kernel (``mlp_hessian_sums``) has a source and layout
+of its own (``tangents``): each layer's input tangent besides (``TileLayout.tangents``), which its
+weight gradient reads in place of the input.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class TileLayout:
       gradient: the input-gradient tile, row stride ``gradient_stride``.
       losses: TILE_THREADS floats, one per role.
       scratch: floats in all.
+      tangents: the Hessian kernel's layout only: the tangent tile of each layer's input (row
+        stride width + 1, as its input's); empty in the first-derivative kernels'.
     """
 
     samples: int
@@ -61,6 +65,7 @@ class TileLayout:
     gradient_stride: int
     losses: int
     scratch: int
+    tangents: tuple[int, ...] = ()
 
     def tiles_per_block(self, samples: int, per_group: int) -> int:
         """Tiles each thread group of a gradient launch runs (:func:`tiles_per_block`)."""
@@ -76,22 +81,29 @@ def tiles_per_block(tile_samples: int, samples: int, per_group: int, least: int 
     return max(1, min(max(wanted, least), tiles))
 
 
-def _scratch(sizes: tuple[int, ...], samples: int) -> TileLayout:
+def _scratch(sizes: tuple[int, ...], samples: int, tangents: bool = False) -> TileLayout:
     offsets, total = [], 0
     for width in sizes:
         offsets.append(total)
         total += samples * (width + 1)
+    tangent_offsets = []
+    for width in sizes[:-1] if tangents else ():
+        tangent_offsets.append(total)
+        total += samples * (width + 1)
     stride = max(sizes[:-1]) + 1
     gradient, total = total, total + samples * stride
-    return TileLayout(samples, tuple(offsets), gradient, stride, total, total + TILE_THREADS)
+    return TileLayout(
+        samples, tuple(offsets), gradient, stride, total, total + TILE_THREADS, tuple(tangent_offsets)
+    )
 
 
 @functools.cache
-def tile_layout(sizes: tuple[int, ...]) -> TileLayout | None:
+def tile_layout(sizes: tuple[int, ...], tangents: bool = False) -> TileLayout | None:
     """The largest tile (up to MAX_TILE_SAMPLES) whose values fit TILE_SCRATCH_FLOATS, or None when
-    even one sample's do not."""
+    even one sample's do not; with ``tangents``, the Hessian kernel's, which also holds each layer's
+    input tangent."""
     for samples in range(MAX_TILE_SAMPLES, 0, -1):
-        layout = _scratch(sizes, samples)
+        layout = _scratch(sizes, samples, tangents)
         if layout.scratch <= TILE_SCRATCH_FLOATS:
             return layout
     return None
@@ -162,6 +174,8 @@ class TileFamily:
       samples, scratch, losses: samples a tile, group-shared floats, where the roles' shares of the
         loss start in them.
       fragment_scratch: warps load A fragments from group-shared memory (``IFragmentScratch``).
+      tangents: the Hessian kernel's source: ``Tangent0``, ``Tangent1``, ... (each layer's input
+        tangent) among the tiles, which its layers' weight gradients read.
     """
 
     modules: tuple[str, ...]
@@ -172,6 +186,7 @@ class TileFamily:
     scratch: int
     losses: int
     fragment_scratch: bool = False
+    tangents: bool = False
 
 
 def tile_kernels_source(network: Network, family: TileFamily) -> str:
@@ -180,12 +195,13 @@ def tile_kernels_source(network: Network, family: TileFamily) -> str:
     ``static const``s) that includes ``shaders/nn/tile_kernels.slang``, where the entry points
     (``mlp_forward``, ``mlp_forward_hidden``, ``mlp_backward``, ``mlp_backward_params``,
     ``mlp_input_gradient``, ``mlp_loss_grad``; their operands: slax/nn/_kernels.py) are written
-    once."""
+    once; a family with ``tangents`` also has ``mlp_hessian_sums`` (``SLAX_TILE_TANGENTS``)."""
     imports = "".join(f"import {module};\n" for module in ("slax.kernel", *family.modules))
     tiles = "".join(f"typealias {name} = {tile};\n" for name, tile in family.tiles.items())
     last = len(network.layers)
     defines = "#define SLAX_TILE_HIDDEN\n" if network.hidden else ""
     defines += "#define SLAX_FRAGMENT_SCRATCH\n" if family.fragment_scratch else ""
+    defines += "#define SLAX_TILE_TANGENTS\ntypealias DirectionTile = Tangent0;\n" if family.tangents else ""
     chain = nested_chain("TileChain<T,\n    ", family.layers)
     return f"""{imports}
 typealias T = {SLANG_SCALAR_FOR_DTYPE[network.dtype]};
@@ -211,12 +227,17 @@ def tiled_family(network: Network, layout: TileLayout) -> TileFamily:
     into blocks of sums over the group's threads (:func:`block_shape`), the weight gradient added to
     the group's row of partial sums after every tile, the forward pass reading the weights
     transposed; tiles loaded (their rows, ``width + 1`` floats apart, keep no 16-byte alignment for
-    copies), on every device."""
+    copies), on every device. With ``layout.tangents``, the Hessian kernel's: each layer's weight
+    gradient reads its input's tangent tile."""
     s = layout.samples
     tiles = {
         f"Tile{k}": f"SharedTile<{offset}, {width + 1}, GroupScratch>"
         for k, (offset, width) in enumerate(zip(layout.offsets, network.sizes))
     }
+    tiles.update(
+        (f"Tangent{k}", f"SharedTile<{offset}, {width + 1}, GroupScratch>")
+        for k, (offset, width) in enumerate(zip(layout.tangents, network.sizes))
+    )
     tiles["Gradient"] = f"SharedTile<{layout.gradient}, {layout.gradient_stride}, GroupScratch>"
 
     def layer(k: int) -> str:
@@ -225,7 +246,8 @@ def tiled_family(network: Network, layout: TileLayout) -> TileFamily:
         shapes = ", ".join(f"Blocks<{m}, {n}>" for m, n in blocks)
         return (
             f"TiledLayer<T, {s}, {n_in}, {n_out}, {offset}, {shapes}, Tile{k}, {network.below(k)}, "
-            f"Tile{k + 1}, {network.activations[k]}, Parameters, TransposedParameters, Gradient, Memory>"
+            f"Tile{k + 1}, {network.activations[k]}, Parameters, TransposedParameters, Gradient, Memory, "
+            f"{tangent_tiles(network, k, layout.tangents, f'LayerOutputs<{network.below(k)}, T, Tile{k}>')}>"
         )
 
     return TileFamily(
@@ -236,4 +258,17 @@ def tiled_family(network: Network, layout: TileLayout) -> TileFamily:
         samples=s,
         scratch=layout.scratch,
         losses=layout.losses,
+        tangents=bool(layout.tangents),
     )
+
+
+def tangent_tiles(network: Network, k: int, tangents: tuple[int, ...], weight_input: str) -> str:
+    """Layer k's ``XT, YT`` generic arguments: what its weight gradient reads as its input, and its
+    output's tangent tile. In the Hessian kernel's source (``tangents``, a layout's tangent tiles),
+    its input's tangent ``Tangent{k}`` and ``Tangent{k + 1}`` (the last layer's output has none: its
+    own output tile stands in, never written as a tangent); elsewhere ``weight_input`` (its input as
+    the first-derivative kernels read it) and its output tile, the tangent unused."""
+    last = len(network.layers) - 1
+    if not tangents:
+        return f"{weight_input}, Tile{k + 1}"
+    return f"Tangent{k}, {'Tile' if k == last else 'Tangent'}{k + 1}"

@@ -317,6 +317,12 @@ def main() -> None:
         sdf,
         jnp.asarray(rng.uniform(-1, 1, size=(1000, 3)), jnp.float16),
     )
+    # the same in float32: the tensor-core tiles' kernels, and their Hessian kernel
+    cases["eikonal_grad_3-64x3-1_float32"] = (
+        jax.grad(eikonal),
+        slax.nn.mlp_init(jax.random.key(6), (3, 64, 64, 64, 1), jnp.float32),
+        jnp.asarray(rng.uniform(-1, 1, size=(1000, 3)), jnp.float32),
+    )
     # activations besides the defaults, in each CUDA kernel family: a wide network on tensor cores
     # (tanh, then sigmoid) and on the SIMT tiles (sine, whose hidden layers keep z), a narrow
     # float16 network's warp tiles (sine, then sigmoid); each its loss and gradient, and the
