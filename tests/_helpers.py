@@ -171,3 +171,16 @@ def assert_float16_loss_and_grad_match_reference(params, seed: int, tolerance: f
             for leaf, repeat, wanted in zip(got, again, want, strict=True):
                 assert np.array_equal(leaf[k], repeat[k]), "the sums are not deterministic"
                 assert relative_error(leaf[k], wanted) < tolerance
+
+
+def eikonal_loss(apply):
+    """A signed-distance loss of the MLP ``apply(params, x)``: the outputs' squares plus 0.1 times
+    the distance of the input gradient (of the outputs' sum) from unit norm. Its gradient in the
+    parameters is second order in the network: the Hessian kernels' part along a direction in x."""
+
+    def loss(params, x):
+        gradient = jax.grad(lambda x: jnp.sum(apply(params, x).astype(jnp.float32)))(x)
+        norm = jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1)
+        return jnp.mean(apply(params, x).astype(jnp.float32) ** 2) + 0.1 * jnp.mean((norm - 1.0) ** 2)
+
+    return loss

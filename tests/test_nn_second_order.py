@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from _helpers import mlp_inputs, relative_error
+from _helpers import eikonal_loss, mlp_inputs, relative_error
 from _training import cast
 
 from slax import nn
@@ -57,18 +57,6 @@ def assert_close(got, want, dtype):
         assert relative_error(got_leaf, want_leaf) < RELATIVE_TOLERANCE[dtype]
 
 
-def eikonal(apply):
-    """A signed-distance loss: the outputs' squares plus the input gradient's distance from unit
-    norm (the gradient of the sum of the outputs: one output, or several summed)."""
-
-    def loss(params, x):
-        gradient = jax.grad(lambda x: jnp.sum(apply(params, x).astype(jnp.float32)))(x)
-        norm = jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1)
-        return jnp.mean(apply(params, x).astype(jnp.float32) ** 2) + 0.1 * jnp.mean((norm - 1.0) ** 2)
-
-    return loss
-
-
 def wavy(apply):
     """A loss nonlinear in the outputs: the Hessian of a LeakyReLU network alone is zero."""
     return lambda params, x: jnp.sum(jnp.sin(1.3 * apply(params, x).astype(jnp.float32)))
@@ -78,8 +66,8 @@ def test_gradient_of_an_eikonal_loss(network, lowered):
     """jax.grad of a loss that holds jax.grad of the network with respect to x, under jit, in the
     parameters and in x; its first-order parts run the forward and backward kernels."""
     params, x, twin, twin_args, dtype = network
-    got = jax.jit(jax.grad(eikonal(nn.mlp_apply), argnums=(0, 1)))(params, x)
-    assert_close(got, jax.grad(eikonal(twin), argnums=(0, 1))(*twin_args), dtype)
+    got = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply), argnums=(0, 1)))(params, x)
+    assert_close(got, jax.grad(eikonal_loss(twin), argnums=(0, 1))(*twin_args), dtype)
     entries = {key[1] for key in lowered}
     assert "mlp_backward" in entries and entries & {"mlp_forward", "mlp_forward_hidden"}
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import mlp_inputs, relative_error
+from _helpers import eikonal_loss, mlp_inputs, relative_error
 from _training import cast
 
 import slax
@@ -104,18 +104,6 @@ def test_every_device_kind_reflects_the_hessian_kernel(tensor_cores, device_kind
 # --- results ---------------------------------------------------------------------------------------
 
 
-def _eikonal(apply):
-    """The outputs' squares plus the distance of the input gradient (of the outputs' sum) from unit
-    norm: its gradient in the parameters is second order in the network."""
-
-    def loss(params, x):
-        gradient = jax.grad(lambda x: jnp.sum(apply(params, x).astype(jnp.float32)))(x)
-        norm = jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1)
-        return jnp.mean(apply(params, x).astype(jnp.float32) ** 2) + 0.1 * jnp.mean((norm - 1.0) ** 2)
-
-    return loss
-
-
 HESSIAN = [
     ((20, 40, 24, 5), "float32", "relu"),
     ((3, 32, 32, 32, 1), "float16", "leaky_relu"),
@@ -144,12 +132,12 @@ def test_the_tile_hessian_kernels_match_the_reference(sizes, dtype, activation, 
     for backend in backends:
         lowered.clear()
         with slax.config.override(mlp_backend=backend):
-            gradient = jax.jit(jax.grad(_eikonal(nn.mlp_apply)))
+            gradient = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply)))
             got, again = gradient(params, x), gradient(params, x)
-            grouped = jax.jit(jax.vmap(jax.grad(_eikonal(nn.mlp_apply)), (None, 0)))(
+            grouped = jax.jit(jax.vmap(jax.grad(eikonal_loss(nn.mlp_apply)), (None, 0)))(
                 params, x[:666].reshape(2, 333, -1)
             )
-        want = jax.grad(_eikonal(reference))(*cast((params, x), jnp.float32))
+        want = jax.grad(eikonal_loss(reference))(*cast((params, x), jnp.float32))
         for leaf, repeat, wanted in zip(
             jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
         ):
@@ -157,7 +145,7 @@ def test_the_tile_hessian_kernels_match_the_reference(sizes, dtype, activation, 
             assert relative_error(leaf, wanted) < RELATIVE_TOLERANCE[dtype]
         for k in range(2):
             part = cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32)
-            want = jax.grad(_eikonal(reference))(*part)
+            want = jax.grad(eikonal_loss(reference))(*part)
             for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
                 assert relative_error(leaf[k], wanted) < RELATIVE_TOLERANCE[dtype]
         on_tensor_cores = device_kind == "cuda" and backend == "auto"

@@ -11,7 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import assert_float16_loss_and_grad_match_reference, draw_uniform, mlp_inputs, relative_error
+from _helpers import (
+    assert_float16_loss_and_grad_match_reference,
+    draw_uniform,
+    eikonal_loss,
+    mlp_inputs,
+    relative_error,
+)
 
 import slax
 from slax import nn
@@ -259,18 +265,6 @@ HESSIAN = [(3, 64, 64, 64, 1), (20, 48, 48, 5), (16, 32, 16, 32, 8)]
 multiples of 16 (with ReLU hidden layers), and layers narrower than their neighbours."""
 
 
-def _eikonal(apply):
-    """The outputs' squares plus the distance of the input gradient (of the outputs' sum) from unit
-    norm: its gradient in the parameters is second order in the network."""
-
-    def loss(params, x):
-        gradient = jax.grad(lambda x: jnp.sum(apply(params, x).astype(jnp.float32)))(x)
-        norm = jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1)
-        return jnp.mean(apply(params, x).astype(jnp.float32) ** 2) + 0.1 * jnp.mean((norm - 1.0) ** 2)
-
-    return loss
-
-
 WARP_TILES, TILES = "the warp tiles' Hessian kernel", "the tensor_cores kernels' Hessian kernel"
 
 
@@ -367,26 +361,26 @@ def test_the_hessian_kernel_matches_the_reference(sizes, device_kind, monkeypatc
     params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, "float16", activation=activation)
     x = mlp_inputs(params, jax.random.key(7), 1000, "float16")
     reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float16")
-    gradient = jax.jit(jax.grad(_eikonal(nn.mlp_apply)))
+    gradient = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply)))
     got, again = gradient(params, x), gradient(params, x)
-    want = jax.grad(_eikonal(reference))(*cast((params, x), jnp.float32))
+    want = jax.grad(eikonal_loss(reference))(*cast((params, x), jnp.float32))
     for leaf, repeat, wanted in zip(
         jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
     ):
         assert np.array_equal(leaf, repeat), "the sums are not deterministic"
         assert relative_error(leaf, wanted) < TOLERANCE
     assert "mlp_hessian_sums" in entries
-    grouped = jax.jit(jax.vmap(jax.grad(_eikonal(nn.mlp_apply)), (None, 0)))(
+    grouped = jax.jit(jax.vmap(jax.grad(eikonal_loss(nn.mlp_apply)), (None, 0)))(
         params, x[:666].reshape(2, 333, -1)
     )
     for k in range(2):
-        want = jax.grad(_eikonal(reference))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
+        want = jax.grad(eikonal_loss(reference))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
         for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
             assert relative_error(leaf[k], wanted) < TOLERANCE
     entries.clear()
     smooth = nn.mlp_init(jax.random.key(1), sizes, "float16", activation="tanh")
-    got = jax.jit(jax.grad(_eikonal(nn.mlp_apply)))(smooth, x)
-    want = jax.grad(_eikonal(functools.partial(nn.mlp_apply_reference, storage_dtype="float16")))(
+    got = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply)))(smooth, x)
+    want = jax.grad(eikonal_loss(functools.partial(nn.mlp_apply_reference, storage_dtype="float16")))(
         *cast((smooth, x), jnp.float32)
     )
     for leaf, wanted in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
