@@ -150,3 +150,33 @@ def test_the_tile_hessian_kernels_match_the_reference(sizes, dtype, activation, 
                 assert relative_error(leaf[k], wanted) < RELATIVE_TOLERANCE[dtype]
         on_tensor_cores = device_kind == "cuda" and backend == "auto"
         assert ("mlp_hessian_sums", on_tensor_cores) in {key[1:] for key in lowered}, lowered
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("family", [nn_backends.Tiled, nn_backends.TensorCores])
+def test_a_float32_network_takes_its_direction_and_dy_as_they_are(monkeypatch, family):
+    """A float32 network's tiles hold floats: hessian_sums hands the kernel the direction and dy
+    unscaled (an eikonal term's direction, about 1e-6 at 2^18 samples, is far inside float's normal
+    range; only halves need the power-of-two scaling, tests/test_wide_warp.py) and returns its
+    weight sums as they are, the bias parts zero."""
+    from slax.nn._params import flat_layers
+
+    arch = Architecture((3, 32, 32, 1), "float32")
+    platform = nn_backends.Platform("cuda", tensor_cores=True, capability=90)
+    flat = flat_layers(nn.mlp_init(jax.random.key(2), arch.sizes, "float32"))
+    keys = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.uniform(keys[0], (100, 3), jnp.float32, -1.0, 1.0)
+    direction = jax.random.uniform(keys[1], (100, 3), jnp.float32, -1.0, 1.0) * 1e-6
+    dy = jax.random.uniform(keys[2], (100, 1), jnp.float32, -1.0, 1.0) * 2.0**-20
+    given = []
+
+    def kernel(self, arch, platform, entry, data, params, group_ndim, *rest):
+        given.append(data)
+        return [jnp.zeros(()), *(jnp.full(p.shape, 3.0 + k, jnp.float32) for k, p in enumerate(params))]
+
+    monkeypatch.setattr(family, "gradient", kernel)
+    got = family().hessian_sums(arch, platform, x, direction, dy, flat, 0, None)
+    (data,) = given
+    assert all(np.array_equal(a, b) for a, b in zip(data, [x, direction, dy], strict=True))
+    for k, leaf in enumerate(got):
+        assert np.array_equal(leaf, np.zeros(leaf.shape) if k % 2 == 0 else np.full(leaf.shape, 3.0 + k))

@@ -491,11 +491,17 @@ class _Tiles(KernelBackend):
 
     def hessian_kernel(self, arch: Architecture, platform: Platform) -> str | None:
         """How its Hessian kernel runs ``arch`` on ``platform`` (for :func:`slax.nn.describe`), or
-        None where it has none: networks whose activations are linear pieces (their second
+        None where it has none: networks it runs whose activations are linear pieces (their second
         derivatives zero: the bias parts are then zero, and the weights' are each layer's output
-        gradient times its input's tangent), whose tiles fit with their tangents."""
+        gradient times its input's tangent), and which its family's Hessian tiles fit
+        (:meth:`hessian_tiles`)."""
         if self.unfit(arch, platform) or not _linear_pieces(arch):
             return None
+        return self.hessian_tiles(arch)
+
+    def hessian_tiles(self, arch: Architecture) -> str | None:
+        """Which of the family's Hessian kernels runs ``arch``, a network it runs whose activations
+        are linear pieces, or None where its tiles do not fit with their tangents."""
         tile = self.layout(arch, True)
         if tile is None:
             return None
@@ -512,21 +518,27 @@ class _Tiles(KernelBackend):
         )
 
     def hessian_sums(self, arch, platform, x, direction, dy, params, group_ndim, routes):
-        """``mlp_hessian_sums``, where :meth:`hessian_kernel` says it runs. The direction and ``dy``
-        enter scaled by powers of two, each group's largest to [0.5, 1), and the sums leave unscaled
-        (both exact): the warp tiles round each layer's tangent and output gradient to half, where
-        a mean loss's cotangents over many samples (an eikonal term's direction, about 1e-6 at
-        2^18 samples) would fall below half's normal range, and a float16 network's tiles take
-        both as halves. The bias parts are zero."""
+        """``mlp_hessian_sums``, where :meth:`hessian_kernel` says it runs. The bias parts are zero
+        (the kernel's bias columns hold dz's sums, which its backward pass shares with the
+        first-order kernels). A float16 network's direction and ``dy`` enter scaled by powers of two,
+        each group's largest to [0.5, 1), and its sums leave unscaled (both exact): its tiles hold
+        both as halves, and round each layer's tangent and output gradient to half (the warp tiles),
+        where a mean loss's cotangents over many samples (an eikonal term's direction, about 1e-6 at
+        2^18 samples) would fall below half's normal range. A float32 network's tiles hold floats,
+        whose range those cotangents are far inside: they enter as they are."""
         if self.hessian_kernel(arch, platform) is None:
             return None
-        direction, direction_exponent = power_of_two_normalised(direction, group_ndim)
-        dy, dy_exponent = power_of_two_normalised(dy, group_ndim)
+        halves = arch.dtype == "float16"
+        if halves:
+            direction, direction_exponent = power_of_two_normalised(direction, group_ndim)
+            dy, dy_exponent = power_of_two_normalised(dy, group_ndim)
         _, *sums = self.gradient(
             arch, platform, HESSIAN_ENTRY, [x, direction, dy], params, group_ndim, [], (), routes
         )
-        exponent = direction_exponent + dy_exponent  # per group
-        return [jnp.zeros_like(s) if k % 2 == 0 else scaled_back(s, exponent) for k, s in enumerate(sums)]
+        if halves:
+            exponent = direction_exponent + dy_exponent  # per group
+            sums = [scaled_back(s, exponent) for s in sums]
+        return [jnp.zeros_like(s) if k % 2 == 0 else s for k, s in enumerate(sums)]
 
 
 def tile_launch(tile_samples: int, each: int, per_group: int) -> Launch:
@@ -598,14 +610,12 @@ class TensorCores(_Tiles):
             return wide_warp_kernel(arch, entry)
         return super().kernel(arch, platform, entry)
 
-    def hessian_kernel(self, arch, platform):
+    def hessian_tiles(self, arch):
         """The warp tiles' Hessian kernel for the networks they run (float16 ones at most 64 wide),
-        else the tensor-core tiles' (:meth:`_Tiles.hessian_kernel`)."""
-        if not self.wide_warp(arch):
-            return super().hessian_kernel(arch, platform)
-        if self.unfit(arch, platform) or not _linear_pieces(arch):
-            return None
-        return "the warp tiles' Hessian kernel"
+        else the tensor-core tiles'."""
+        if self.wide_warp(arch):
+            return "the warp tiles' Hessian kernel"
+        return super().hessian_tiles(arch)
 
     def forward(self, arch, platform, x, params, keep_hidden, routes):
         """On the warp tiles, ``mlp_forward``; the hidden activations' place holds zeros, since the
