@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
 TIMEOUT_ENV_VAR = "SLAX_PTX_COMPILE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
+COMPILE_ENVIRONMENT = ("SLAX_CACHE_DIR", "XDG_CACHE_HOME", "SLAX_NVRTC")
+"""The variables a compile reads (the cache's sources of ``slax.load_module_from_source`` on the
+include path, :func:`slax._device.include_paths`; the NVRTC library): each request carries the
+parent's values as they are then, since the worker outlives changes to its parent's environment
+(a program, or a test, pointing ``SLAX_CACHE_DIR`` elsewhere after the first compile)."""
 
 
 class PtxCompileTimeout(Exception):
@@ -49,7 +54,8 @@ def timeout_s() -> float:
 
 def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] | None = None) -> str:
     """``spec``'s PTX (:func:`slax._slang_c.compile_entry_point`, with the preprocessor macros
-    ``defines``), from the compile worker.
+    ``defines``), from the compile worker, which compiles with this process's
+    :data:`COMPILE_ENVIRONMENT` as it is now.
 
     Raises:
       PtxCompileTimeout: the worker ran past :func:`timeout_s` on it and was killed.
@@ -62,7 +68,8 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] 
             _worker = _Worker()
         worker = _worker
         try:
-            ok, value = worker.ask((spec, snapshot, defines), limit)
+            environment = {name: os.environ.get(name) for name in COMPILE_ENVIRONMENT}
+            ok, value = worker.ask((spec, snapshot, defines, environment), limit)
         except subprocess.TimeoutExpired:
             worker.close(kill=True)
             _worker = None
@@ -165,9 +172,14 @@ def _serve() -> None:
 
     while True:
         try:
-            spec, snapshot, defines = pickle.load(sys.stdin.buffer)
+            spec, snapshot, defines, environment = pickle.load(sys.stdin.buffer)
         except EOFError:
             return
+        for name, value in environment.items():  # the parent's, as it compiles now
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         try:
             result: tuple[bool, object] = (True, compile_entry_point(spec, CodeTarget.PTX, snapshot, defines))
         except Exception as error:  # handed to the parent, which raises it

@@ -4,6 +4,8 @@ still pass every test that reads it, only slower."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from _helpers import ROOT, run_python
 
@@ -34,6 +36,12 @@ def test_reads(k, request):
 """
 
 
+def _with_tests_on_path() -> str:
+    """tests/ (for _helpers) in front of this process's import path, which keeps what the
+    environment put there (SlangPy, on a machine whose bundle brings it that way)."""
+    return os.pathsep.join(path for path in [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")] if path)
+
+
 @pytest.mark.parametrize("workers", [["-n", "2"], ["-p", "no:xdist"]], ids=["two-workers", "no-xdist"])
 def test_once_per_run_makes_its_thing_once_for_all_workers(tmp_path, workers):
     """Eight tests of one run ask for the thing, spread over two xdist workers (each gets at least
@@ -43,7 +51,7 @@ def test_once_per_run_makes_its_thing_once_for_all_workers(tmp_path, workers):
     result = run_python(
         "-m", "pytest", "-p", "no:cacheprovider", "-q", *workers,
         f"--basetemp={tmp_path / 'base'}", str(tmp_path / "test_made_once.py"),
-        env={"ONCE_LOG": str(log), "PYTHONPATH": str(ROOT / "tests")}, timeout=300,
+        env={**os.environ, "ONCE_LOG": str(log), "PYTHONPATH": _with_tests_on_path()}, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = log.read_text().splitlines()

@@ -20,6 +20,7 @@ import re
 import subprocess
 
 import jax
+import numpy as np
 import pytest
 from _helpers import ROOT, once_per_run, run_python
 
@@ -697,6 +698,32 @@ def test_one_compile_worker_serves_kernel_after_kernel(nvrtc, monkeypatch):
     again = _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)
     assert again == compile_once["scale_shift_float"]
     assert _ptx_compile._worker is not None and _ptx_compile._worker is not worker
+
+
+@needs_tools
+def test_the_compile_worker_follows_the_cache_directory_as_it_is_now(nvrtc, monkeypatch, tmp_path):
+    """A kernel importing a module of slax.load_module_from_source by name compiles to PTX from
+    the cache directory SLAX_CACHE_DIR names at the time, not when the worker started: the worker
+    outlives the first compile, and a program (or a test) may point the cache elsewhere after it."""
+    from slax import _ptx_compile
+
+    path = str(SHADER_DIR / "kernels" / "scale_shift.slang")
+    _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)  # the worker runs
+    assert _ptx_compile._worker is not None
+    factor = np.random.default_rng(5).uniform(2.0, 3.0)
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "later-cache"))
+    slax.load_module_from_source("worker_factor", f"public float factor() {{ return {factor:.6f}; }}\n")
+    user = _spec(
+        tmp_path,
+        "factor_user",
+        "import slax.kernel;\nimport worker_factor;\n"
+        '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count)\n"
+        "{ uint i = slax_thread_index(t); if (i < count) x[i] *= factor(); }\n",
+        "k",
+    )
+    ptx = _ptx_compile.compile_ptx(user, None)
+    assert ".entry k(" in ptx and f"{np.float32(factor).view(np.uint32):08X}" in ptx
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon"])
