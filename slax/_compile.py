@@ -6,6 +6,7 @@ from, never the path or name it came under.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -13,6 +14,7 @@ import os
 import pathlib
 import threading
 import time
+from collections.abc import Iterator
 
 import slangpy as spy
 
@@ -309,20 +311,26 @@ builds every kernel; at DEBUG, every compile's time), so that a program can show
 waits (the experiments print it: experiments/_harness.show_slax_progress)."""
 
 
-def _compile(action, *, what: str):
-    """Runs ``action``, a Slang compile of ``what``, saying so in slax's log; its failures become
-    SlangCompileError."""
+@contextlib.contextmanager
+def announced(what: str) -> Iterator[None]:
+    """Says in slax's log that ``what`` compiles, before its body runs, and how long it took after
+    (not where it raised). A compile that took a second or more is worth its line at INFO; quicker
+    ones (cache hits) would only bury the ones that matter, so they go to DEBUG."""
     _log.info("compiling %s ...", what)
     began = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - began
+    _log.log(logging.INFO if seconds >= 1.0 else logging.DEBUG, "compiled %s in %.1f s", what, seconds)
+
+
+def _compile(action, *, what: str):
+    """Runs ``action``, a Slang compile of ``what``, saying so in slax's log (:func:`announced`);
+    its failures become SlangCompileError."""
     try:
-        result = action()
+        with announced(what):
+            return action()
     except Exception as error:
         if isinstance(error, SlangCompileError):
             raise
         message = str(error)
         raise SlangCompileError(f"slax: Slang failed to compile {what}:\n{message}") from None
-    seconds = time.perf_counter() - began
-    # A compile that took a second or more is worth its line; quicker ones (cache hits) would only
-    # bury the ones that matter, so they go to DEBUG.
-    _log.log(logging.INFO if seconds >= 1.0 else logging.DEBUG, "compiled %s in %.1f s", what, seconds)
-    return result

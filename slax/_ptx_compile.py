@@ -24,6 +24,8 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING
 
+from slax._compile import announced
+
 if TYPE_CHECKING:
     from slax._compile import KernelSpec
 
@@ -69,7 +71,10 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] 
         worker = _worker
         try:
             environment = {name: os.environ.get(name) for name in COMPILE_ENVIRONMENT}
-            ok, value = worker.ask((spec, snapshot, defines, environment), limit)
+            with announced(f"entry point {spec.entry!r} to PTX"):
+                ok, value = worker.ask((spec, snapshot, defines, environment), limit)
+                if not ok:  # the compile's own error, as it raised it in the worker
+                    raise value
         except subprocess.TimeoutExpired:
             worker.close(kill=True)
             _worker = None
@@ -86,8 +91,6 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] 
                 f"slax: the process compiling kernel {spec.entry!r} to PTX exited with status "
                 f"{status}:\n{errors[-3000:]}"
             ) from None
-    if not ok:
-        raise value
     return value
 
 
