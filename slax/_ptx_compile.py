@@ -22,12 +22,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import TYPE_CHECKING
 
-from slax._compile import announced
-
-if TYPE_CHECKING:
-    from slax._compile import KernelSpec
+from slax._compile import KernelSpec, announced
 
 TIMEOUT_ENV_VAR = "SLAX_PTX_COMPILE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
