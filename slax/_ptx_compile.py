@@ -27,11 +27,13 @@ from slax._compile import KernelSpec, announced
 
 TIMEOUT_ENV_VAR = "SLAX_PTX_COMPILE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
-COMPILE_ENVIRONMENT = ("SLAX_CACHE_DIR", "XDG_CACHE_HOME", "SLAX_NVRTC")
-"""The variables a compile reads (the cache's sources of ``slax.load_module_from_source`` on the
-include path, :func:`slax._device.include_paths`; the NVRTC library): each request carries the
-parent's values as they are then, since the worker outlives changes to its parent's environment
-(a program, or a test, pointing ``SLAX_CACHE_DIR`` elsewhere after the first compile)."""
+COMPILE_ENVIRONMENT = ("SLAX_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "SLAX_NVRTC", "CUDA_HOME", "CUDA_PATH")
+"""The variables a compile reads: where the cache is, whose ``sources`` of
+``slax.load_module_from_source`` are on the include path (:func:`slax._device.cache_dir`,
+:func:`slax._device.include_paths`), and where NVRTC is (:func:`slax._slang_c.nvrtc_library`, whose
+path each compile passes to Slang). Each request carries the parent's values as they are then,
+since the worker outlives changes to its parent's environment (a program, or a test, pointing
+``SLAX_CACHE_DIR`` elsewhere after the first compile)."""
 
 
 class PtxCompileTimeout(Exception):
@@ -60,17 +62,22 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] 
       SlangCompileError, NvrtcNotFoundError: as the compile raises them, from the worker.
     """
     limit = timeout_s()
+    environment = {name: os.environ.get(name) for name in COMPILE_ENVIRONMENT}
+    with announced(f"entry point {spec.entry!r} to PTX"):
+        return _ask_worker(spec, (spec, snapshot, defines, environment), limit)
+
+
+def _ask_worker(spec: KernelSpec, request: tuple, limit: float) -> str:
+    """The worker's PTX for ``request`` (a worker started if none runs), or the compile's own
+    error, raised here as the worker raised it; past ``limit`` seconds the worker is killed and
+    PtxCompileTimeout raised, and a worker that died is reported with its error output."""
     with _lock:
         global _worker
         if _worker is None or _worker.poll() is not None:
             _worker = _Worker()
         worker = _worker
         try:
-            environment = {name: os.environ.get(name) for name in COMPILE_ENVIRONMENT}
-            with announced(f"entry point {spec.entry!r} to PTX"):
-                ok, value = worker.ask((spec, snapshot, defines, environment), limit)
-                if not ok:  # the compile's own error, as it raised it in the worker
-                    raise value
+            ok, value = worker.ask(request, limit)
         except subprocess.TimeoutExpired:
             worker.close(kill=True)
             _worker = None
@@ -87,6 +94,8 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] 
                 f"slax: the process compiling kernel {spec.entry!r} to PTX exited with status "
                 f"{status}:\n{errors[-3000:]}"
             ) from None
+    if not ok:
+        raise value
     return value
 
 

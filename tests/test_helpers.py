@@ -36,6 +36,12 @@ def test_reads(k, request):
 """
 
 
+def _environment_without_pytests() -> dict[str, str]:
+    """This process's environment less pytest's own variables (PYTEST_ADDOPTS, an xdist worker's
+    PYTEST_XDIST_WORKER, ...), which would change the child run's plugins and workers."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
+
+
 def _with_tests_on_path() -> str:
     """tests/ (for _helpers) in front of this process's import path, which keeps what the
     environment put there (SlangPy, on a machine whose bundle brings it that way)."""
@@ -51,7 +57,8 @@ def test_once_per_run_makes_its_thing_once_for_all_workers(tmp_path, workers):
     result = run_python(
         "-m", "pytest", "-p", "no:cacheprovider", "-q", *workers,
         f"--basetemp={tmp_path / 'base'}", str(tmp_path / "test_made_once.py"),
-        env={**os.environ, "ONCE_LOG": str(log), "PYTHONPATH": _with_tests_on_path()}, timeout=300,
+        env={**_environment_without_pytests(), "ONCE_LOG": str(log), "PYTHONPATH": _with_tests_on_path()},
+        timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = log.read_text().splitlines()

@@ -710,9 +710,9 @@ def test_the_compile_worker_follows_the_cache_directory_as_it_is_now(nvrtc, monk
     path = str(SHADER_DIR / "kernels" / "scale_shift.slang")
     _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)  # the worker runs
     assert _ptx_compile._worker is not None
-    factor = np.random.default_rng(5).uniform(2.0, 3.0)
+    factor = f"{np.random.default_rng(5).uniform(2.0, 3.0):.6f}"  # as the source writes it
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "later-cache"))
-    slax.load_module_from_source("worker_factor", f"public float factor() {{ return {factor:.6f}; }}\n")
+    slax.load_module_from_source("worker_factor", f"public float factor() {{ return {factor}; }}\n")
     user = _spec(
         tmp_path,
         "factor_user",
@@ -723,7 +723,7 @@ def test_the_compile_worker_follows_the_cache_directory_as_it_is_now(nvrtc, monk
         "k",
     )
     ptx = _ptx_compile.compile_ptx(user, None)
-    assert ".entry k(" in ptx and f"{np.float32(factor).view(np.uint32):08X}" in ptx
+    assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon"])
