@@ -14,7 +14,7 @@ import pytest
 from _helpers import ROOT, run_python
 
 import slax
-from slax._ptx_launch import compute_capability
+from slax.nn import _backends as nn_backends
 
 # The scripts' flags, outputs and plots do not depend on the route; the kernels they run are
 # tested on every route by test_function.py and test_nn.py.
@@ -351,10 +351,10 @@ def test_benchmark_times_a_wide_network_beside_plain_jax(tmp_path):
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     route = slax.launch_route()
     models = [f"slax/{route}/auto", f"slax/{route}/xla", "jax", "jax/flat", "jax-f32"]
-    # "auto": the tensor-core tiles on a GPU whose tensor cores slax may use, the tiled kernels elsewhere
+    # "auto": the tensor-core tiles where slax may use tensor cores, the tiled kernels elsewhere
     on_gpu = any(d.platform == "gpu" for d in jax.devices())
-    tensor_cores = on_gpu and slax.config.tensor_cores and compute_capability() >= 80
-    auto = "tensor_cores" if tensor_cores else "tiled"
+    platform = nn_backends.Platform.of("cuda" if on_gpu else "cpu", nn_backends.BackendRequest.current())
+    auto = "tensor_cores" if platform.tensor_cores else "tiled"
     assert [r["mlp_backend"] for r in rows] == [auto, "xla", None, None, None]
     assert [(r["network"], r["model"]) for r in rows] == [("wide-8-16x2-2", model) for model in models]
     assert {(tuple(r["sizes"]), r["width"], r["hidden_layers"]) for r in rows} == {((8, 16, 16, 2), 16, 2)}

@@ -157,8 +157,8 @@ def test_the_tile_hessian_kernels_match_the_reference(sizes, dtype, activation, 
 def test_a_float32_network_takes_its_direction_and_dy_as_they_are(monkeypatch, family):
     """A float32 network's tiles hold floats: hessian_sums hands the kernel the direction and dy
     unscaled (an eikonal term's direction, about 1e-6 at 2^18 samples, is far inside float's normal
-    range; only halves need the power-of-two scaling, tests/test_wide_warp.py) and returns its
-    weight sums as they are, the bias parts zero."""
+    range; only halves need the power-of-two scaling, which tests/test_wide_warp.py checks for both
+    families) and returns its weight sums as they are, the bias parts zero."""
     from slax.nn._params import flat_layers
 
     arch = Architecture((3, 32, 32, 1), "float32")
@@ -181,45 +181,3 @@ def test_a_float32_network_takes_its_direction_and_dy_as_they_are(monkeypatch, f
     assert all(np.array_equal(a, b) for a, b in zip(data, [x, direction, dy], strict=True))
     for k, leaf in enumerate(got):
         assert np.array_equal(leaf, np.zeros(leaf.shape) if k % 2 == 0 else np.full(leaf.shape, 3.0 + k))
-
-
-@pytest.mark.one_device_kind
-def test_a_float16_network_on_the_tiled_family_takes_them_scaled(monkeypatch):
-    """A float16 network's tiles hold halves, on the tiled family as on the warp tiles: its
-    direction and dy reach the kernel scaled by a power of two per group, each group's largest into
-    [0.5, 1) (1e-6 and 2^-20 are below half's normal range), and its weight sums leave scaled back
-    by both powers, exactly; the bias parts zero."""
-    from slax.nn._params import flat_layers
-
-    arch = Architecture((3, 32, 32, 1), "float16")
-    platform = nn_backends.Platform("cpu")
-    flat = flat_layers(nn.mlp_init(jax.random.key(2), arch.sizes, "float16"))
-    keys = jax.random.split(jax.random.key(4), 3)
-    x = jax.random.uniform(keys[0], (2, 50, 3), jnp.float32, -1.0, 1.0).astype(jnp.float16)
-    scales = jnp.array([1e-6, 1e-3])[:, None, None]
-    direction = (jax.random.uniform(keys[1], (2, 50, 3), jnp.float32, -1.0, 1.0) * scales).astype(jnp.float16)
-    dy = (jax.random.uniform(keys[2], (2, 50, 1), jnp.float32, 0.25, 1.0) * 2.0**-20).astype(jnp.float16)
-    given = []
-
-    def kernel(self, arch, platform, entry, data, params, group_ndim, *rest):
-        assert entry == "mlp_hessian_sums"
-        given.append(data)
-        sums = [jnp.full((2, *p.shape), 3.0 + k, jnp.float32) for k, p in enumerate(params)]  # as the rows
-        return [jnp.zeros((2,)), *sums]
-
-    monkeypatch.setattr(nn_backends.Tiled, "gradient", kernel)
-    got = nn_backends.Tiled().hessian_sums(arch, platform, x, direction, dy, flat, 1, None)
-    (data,) = given
-    assert np.array_equal(data[0], x)
-    exponents = []
-    for given_values, values in zip(data[1:], [direction, dy], strict=True):
-        peak = jnp.max(jnp.abs(given_values.astype(jnp.float32)), axis=(1, 2))
-        assert jnp.all((peak >= 0.5) & (peak < 1.0)), peak
-        exponent = jnp.round(jnp.log2(jnp.max(jnp.abs(values.astype(jnp.float32)), axis=(1, 2)) / peak))
-        assert np.array_equal(given_values.astype(jnp.float32) * 2.0 ** exponent[:, None, None], values)
-        exponents.append(exponent)
-    scale = 2.0 ** (exponents[0] + exponents[1])
-    for k, leaf in enumerate(got):
-        per_group = scale.reshape((2,) + (1,) * (leaf.ndim - 1))
-        want = jnp.zeros(leaf.shape) if k % 2 == 0 else jnp.broadcast_to((3.0 + k) * per_group, leaf.shape)
-        assert np.array_equal(leaf, want), k

@@ -296,13 +296,21 @@ def test_which_networks_take_the_hessian_kernel(sizes, dtype, activation, platfo
         assert runs in said, said
 
 
+@pytest.mark.parametrize(
+    ("family", "platform"),
+    [(nn_backends.TensorCores, ON_TENSOR_CORES), (nn_backends.Tiled, nn_backends.Platform("cpu"))],
+    ids=["warp-tiles", "tiled"],
+)
 @pytest.mark.parametrize("group_ndim", [0, 1])
-def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(monkeypatch, group_ndim):
-    """hessian_sums scales each group's direction and dy by powers of two (the largest into
-    [0.5, 1)) before the kernel, which rounds each layer's tangent to half, and scales its sums
-    back: directions as tiny as an eikonal term's at 2^18 samples (about 1e-6, below half's normal
-    range) go in and come out exactly. The kernel is replaced by the twin, in float32 on what it is
-    given; the bias parts are zero."""
+def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(
+    monkeypatch, group_ndim, family, platform
+):
+    """hessian_sums of a float16 network (the warp tiles', and the tiled family's, whose tiles also
+    hold halves) scales each group's direction and dy by powers of two (the largest into [0.5, 1))
+    before the kernel, which rounds each layer's tangent to half, and scales its sums back:
+    directions as tiny as an eikonal term's at 2^18 samples (about 1e-6, below half's normal range)
+    go in and come out exactly. The kernel is replaced by the twin, in float32 on what it is given;
+    the bias parts are zero."""
     from slax.nn._params import flat_layers
     from slax.nn._reference import backward_tangent_twin
 
@@ -328,10 +336,8 @@ def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(monk
         assert entry == "mlp_hessian_sums" and direction.dtype == dy.dtype == jnp.float16
         return [jnp.zeros(x.shape[:group_ndim]), *twin(x, direction, dy, group_ndim)]
 
-    monkeypatch.setattr(nn_backends.TensorCores, "gradient", kernel)
-    got = nn_backends.TensorCores().hessian_sums(
-        arch, ON_TENSOR_CORES, x, direction, dy, flat, group_ndim, None
-    )
+    monkeypatch.setattr(family, "gradient", kernel)
+    got = family().hessian_sums(arch, platform, x, direction, dy, flat, group_ndim, None)
     want = twin(x, direction, dy, group_ndim)
     for k, (leaf, wanted) in enumerate(zip(got, want, strict=True)):
         if k % 2 == 0:
