@@ -26,11 +26,19 @@ on the step of any model that reads a batch sampled and stored in full, as slax'
 its first axis under plain ``jax.jit``, as ``polynomial.py --devices``); each row's ratio compares
 with the faster plain JAX on as many devices.
 
-The floor of a step is the larger of its matmul FLOPs at the device's peak FP32 rate (slax's
-kernels compute in float32 in both precisions) and the bytes it must move at the device's memory
-bandwidth: the sampled batch written once and read once. Peaks are known for H100s
-(``PEAKS``) or given with --peak-tflops/--peak-gbps; the table shows each step time as a multiple of
-its floor (over N devices, a Nth of one device's).
+``--precision default highest`` times every configuration under each of JAX's matmul precisions
+(``jax.default_matmul_precision``), slax's rows and plain JAX's alike: float32 products as one
+TF32 pass on GPUs with tensor cores at ``default``, at float32's accuracy at ``highest``
+(``jax-f32``, plain JAX at HIGHEST whatever the setting, is left out there: it is ``jax``); by
+default the setting as it is (JAX's default unless ``JAX_DEFAULT_MATMUL_PRECISION`` says otherwise).
+
+The floor of a step is the larger of its matmul FLOPs at the device's dense tensor-core rate for
+the row's products (float16: FP16 ``mma``; float32 at JAX's default: TF32; at ``highest``: a third
+of TF32's, the 3xTF32 split, which beats the FP32 SIMT rate) and the bytes it must move at the
+device's memory bandwidth: the sampled batch written once and read once. Peaks are known for
+H100s and H200s (``PEAKS``, the vendor's datasheet) or given with --peak-tflops (one matrix rate
+for every row) and --peak-gbps; the table shows each step time as a multiple of its floor (over N
+devices, a Nth of one device's).
 
 ``--network wide`` times tiny-cuda-nn's class of networks, trained as its benchmarks train them:
 one architecture per ``--width`` and ``--hidden-layers`` (``--wide-input`` inputs, as many hidden
@@ -127,10 +135,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "(ignored on CUDA; default: slax's choice, SLAX_DEVICE or automatic)",
     )
     parser.add_argument(
+        "--precision",
+        nargs="+",
+        choices=("default", "highest"),
+        default=[None],
+        help="JAX's matmul precisions to time every configuration under, slax and plain JAX alike "
+        "(jax.default_matmul_precision; default: the setting as it is)",
+    )
+    parser.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
-        help="device FP32 peak, TFLOP/s (default: from PEAKS for known GPUs, else no floor column)",
+        help="the device's matrix rate for every row, TFLOP/s (default: from PEAKS for known GPUs, by "
+        "dtype and precision, else no floor column)",
     )
     parser.add_argument(
         "--peak-gbps",
@@ -192,12 +209,13 @@ from slax import nn
 TEXTURE_SHAPE = (512, 512, 4)
 """The ``texture`` workload's texture: the issue's size, RGBA as experiments/texture.py's."""
 PEAKS = {
-    "H100 80GB HBM3": (67e12, 3.35e12),  # H100 SXM5: FP32 (non-tensor) FLOP/s, HBM3 bytes/s
-    "H100 PCIe": (51e12, 2.0e12),
-    "H100 NVL": (60e12, 3.9e12),
-    "H200": (67e12, 4.8e12),  # H200 SXM: the H100 SXM5's FP32 rate, HBM3e bytes/s
+    "H100 80GB HBM3": ({"float16": 989.4e12, "tf32": 494.7e12}, 3.35e12),  # H100 SXM5, dense
+    "H100 PCIe": ({"float16": 756.5e12, "tf32": 378e12}, 2.0e12),
+    "H100 NVL": ({"float16": 835.5e12, "tf32": 417.5e12}, 3.9e12),
+    "H200": ({"float16": 989.4e12, "tf32": 494.7e12}, 4.8e12),  # H200 SXM: the H100 SXM5's rates
 }
-"""Device kind (as JAX names it, without the vendor) -> (peak FP32 FLOP/s, memory bytes/s)."""
+"""Device kind (as JAX names it, without the vendor) -> (dense tensor-core FLOP/s by the products'
+kind, memory bytes/s), from the vendor's datasheets."""
 
 
 def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
@@ -221,12 +239,22 @@ def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
     return float(flops), float(2 * batch * (sizes[0] * item + target))
 
 
-def device_peaks(tflops: float | None, gbps: float | None) -> tuple[float, float] | None:
-    """(FLOP/s, bytes/s) of the device: the flags, else the table for known GPUs, else None."""
+def device_peaks(tflops: float | None, gbps: float | None) -> tuple[dict[str, float], float] | None:
+    """(matrix FLOP/s by products, bytes/s) of the device: the flags (one rate for every row),
+    else the table for known GPUs, else None."""
     if tflops and gbps:
-        return tflops * 1e12, gbps * 1e9
+        return {"float16": tflops * 1e12, "tf32": tflops * 1e12}, gbps * 1e9
     kind = jax.devices()[0].device_kind.removeprefix("NVIDIA ").strip()
     return PEAKS.get(kind)
+
+
+def matrix_rate(rates: dict[str, float], dtype: str) -> float:
+    """FLOP/s of the tensor cores for a ``dtype`` network's products at JAX's matmul precision now:
+    float16's, TF32's, or a third of TF32's at HIGHEST (3xTF32; float32's own SIMT rate is lower)."""
+    if dtype == "float16":
+        return rates["float16"]
+    highest = jax.config.jax_default_matmul_precision in ("highest", "float32")
+    return rates["tf32"] / 3 if highest else rates["tf32"]
 
 
 JAX_PRECISIONS = {"jax": None, "jax-f32": jax.lax.Precision.HIGHEST}
@@ -341,11 +369,23 @@ def step_keys(steps: int, devices: int | None = None) -> jax.Array:
 
 @functools.cache
 def _compiled_run(
-    network, model, dtype, batch, steps, devices, flat, unroll, launch, tensor_cores, device, backend
+    network,
+    model,
+    dtype,
+    batch,
+    steps,
+    devices,
+    flat,
+    unroll,
+    launch,
+    tensor_cores,
+    device,
+    backend,
+    precision,
 ):
     """:func:`training_run` and the keys of a call of ``steps`` steps, traced, compiled and run once
-    (the warm-up) with the CUDA launch route, tensor-core setting and device kind given; kept, so
-    that the rounds of ``--rounds`` time the same executable again."""
+    (the warm-up) with the CUDA launch route, tensor-core setting, device kind and JAX matmul
+    precision given; kept, so that the rounds of ``--rounds`` time the same executable again."""
     settings = dict(cuda_launch=launch, tensor_cores=tensor_cores, device_kind=device, mlp_backend=backend)
     with slax.config.override(**settings):
         run, state = training_run(network, model, dtype, batch, devices, flat, unroll)
@@ -372,6 +412,7 @@ def steps_per_second(
         slax.config.tensor_cores,
         slax.config.device_kind,
         slax.config.mlp_backend,
+        jax.config.jax_default_matmul_precision,
     )
     times = []
     for _ in range(repeats):
@@ -422,12 +463,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # (row, model, parameters kept flat, CUDA launch route, tensor cores, device kind for CPU-placed
     # JAX, MLP backend): slax once per route, tensor-core setting, device and backend, then plain JAX.
-    def table_of(network: str) -> list[tuple[str, str, bool, str, bool, str | None, str]]:
+    def table_of(
+        network: str, precision: str | None
+    ) -> list[tuple[str, str, bool, str, bool, str | None, str]]:
         table = [
             (row, "slax", keeps_parameters_flat("slax"), launch, cores, device, name)
             for row, launch, cores, device, name in slax_rows
         ]
         jax_rows = TEXTURE_JAX_ROWS if network == "texture" else JAX_ROWS
+        if precision == "highest":  # jax-f32 is jax
+            jax_rows = tuple(row for row in jax_rows if row[1] != "jax-f32")
         table += [
             (row, model, flat, slax.config.cuda_launch, tensor_cores, kind, backend)
             for row, model, flat in jax_rows
@@ -446,23 +491,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.unroll > 1:
         print(f"every model's scan runs {args.unroll} training steps per loop iteration (--unroll)")
     if peaks:
-        print(f"floor at {peaks[0] / 1e12:.3g} TFLOP/s FP32 and {peaks[1] / 1e9:.4g} GB/s")
+        rates = ", ".join(f"{kind} {rate / 1e12:.4g}" for kind, rate in peaks[0].items())
+        print(
+            f"floor at dense tensor-core TFLOP/s {rates} (3xTF32 a third of TF32) and "
+            f"{peaks[1] / 1e9:.4g} GB/s"
+        )
     round_column = f"{'round':>5} " if args.rounds > 1 else ""
     header = (
-        f"{round_column}{'network':<16} {'dtype':<8} {'batch':>8} {'devices':>7} {'model':<12} "
+        f"{round_column}{'network':<16} {'dtype':<8} {'precision':<9} {'batch':>8} {'devices':>7} "
+        f"{'model':<12} "
         f"{'steps/s':>10} {'samples/s':>10} {'us/step':>10} {'x floor':>8} {'vs jax':>7}"
     )
     print(header)
     print("-" * len(header))
-    rows = []
-    for round_index, network, dtype, batch, devices in itertools.product(
-        range(1, args.rounds + 1), networks, args.dtype, args.batch, args.devices
-    ):
-        if network == "texture" and dtype != "float32":
-            continue
-        table = table_of(network)
+
+    def time_rows(round_index, network, dtype, precision, batch, devices) -> list[dict]:
+        """Each model's row of one configuration, timed under JAX's matmul precision now."""
+        rows = []
+        table = table_of(network, precision)
         flops, nbytes = step_floor(network, dtype, batch)
-        floor = max(flops / peaks[0], nbytes / peaks[1]) / (devices or 1) if peaks else None
+        rate_bound = flops / matrix_rate(peaks[0], dtype) if peaks else 0.0
+        floor = max(rate_bound, nbytes / peaks[1]) / (devices or 1) if peaks else None
         time_steps = functools.partial(
             steps_per_second,
             network,
@@ -489,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sizes": harness.network_sizes(network),
                 **(harness.wide_architecture(network) or {}),
                 "dtype": dtype,
+                "precision": precision,
                 "batch": batch,
                 "devices": devices,
                 "model": model,
@@ -510,10 +560,21 @@ def main(argv: list[str] | None = None) -> int:
             speedup = f"{speedup:>6.2f}x" if speedup is not None else f"{'-':>7}"
             round_cell = f"{round_index:>5} " if args.rounds > 1 else ""
             print(
-                f"{round_cell}{network:<16} {dtype:<8} {batch:>8} {devices or '-':>7} {model:<12} "
+                f"{round_cell}{network:<16} {dtype:<8} {precision or '-':<9} {batch:>8} "
+                f"{devices or '-':>7} {model:<12} "
                 f"{rate:>10.1f} {rate * batch:>10.3g} {row['step_us']:>10.1f} {times_floor} {speedup}",
                 flush=True,
             )
+        return rows
+
+    rows = []
+    for round_index, network, dtype, precision, batch, devices in itertools.product(
+        range(1, args.rounds + 1), networks, args.dtype, args.precision, args.batch, args.devices
+    ):
+        if network == "texture" and dtype != "float32":
+            continue
+        with jax.default_matmul_precision(precision):
+            rows += time_rows(round_index, network, dtype, precision, batch, devices)
     if args.json:
         summary = {**harness.provenance(args.device), "peaks": peaks, "args": vars(args)}
         harness.write_json(args.json, {**summary, "rows": rows})

@@ -87,6 +87,16 @@ step benchmark-digits 240 "$PY" experiments/benchmark.py --network digits --batc
 # Issue 41: the eikonal step of experiments/sdf.py (second derivatives of the MLP) against plain JAX.
 step benchmark-sdf 300 "$PY" experiments/benchmark.py --network sdf --batch 65536 262144 \
   --dtype float32 float16 --steps 50 --repeats 5 --launch ptx --json "$out/bench-sdf.json"
+# Issue 56: float32 products by JAX's precision rule, plain JAX at the same precision in each row: the
+# wide networks and the eikonal step at DEFAULT (one TF32 pass) and HIGHEST (3xTF32); and the
+# kernels' numbers at each (tests/test_tensor_cores.py's float32 cases, tests/test_precision.py).
+step tests-precision 300 env XLA_PYTHON_CLIENT_PREALLOCATE=false SLAX_CUDA_LAUNCH=ptx "$PY" -m pytest -q \
+  -p no:cacheprovider tests/test_precision.py tests/test_tensor_cores.py -k "float32 or precision"
+step benchmark-precision 540 "$PY" experiments/benchmark.py --network wide --width 64 128 --hidden-layers 2 4 \
+  --wide-input 32 --wide-output 16 --batch 262144 --dtype float32 --precision default highest --steps 20 \
+  --repeats 3 --launch ptx --json "$out/bench-precision.json"
+step benchmark-sdf-precision 300 "$PY" experiments/benchmark.py --network sdf --batch 262144 --dtype float32 \
+  --precision default highest --steps 50 --repeats 5 --launch ptx --json "$out/bench-sdf-precision.json"
 # Issue 39: the texture fit (512x512x3, bilinear, Adam) at 2^16 and 2^20 samples a step, slax's
 # atomic-add backward against plain JAX's scatter-add; target: slax at least 3x plain JAX's steps/s
 # at 2^20 and no slower at 2^16.

@@ -4,9 +4,10 @@
 values, reverse-mode cotangents (``jax.vjp``) for every floating argument, forward-mode tangents
 (``jax.jvp``) for every output and, with ``order=2``, Hessian-vector products. Random cotangents and
 tangents come from a fixed seed. Float16 inputs are compared against the twin evaluated in float32 on
-the same (rounded) inputs, so the error measured is slax's own. The twin runs at full float32
+the same (rounded) inputs, so the error measured is slax's own. Both functions run at full float32
 precision (``jax.default_matmul_precision("highest")``): on GPUs with tensor cores JAX's default lets
-XLA multiply float32 matrices in TF32, whose ~5e-4 relative error would be the reference's, not slax's.
+XLA multiply float32 matrices in TF32, and slax's MLP with it (slax.nn follows JAX's precision
+rule), whose ~5e-4 relative error would be the precision's, not the derivatives'.
 """
 
 from __future__ import annotations
@@ -133,10 +134,10 @@ def check_grads(
     if unknown:
         raise ValueError(f"slax.testing.check_grads: unknown modes {sorted(unknown)}; use fwd, rev.")
     args = jax.tree.map(jnp.asarray, args)
-    jax_fn = _at_full_precision(jax_fn)
+    names = _leaf_names(slang_fn, args)
+    slang_fn, jax_fn = _at_full_precision(slang_fn), _at_full_precision(jax_fn)
     tolerance = rtol if rtol is not None else _tolerance(args)
     reference_args = jax.tree.map(_upcast, args)
-    names = _leaf_names(slang_fn, args)
     key = jax.random.key(seed)
     rows: list[GradCheckRow] = []
 
@@ -176,7 +177,8 @@ def check_grads(
 
 def _at_full_precision(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` traced with float32 matrix products in full float32, not TF32 (see the module doc);
-    the precision is recorded in the traced products, so their transposes keep it."""
+    the precision is recorded in the traced products (and in slax.nn's primitives), so their
+    derivatives keep it."""
 
     @functools.wraps(fn)
     def full_precision(*args):

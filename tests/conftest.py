@@ -21,6 +21,15 @@ from _helpers import run_python
 import slax
 from slax._device import cpp_compiler, get_device
 
+PRECISION_ENV_VAR = "JAX_DEFAULT_MATMUL_PRECISION"
+# The suite holds float32 results to float32's accuracy (1e-5 relative): JAX's products at HIGHEST,
+# and so slax's, which follow JAX's rule (slax/nn/_precision.py), in this process and in the Python
+# processes its tests start. JAX's default (one TF32 pass on GPUs with tensor cores) is tested where
+# a test asks for it by name (tests/test_precision.py, tests/test_tensor_cores.py,
+# tests/test_ptx_launch.py). It changes nothing on the CPU routes, whose products are float32's.
+os.environ.setdefault(PRECISION_ENV_VAR, "highest")
+jax.config.update("jax_default_matmul_precision", os.environ[PRECISION_ENV_VAR])
+
 
 def pytest_report_header(config) -> str:
     """The versions under test, for CI logs that run the suite on more than one JAX."""
@@ -195,15 +204,16 @@ def fused_kernels(monkeypatch):
 @pytest.fixture
 def lowered(monkeypatch, fused_kernels):
     """The MLP kernels lowered while the test runs: (architecture, entry point, tensor cores), the
-    wide float16 warp tiles' kernels as (architecture, entry point, "warp tiles")."""
+    wide float16 warp tiles' kernels as (architecture, entry point, "warp tiles"). How their float32
+    products run is tests/test_ptx_launch.py's to check."""
     from slax.nn import _backends
 
     kernels = []
     make, make_wide = _backends.kernel, _backends.wide_warp_kernel
 
-    def recorded(*key):
-        kernels.append(key)
-        return make(*key)
+    def recorded(arch, entry, tensor_cores, *products):
+        kernels.append((arch, entry, tensor_cores))
+        return make(arch, entry, tensor_cores, *products)
 
     def recorded_wide(arch, entry):
         kernels.append((arch, entry, "warp tiles"))

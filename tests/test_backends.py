@@ -19,6 +19,7 @@ from slax import nn
 from slax._config import MLP_BACKENDS, current_routes
 from slax.nn import _backends
 from slax.nn._architecture import Architecture
+from slax.nn._precision import Float32Products
 from slax.testing import RELATIVE_TOLERANCE
 
 NARROW, WIDE = (4, 16, 4), (13, 21, 10)
@@ -328,30 +329,36 @@ def test_auto_takes_xla_not_the_tiled_kernels_on_a_gpu_with_tensor_cores(monkeyp
     assert off.backend.name == "tiled"
 
 
-def test_xla_runs_float32_products_in_3xtf32_only_where_tensor_cores_may_run(monkeypatch):
-    """float32 networks on XLA take 3xTF32 products on a GPU whose tensor cores slax may use, and
-    describe says so; full float32 on the CPU, with tensor cores off, and below sm_80; float16
-    networks XLA's default everywhere. Which GPU runs the 3xTF32 products, and their accuracy:
-    test_the_xla_backend_matches_the_reference_under_every_transformation on a GPU."""
+def test_xla_runs_float32_products_as_the_precision_asks_where_tensor_cores_may_run(monkeypatch):
+    """float32 networks on XLA take JAX's precision on a GPU whose tensor cores slax may use: one
+    TF32 pass (XLA's DEFAULT) where the call asks for TF32, 3xTF32 at HIGHEST, and describe says
+    which; full float32 on the CPU, with tensor cores off, and below sm_80, whatever the call asks;
+    float16 networks XLA's default everywhere. Which GPU runs the 3xTF32 products, and their
+    accuracy: test_the_xla_backend_matches_the_reference_under_every_transformation on a GPU."""
     monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", "90")
     deep = Architecture((32,) + (64,) * 8 + (16,), "float32")
     xla = _backends.BACKENDS["xla"]
+    tf32, float32 = Float32Products.TF32, Float32Products.FLOAT32
 
-    def products(arch, platform, tensor_cores=True):
-        return _backends.xla_products(
-            arch, _backends.Platform.of(platform, _backends.BackendRequest("xla", tensor_cores))
-        )
+    def request(products, tensor_cores=True):
+        return _backends.BackendRequest("xla", tensor_cores, products)
+
+    def products(arch, platform, asked, tensor_cores=True):
+        return _backends.xla_products(arch, _backends.Platform.of(platform, request(asked, tensor_cores)))
 
     three = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-    assert products(deep, "cuda") is three
-    assert products(deep, "cuda", tensor_cores=False) == jax.lax.Precision.HIGHEST
-    assert products(deep, "cpu") == jax.lax.Precision.HIGHEST
-    assert products(Architecture(deep.sizes, "float16"), "cuda") == jax.lax.Precision.DEFAULT
-    choice = _backends.choose(deep, "cuda", 1 << 18, _backends.BackendRequest("auto", True))
-    assert "XLA's own matrix products in 3xTF32" in choice.describe(deep, "backward")
-    assert "3xTF32" not in xla.summary(deep, _backends.Platform("cpu"), "backward")
+    assert products(deep, "cuda", float32) is three
+    assert products(deep, "cuda", tf32) == jax.lax.Precision.DEFAULT
+    for asked in (tf32, float32):
+        assert products(deep, "cuda", asked, tensor_cores=False) == jax.lax.Precision.HIGHEST
+        assert products(deep, "cpu", asked) == jax.lax.Precision.HIGHEST
+        assert products(Architecture(deep.sizes, "float16"), "cuda", asked) == jax.lax.Precision.DEFAULT
+    for asked in (tf32, float32):
+        choice = _backends.choose(deep, "cuda", 1 << 18, _backends.BackendRequest("auto", True, asked))
+        assert f"XLA's own matrix products in {asked.value}" in choice.describe(deep, "backward")
+    assert "TF32" not in xla.summary(deep, _backends.Platform("cpu"), "backward")
     monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", "75")
-    assert products(deep, "cuda") == jax.lax.Precision.HIGHEST
+    assert products(deep, "cuda", tf32) == jax.lax.Precision.HIGHEST
 
 
 # --- the settings -------------------------------------------------------------------------------

@@ -76,7 +76,9 @@ def _lowering_env() -> dict:
     return {
         # It lowers for CUDA, which takes no SLAX_DEVICE (the device_kind fixture's choice for
         # CPU-placed JAX): slax refuses a Vulkan or CPU device for CUDA-placed computations.
-        **{k: v for k, v in os.environ.items() if k != "SLAX_DEVICE"},
+        # JAX's default precision, not the suite's (tests/conftest.py): the programs lower as a
+        # user's do, and test_float32_products_follow_jax_precision asks for HIGHEST by name.
+        **{k: v for k, v in os.environ.items() if k not in ("SLAX_DEVICE", "JAX_DEFAULT_MATMUL_PRECISION")},
         "PYTHONPATH": os.pathsep.join([str(TOOLS), str(ROOT)]),
         "SLAX_NVRTC": str(NVRTC),
         "SLAX_CUDA_COMPUTE_CAPABILITY": "90",
@@ -374,6 +376,31 @@ def test_activations_lower_in_every_cuda_kernel_family(report, case):
     # the float16 network's loss and gradient on the wide warp tiles (shaders/nn/wide_warp.slang)
     assert (warp_tiles in fused["ptx"]) == (case == "tensor_cores")
     assert tensor_cores not in fused["ptx"]
+
+
+TF32_MMA = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+TF32_SPLIT = re.compile(r"and\.b32\s+%r\d+, %r\d+, -8192;")
+"""A float's TF32 part cut from it (``& 0xffffe000``, shaders/nn/tensor_cores.slang's split4 and
+split2): what the 3xTF32 products do to each operand and one TF32 pass does not."""
+
+
+@needs_tools
+@pytest.mark.parametrize("case", ["mlp_loss_and_grad_float32", "eikonal_grad_3-64x3-1_float32"])
+def test_float32_products_follow_jax_precision(report, case):
+    """A float32 network's tensor-core kernels take JAX's precision rule (slax/nn/_precision.py):
+    at JAX's default (DEFAULT, one TF32 pass, as XLA's products on these GPUs) mma.sync reads
+    each operand as it is; at HIGHEST, asked by ``precision="highest"`` (the fused loss and
+    gradient) or by ``jax.default_matmul_precision`` (the eikonal gradient), the same kernels
+    split each float into TF32 parts for three passes (3xTF32)."""
+    default, highest = _launches(report, case), _launches(report, f"{case}_highest")
+    assert [launch["name"] for launch in default] == [launch["name"] for launch in highest]
+    tensor_core_kernels = 0
+    for one_pass, three in zip(default, highest):
+        if TF32_MMA in three["ptx"]:
+            tensor_core_kernels += 1
+            assert TF32_MMA in one_pass["ptx"], one_pass["name"]
+            assert not TF32_SPLIT.search(one_pass["ptx"]) and TF32_SPLIT.search(three["ptx"]), three["name"]
+    assert tensor_core_kernels >= 1
 
 
 def _tile_copies(ptx: str) -> dict[str, int]:

@@ -37,6 +37,13 @@ does, but a sum in another order can round the other way (2^-11 relative) in eac
 about ten half ulps, slax.testing's tolerance."""
 
 
+TF32_TOLERANCE = 4e-3
+"""The same at JAX's default precision, one TF32 pass on tensor cores (``precision="default"``):
+each operand keeps 10 of its significand's 23 bits (mma.sync reads an activation's top bits, a
+weight rounded to TF32), 2^-10 relative at most, compounded over the layers and summed over the
+batch; XLA's own TF32 products land as far from the float32 reference."""
+
+
 def _ids(sizes):
     return "-".join(map(str, sizes))
 
@@ -191,3 +198,22 @@ def test_tensor_cores_match_the_reference_and_the_tiled_kernels(sizes, dtype, de
         assert relative_error(on, off) < TOLERANCE[dtype]
     on = "warp tiles" if wide_warp_fits(sizes, dtype) else True  # float16's every operation at most 64 wide
     assert {key[2] for key in lowered} == {on, False}
+
+
+@pytest.mark.parametrize("sizes", [DIGITS, (3, 64, 64, 64, 1)], ids=_ids)
+def test_float32_networks_take_one_tf32_pass_at_jaxs_default_precision(sizes, device_kind, lowered):
+    """On a CUDA GPU, a float32 network at JAX's default precision (``precision="default"``) runs
+    its tensor-core products as one TF32 pass, as XLA's are: its loss and gradients land within
+    TF32_TOLERANCE of the float32 reference, and further from it than float32's accuracy, which
+    ``precision="highest"`` keeps (3xTF32)."""
+    if device_kind != "cuda":
+        pytest.skip("JAX on a CUDA GPU runs tensor cores; elsewhere every float32 product is float32's")
+    params, x, target = _problem(sizes, "float32")
+    want = jax.tree.leaves(_reference_gradients(params, x, target, "float32"))
+    errors = {}
+    for precision in ("default", "highest"):
+        with jax.default_matmul_precision(precision):
+            got = jax.tree.leaves(_gradients(params, x, target))
+        errors[precision] = max(relative_error(g, w) for g, w in zip(got, want, strict=True))
+    assert errors["highest"] < TOLERANCE["float32"] < errors["default"] < TF32_TOLERANCE, errors
+    assert {key[2] for key in lowered} == {True}

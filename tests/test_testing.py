@@ -129,19 +129,27 @@ def test_order_two_takes_a_twin_that_keeps_float16_results(rng):
     assert [row.check for row in report.rows] == ["value", "rev", "fwd", "hvp fwd", "hvp rev"]
 
 
-def test_twins_are_traced_at_full_float32_precision(poly, rng):
-    """On GPUs with tensor cores JAX's default precision multiplies float32 matrices in TF32; the
-    twin is the reference, so check_grads traces it at 'highest' in every mode."""
-    seen = []
+def test_both_functions_are_traced_at_full_float32_precision(poly, rng):
+    """On GPUs with tensor cores JAX's default precision multiplies float32 matrices in TF32, and
+    slax.nn's MLP follows it; check_grads traces the twin, the reference, and the function under
+    test at 'highest' in every mode, whatever the caller's precision, so that the error it measures
+    is the derivatives', not the precision's."""
+    seen = {"twin": [], "slang": []}
 
     def twin(a, b, c, x):
-        seen.append(jax.config.jax_default_matmul_precision)
+        seen["twin"].append(jax.config.jax_default_matmul_precision)
         return _twin(a, b, c, x)
 
+    def slang(a, b, c, x):
+        seen["slang"].append(jax.config.jax_default_matmul_precision)
+        return poly(a, b, c, x)
+
     x = jnp.asarray(rng.normal(size=(5,)), jnp.float32)
-    assert check_grads(poly, twin, 2.0, 8.0, -1.0, x).passed
-    assert len(seen) >= 3 and set(seen) == {"highest"}
-    assert jax.config.jax_default_matmul_precision is None  # restored afterwards
+    with jax.default_matmul_precision("default"):
+        assert check_grads(slang, twin, 2.0, 8.0, -1.0, x).passed
+        assert jax.config.jax_default_matmul_precision == "default"  # restored afterwards
+    for traced in seen.values():
+        assert len(traced) >= 3 and set(traced) == {"highest"}
 
 
 def test_multiply_add_results_are_numpys_and_the_fused_rounding(rng):

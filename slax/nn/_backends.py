@@ -70,7 +70,8 @@ from slax.nn import _kernels, _warp_mma_kernels, _warp_rows_kernels, _wide_warp_
 from slax.nn._activations import ACTIVATIONS
 from slax.nn._architecture import Architecture
 from slax.nn._kernels import THREAD_SUMS_LIMIT, mlp_source, parameter_offsets, warp_mma_fits
-from slax.nn._reference import FULL_PRECISION, apply_twin, backward_twin, forward_twin, loss_grad_twin
+from slax.nn._precision import Float32Products, float32_products, twin_precision
+from slax.nn._reference import apply_twin, backward_twin, forward_twin, loss_grad_twin
 from slax.nn._tensor_core_kernels import tensor_core_layout, weight_fragments
 from slax.nn._tiled_kernels import TILE_THREADS, TileLayout, tile_error, tile_layout, tiles_per_block
 
@@ -85,15 +86,19 @@ class BackendRequest:
     Attributes:
       backend: ``"auto"`` or a backend's name (``slax.config.mlp_backend``).
       tensor_cores: whether kernels may run on tensor cores (``slax.config.tensor_cores``).
+      products: how a float32 network's products run on tensor cores: the call's ``precision``,
+        else JAX's default matmul precision as the call was traced (slax/nn/_precision.py).
     """
 
     backend: str = "auto"
     tensor_cores: bool = True
+    products: Float32Products = Float32Products.TF32
 
     @classmethod
-    def current(cls) -> BackendRequest:
-        """The request of ``slax.config`` now."""
-        return cls(config.mlp_backend, config.tensor_cores)
+    def current(cls, function: str = "mlp_apply", precision=None) -> BackendRequest:
+        """The request of ``slax.config`` now, for a call of ``slax.nn.<function>`` with
+        ``precision`` (None: JAX's default matmul precision now)."""
+        return cls(config.mlp_backend, config.tensor_cores, float32_products(function, precision))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,18 +111,23 @@ class Platform:
         newer (TF32 and float16 ``mma.sync``; the kernels' PTX is for sm_80, which older GPUs
         refuse to load), and ``slax.config.tensor_cores`` on.
       capability: the CUDA GPU's compute capability (90 for sm_90); 0 elsewhere.
+      products: how a float32 network's products run: as the request asks on tensor cores, else
+        float32's (SIMT cores and CPUs have no TF32).
     """
 
     name: str
     tensor_cores: bool = False
     capability: int = 0
+    products: Float32Products = Float32Products.FLOAT32
 
     @classmethod
     def of(cls, name: str, request: BackendRequest) -> Platform:
         if name != "cuda":
             return cls(name)
         capability = compute_capability()
-        return cls(name, request.tensor_cores and capability >= 80, capability)
+        tensor_cores = request.tensor_cores and capability >= 80
+        products = request.products if tensor_cores else Float32Products.FLOAT32
+        return cls(name, tensor_cores, capability, products)
 
     def __str__(self) -> str:
         return f"CUDA sm_{self.capability}" if self.name == "cuda" else self.name.upper()
@@ -202,9 +212,9 @@ class KernelBackend(Backend):
     fixed order, and XLA adds a group's rows: results are bit-identical from run to run."""
 
     @abc.abstractmethod
-    def operands(self, arch: Architecture, params) -> list[jax.Array]:
-        """The parameter operands its kernels take after the data, from each layer's bias then
-        weight (one small XLA fusion each, shared by a step's launches)."""
+    def operands(self, arch: Architecture, platform: Platform, params) -> list[jax.Array]:
+        """The parameter operands its kernels take after the data on ``platform``, from each
+        layer's bias then weight (one small XLA fusion each, shared by a step's launches)."""
 
     @abc.abstractmethod
     def forward_threads(self, arch: Architecture, platform: Platform, samples: int) -> int:
@@ -223,12 +233,12 @@ class KernelBackend(Backend):
 
     def kernel(self, arch: Architecture, platform: Platform, entry: str) -> KernelSpec:
         """Kernel ``entry`` of its specialisation for ``arch`` on ``platform``."""
-        return kernel(arch, entry, self.on_tensor_cores(arch, platform))
+        return kernel(arch, entry, self.on_tensor_cores(arch, platform), platform.products)
 
     def entry_operands(self, arch: Architecture, platform: Platform, entry: str, params) -> list[jax.Array]:
         """The parameter operands kernel ``entry`` takes: :meth:`operands`, unless a family's
         kernel for that entry reads its own."""
-        return self.operands(arch, params)
+        return self.operands(arch, platform, params)
 
     def forward(self, arch, platform, x, params, keep_hidden, routes):
         samples = math.prod(x.shape[:-1])
@@ -238,7 +248,7 @@ class KernelBackend(Backend):
             shapes.append(x.shape[:-1] + (_kernels.hidden_width(arch.sizes),))
         return run_kernel(
             self.kernel(arch, platform, "mlp_forward_hidden" if keep_hidden else "mlp_forward"),
-            [x, *self.operands(arch, params)],
+            [x, *self.operands(arch, platform, params)],
             tuple((shape, arch.dtype) for shape in shapes),
             count,
             (("count", count), ("samples", samples)),
@@ -305,11 +315,15 @@ layout of its own (slax/nn/_kernels.py, ``tangents``)."""
 
 
 @functools.cache
-def kernel(arch: Architecture, entry: str, tensor_cores: bool) -> KernelSpec:
-    """Kernel ``entry`` of ``arch``'s Slang source, specialised for tensor cores or not: one
-    source per specialisation, whichever family asks (each family's entry points are
-    the source's), and the Hessian kernel's own for :data:`HESSIAN_ENTRY`."""
-    source = mlp_source(arch.sizes, arch.dtype, tensor_cores, arch.activations, entry == HESSIAN_ENTRY)
+def kernel(
+    arch: Architecture, entry: str, tensor_cores: bool, products: Float32Products = Float32Products.FLOAT32
+) -> KernelSpec:
+    """Kernel ``entry`` of ``arch``'s Slang source, specialised for tensor cores (their float32
+    products as ``products``) or not: one source per specialisation, whichever family asks (each
+    family's entry points are the source's), and the Hessian kernel's own for :data:`HESSIAN_ENTRY`."""
+    source = mlp_source(
+        arch.sizes, arch.dtype, tensor_cores, arch.activations, entry == HESSIAN_ENTRY, products
+    )
     return KernelSpec(entry, source=source)
 
 
@@ -445,7 +459,7 @@ class ThreadSums(KernelBackend):
     def on_tensor_cores(self, arch, platform):
         return platform.tensor_cores and warp_mma_fits(arch.sizes, arch.dtype)
 
-    def operands(self, arch, params):
+    def operands(self, arch, platform, params):
         return [packed(params)]
 
     def forward_threads(self, arch, platform, samples):
@@ -563,7 +577,7 @@ class Tiled(_Tiles):
     def on_tensor_cores(self, arch, platform):
         return False
 
-    def operands(self, arch, params):
+    def operands(self, arch, platform, params):
         """The packed parameters, and the same with every weight transposed, which the forward
         pass reads along its rows."""
         return [packed(params), packed([p.T if p.ndim == 2 else p for p in params])]
@@ -591,7 +605,8 @@ class TensorCores(_Tiles):
                 f"a warp per tile of 16 samples in registers through every layer as float16 mma.sync, "
                 f"{_wide_warp_kernels.TILE_SAMPLES} samples per thread group sharing the weight gradient"
             )
-        return f"tiles of {self.layout(arch).samples} samples per thread group as mma.sync"
+        products = f" ({platform.products.value})" if arch.dtype == "float32" else ""
+        return f"tiles of {self.layout(arch).samples} samples per thread group as mma.sync{products}"
 
     def on_tensor_cores(self, arch, platform):
         return True
@@ -667,15 +682,16 @@ class TensorCores(_Tiles):
         )
         return result
 
-    def operands(self, arch, params):
-        """The packed parameters, and the weights as mma.sync B fragments."""
-        return [packed(params), weight_fragments(params[1::2], arch.dtype)]
+    def operands(self, arch, platform, params):
+        """The packed parameters, and the weights as mma.sync B fragments (in pieces for
+        ``platform.products``)."""
+        return [packed(params), weight_fragments(params[1::2], arch.dtype, platform.products)]
 
     def entry_operands(self, arch, platform, entry, params):
         """The warp tiles' kernels read the weights as B fragments of halves."""
         if self._on_warp_tiles(arch, entry):
             return [packed(params), _wide_warp_kernels.half_fragments(params[1::2])]
-        return self.operands(arch, params)
+        return self.operands(arch, platform, params)
 
     def gradient_launch(self, arch, platform, entry, samples, per_group):
         if not self._on_warp_tiles(arch, entry):
@@ -687,34 +703,24 @@ class TensorCores(_Tiles):
 # --- XLA ----------------------------------------------------------------------------------------------
 
 
-XLA_PRECISION = {"float32": FULL_PRECISION, "float16": jax.lax.Precision.DEFAULT}
-"""The ``xla`` backend's matrix products by the network's dtype where tensor cores do not run
-(:func:`xla_products`; on tensor cores float32's are 3xTF32), and the second derivatives' twins'
-everywhere. float32 networks': full float32 precision, as the kernels' (JAX's default takes TF32
-on tensor cores, 5e-4 relative). float16
-networks': XLA's default, TF32 on tensor cores, which holds half values exactly (11-bit
-significands, and an exponent range past half's), so the forward products are the kernels'
-(exact products, float32 sums); the backward products round their float32 gradients to TF32,
-2^-11 relative as half's own rounding, within float16's tolerance. The second derivatives' rules
-(slax/nn/_primitives.py) run their twins at these precisions on every platform."""
-
 FLOAT32_ON_TENSOR_CORES = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-"""The ``xla`` backend's float32 products where tensor cores may run (:attr:`Platform.tensor_cores`):
-three TF32 products a product (each operand split into two TF32 parts; the parts' product of
-the two small ones dropped), about 2^-21 relative, float32's accuracy for the issue's purposes
-(tests at 1e-5 relative) and the tensor-core tiles' own (3xTF32). Full float32 products run on the
-SIMT cores: the 128-wide layers' products are bound by their arithmetic there. Measured on an H100
-(BENCHMARKS.md, wide networks in float32 on XLA): 32-128x4-16 trained in 2979 us a step at 2^18
-samples against 3277 us at full float32, 32-64x8-16 in 2504 against 2745 us."""
+"""The ``xla`` backend's float32 products at float32's accuracy where tensor cores may run
+(:attr:`Platform.tensor_cores`, ``HIGHEST``): three TF32 products a product (each operand split
+into two TF32 parts; the parts' product of the two small ones dropped), about 2^-21 relative, as
+the tensor-core tiles' own (3xTF32). Full float32 products run on the SIMT cores: the 128-wide
+layers' products are bound by their arithmetic there. Measured on an H100 (BENCHMARKS.md, wide
+networks in float32 on XLA): 32-128x4-16 trained in 2979 us a step at 2^18 samples against 3277 us
+at full float32, 32-64x8-16 in 2504 against 2745 us."""
 
 
 def xla_products(arch: Architecture, platform: Platform):
     """The precision of the ``xla`` backend's matrix products for ``arch`` on ``platform``:
-    :data:`FLOAT32_ON_TENSOR_CORES` for float32 networks on GPUs whose tensor cores slax may use,
-    else :data:`XLA_PRECISION`."""
-    if arch.dtype == "float32" and platform.tensor_cores:
+    :data:`FLOAT32_ON_TENSOR_CORES` for float32 networks at float32's accuracy on GPUs whose tensor
+    cores slax may use, else the twins' (slax/nn/_precision.py, ``twin_precision``: XLA's
+    ``DEFAULT``, TF32 on tensor cores, for float32 networks asking for TF32 and for float16 ones)."""
+    if arch.dtype == "float32" and platform.tensor_cores and platform.products is Float32Products.FLOAT32:
         return FLOAT32_ON_TENSOR_CORES
-    return XLA_PRECISION[arch.dtype]
+    return twin_precision(arch.dtype, platform.products)
 
 
 class Xla(Backend):
@@ -724,7 +730,8 @@ class Xla(Backend):
         return None
 
     def summary(self, arch, platform, operation):
-        products = " in 3xTF32" if xla_products(arch, platform) is FLOAT32_ON_TENSOR_CORES else ""
+        on_tensor_cores = arch.dtype == "float32" and platform.tensor_cores
+        products = f" in {platform.products.value}" if on_tensor_cores else ""
         return f"XLA's own matrix products{products} (the plain-JAX twin, slax/nn/_reference.py)"
 
     def forward(self, arch, platform, x, params, keep_hidden, routes):

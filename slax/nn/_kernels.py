@@ -67,6 +67,7 @@ import functools
 from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 from slax.nn._activations import ACTIVATIONS, HIDDEN_DEFAULT, OUTPUT_DEFAULT, layer_activations
+from slax.nn._precision import Float32Products
 from slax.nn._tensor_core_kernels import TensorCoreLayout, tensor_core_family, tensor_core_layout
 from slax.nn._tiled_kernels import Network, TileLayout, tile_kernels_source, tile_layout, tiled_family
 from slax.nn._warp_mma_kernels import WARP_MMA_WIDTH, warp_network_type
@@ -203,11 +204,13 @@ def mlp_source(
     tensor_cores: bool = False,
     activations: tuple[str, ...] | None = None,
     tangents: bool = False,
+    products: Float32Products = Float32Products.FLOAT32,
 ) -> str:
     """The kernels of ``sizes`` in ``dtype`` with each layer's activation named in ``activations``
     (slax/nn/_activations.py; None: the defaults), those of :func:`kernel_layout` (sizes,
     tensor_cores, dtype, tangents): the source its backend asked for, which checked that they run
-    it; with ``tangents``, the wide network's Hessian kernel's."""
+    it; with ``tangents``, the wide network's Hessian kernel's; on tensor cores, a float32
+    network's products as ``products``."""
     activations = activations or layer_activations(len(sizes) - 1, HIDDEN_DEFAULT, OUTPUT_DEFAULT)
     layout = kernel_layout(sizes, tensor_cores, dtype, tangents)
     types = [ACTIVATIONS[name].slang for name in activations]
@@ -215,7 +218,7 @@ def mlp_source(
         tile = layout.wide_tile
         network = Network(sizes, layer_pairs(sizes), parameter_offsets(sizes)[0], types, dtype, layout.sums)
         if isinstance(tile, TensorCoreLayout):
-            return tile_kernels_source(network, tensor_core_family(network, tile))
+            return tile_kernels_source(network, tensor_core_family(network, tile, products))
         return tile_kernels_source(network, tiled_family(network, tile))
     return thread_sums_source(sizes, dtype, types, layout)
 

@@ -36,6 +36,8 @@ from slax.nn._kernels import layer_pairs
 from slax.nn._params import MLPParams, flat_layers, split_params
 from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
 
+PrecisionLike = str | jax.lax.Precision | jax.lax.DotAlgorithmPreset | tuple | None
+"""A ``precision=`` argument, as ``jnp.matmul`` takes it (slax/nn/_precision.py)."""
 Params = MLPParams | list[dict[str, jax.Array]]
 """An MLP's parameters: :class:`MLPParams` (layers and activations), or a plain list of one
 ``{"weight": (out, in), "bias": (out,)}`` dict per layer, input first, all of one dtype (float32 or
@@ -91,7 +93,7 @@ def mlp_init(
     return MLPParams(params, activation, output_activation)
 
 
-def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
+def mlp_apply(params: Params, x: jax.Array, *, precision: PrecisionLike = None) -> jax.Array:
     """The network on a batch, in Slang kernels: ``x (..., in) -> (..., out)``.
 
     Differentiable in both modes and to any order, for params and x (``jax.grad``, ``jax.jvp``,
@@ -106,6 +108,12 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     Args:
       params: the network's parameters, from :func:`mlp_init` (:data:`Params`).
       x: inputs ``(..., in)``, of the parameters' dtype.
+      precision: a float32 network's matrix products, as ``jnp.matmul``'s ``precision``: None
+        (JAX's default matmul precision, ``jax.default_matmul_precision``), a ``lax.Precision``,
+        one of the strings JAX accepts for it, or a TF32 or float32 ``lax.DotAlgorithmPreset``.
+        On GPUs with tensor cores ``DEFAULT`` and ``HIGH`` run one TF32 pass, as XLA does, and
+        ``HIGHEST`` keeps float32's accuracy (3xTF32); elsewhere every float32 product is
+        float32's. Derivatives take the same.
 
     Returns:
       The outputs ``(..., out)``, of the parameters' dtype.
@@ -114,13 +122,13 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
       TypeError: parameters not laid out as :data:`Params`, mixed dtypes, or ``x`` not an array
         or of another dtype.
       ValueError: layer shapes that do not chain, ``x`` not ending in the input width, a backend
-        forced by ``slax.config.mlp_backend`` that cannot run the network, or a batch beyond the
-        kernels' 32-bit indices.
+        forced by ``slax.config.mlp_backend`` that cannot run the network, a batch beyond the
+        kernels' 32-bit indices, or a precision the kernels do not run (bfloat16 algorithms).
     """
     activations = _architecture("mlp_apply", params, x).activations  # validates first
     layers, _ = split_params(params)
     leaves = [*flat_layers(layers), x]
-    request = BackendRequest.current()
+    request = BackendRequest.current("mlp_apply", precision)
 
     def call(axes, *leaves):
         del axes  # per sample: nothing sums over the batch (jax.grad sums params' gradients)
@@ -137,7 +145,9 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     return across_devices(call, leaves, [False] * (len(leaves) - 1) + [has_batch], [has_batch])[0]
 
 
-def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[jax.Array, Params]:
+def mlp_loss_and_grad(
+    params: Params, x: jax.Array, target: jax.Array, *, precision: PrecisionLike = None
+) -> tuple[jax.Array, Params]:
     """The tutorial's training loss and its parameter gradients in one Slang dispatch.
 
     Loss: the batch mean of each sample's squared L2 error ``|mlp(x) - target|^2``.
@@ -146,6 +156,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
       params: the network's parameters, from :func:`mlp_init` (:data:`Params`).
       x: inputs ``(batch, in)``, of the parameters' dtype.
       target: ``(batch, out)``, of ``x``'s dtype.
+      precision: a float32 network's matrix products, as :func:`mlp_apply`'s.
 
     Returns:
       ``(loss, grads)``: a float32 scalar and float32 gradients shaped like ``params`` (of its
@@ -163,7 +174,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (arch.sizes[-1],)} and "
             f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
         )
-    request = BackendRequest.current()
+    request = BackendRequest.current("mlp_loss_and_grad", precision)
     _refuse_unfit(arch, x, request)
     routes = current_routes()
     layers, _ = split_params(params)
@@ -196,7 +207,9 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
     return loss, params.with_layers(_unflat(grads)) if isinstance(params, MLPParams) else _unflat(grads)
 
 
-def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, str]:
+def describe(
+    params: Params, x: Any, platform: str | None = None, *, precision: PrecisionLike = None
+) -> dict[str, str]:
     """Which backend runs each of the MLP's operations on ``x``, and why.
 
     The backends: ``thread_sums`` (narrow networks' Slang kernels, a sample per thread),
@@ -210,6 +223,7 @@ def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, s
       params: the network's parameters (:data:`Params`).
       x: an input batch ``(..., in)``, or its shape (a tuple of ints).
       platform: ``"cpu"`` or ``"cuda"``, where the call runs; default: JAX's default platform.
+      precision: the calls' ``precision`` (:func:`mlp_apply`'s): how float32 products run.
 
     Returns:
       For each call, ``"mlp_apply"``, ``"jax.grad of mlp_apply"``, ``"mlp_loss_and_grad"`` and
@@ -229,7 +243,7 @@ def describe(params: Params, x: Any, platform: str | None = None) -> dict[str, s
     platform = _default_platform() if platform is None else platform
     if platform not in PLATFORMS:
         raise ValueError(f"slax.nn.describe: platform must be one of {PLATFORMS}; got {platform!r}.")
-    samples, request = math.prod(x.shape[:-1]), BackendRequest.current()
+    samples, request = math.prod(x.shape[:-1]), BackendRequest.current("describe", precision)
     choice = choose(arch, platform, samples, request)
     answer = {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
     return answer | {SECOND_ORDER_CALL: choice.describe(arch, "second_order")}

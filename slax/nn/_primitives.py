@@ -22,8 +22,9 @@ import jax.numpy as jnp
 
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._primitive import check_finite, declare_primitive, result_aval
-from slax.nn._backends import XLA_PRECISION, choose
+from slax.nn._backends import choose
 from slax.nn._kernels import hidden_width
+from slax.nn._precision import twin_precision
 from slax.nn._reference import backward_tangent_twin, forward_twin, tangent_twin
 
 PLATFORMS = ("cpu", "cuda")
@@ -154,7 +155,10 @@ def _forward_jvp(primals, tangents, *, arch, keep_hidden, request, routes):
         return [y], dy
     _, (_, dhidden) = jax.jvp(
         functools.partial(
-            forward_twin, dtype=arch.dtype, activations=arch.activations, precision=XLA_PRECISION[arch.dtype]
+            forward_twin,
+            dtype=arch.dtype,
+            activations=arch.activations,
+            precision=twin_precision(arch.dtype, request.products),
         ),
         list(primals),
         [dx, *dparams],
@@ -178,7 +182,8 @@ def _tangent_abstract_eval(*operands, arch, hidden, request, routes):
 def _tangent(*operands, arch, hidden, request, routes):
     """mlp_tangent_p's value, from its twin (no kernel computes a Jacobian-vector product)."""
     x, _, dx, params, dparams = _tangent_operands(operands, hidden)
-    return [tangent_twin(x, dx, params, dparams, arch.dtype, arch.activations, XLA_PRECISION[arch.dtype])]
+    precision = twin_precision(arch.dtype, request.products)
+    return [tangent_twin(x, dx, params, dparams, arch.dtype, arch.activations, precision)]
 
 
 def _tangent_transpose(cotangents, *operands, arch, hidden, request, routes):
@@ -320,7 +325,7 @@ def _backward_tangent_twin(
         group_ndim,
         input_gradient,
         param_output,
-        XLA_PRECISION[arch.dtype],
+        twin_precision(arch.dtype, request.products),
     )
 
 

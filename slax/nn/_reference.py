@@ -34,10 +34,11 @@ def mlp_apply_reference(
     gradients kept in float32 (the rounding passes gradients straight through, as the kernels'
     float32 backward pass does). The result has dtype ``storage_dtype``.
 
-    Its products are full float32 (``precision=Precision.HIGHEST``), as the kernels' are: JAX's
-    default precision (``precision=None``) lets XLA multiply float32 matrices in TF32 on GPUs with
-    tensor cores (relative error ~5e-4), which would make the reference, not the kernels, the less
-    exact of the two. Benchmarks pass ``None`` to time what a plain JAX program gets by default.
+    Its products are full float32 by default (``precision=Precision.HIGHEST``), the reference
+    the kernels' products at ``HIGHEST`` are held to: JAX's default precision (``precision=None``)
+    lets XLA multiply float32 matrices in TF32 on GPUs with tensor cores (relative error ~5e-4), as
+    :func:`mlp_apply` then does. Benchmarks pass ``None`` to time what a plain JAX program gets at
+    JAX's matmul precision, the one slax's calls take too.
 
     Args:
       params: the network's parameters (:data:`slax.nn.Params`), whose activations it applies.

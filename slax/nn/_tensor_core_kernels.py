@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from slax.nn._precision import Float32Products
 from slax.nn._tiled_kernels import TILE_THREADS, Network, TileFamily, tangent_tiles, tiles_per_block
 
 TENSOR_CORE_SAMPLES = {"float32": 32, "float16": 16}
@@ -200,11 +201,16 @@ def _layout(sizes: tuple[int, ...], samples: int, tangents: bool) -> TensorCoreL
     )
 
 
-def pieces(dtype: str, tangents: bool = False) -> tuple[int, int, int]:
+def pieces(
+    dtype: str, tangents: bool = False, products: Float32Products = Float32Products.FLOAT32
+) -> tuple[int, int, int]:
     """TF32 pieces of the activations, the weights and the gradients in a ``dtype`` network: one
     for values held as half (a float16 network's activations and weights are TF32 values exactly),
     two for floats. In the Hessian kernel (``tangents``) the weight gradients read the inputs'
-    tangents, floats, as activations: two pieces."""
+    tangents, floats, as activations: two pieces. A float32 network whose ``products`` are one TF32
+    pass takes one piece of everything, as XLA's TF32 products read their operands."""
+    if dtype == "float32" and products is Float32Products.TF32:
+        return 1, 1, 1
     held = 1 if dtype == "float16" else 2
     return (2 if tangents else held), held, 2
 
@@ -219,25 +225,27 @@ def _tf32(values):
 def b_fragments(matrix, weight_pieces: int):
     """``matrix`` (N x K, float32) as mma.sync's B fragments of B = matrix^T (K x N): for each block
     of 8 columns of B (j) and 8 rows (s), in that order, lane l = 4 g + t's two values
-    B[8s + t][8j + g] and B[8s + t + 4][8j + g] side by side, zeros past the matrix's edges; in
-    two pieces, the pair's TF32 parts (hi) then the TF32 rest (lo), so the kernel loads a lane's
-    fragment with one load and rounds nothing. 64 ceil(N/8) ceil(K/8) values a piece."""
+    B[8s + t][8j + g] and B[8s + t + 4][8j + g] side by side, zeros past the matrix's edges, rounded
+    to TF32; in two pieces, the pair's TF32 parts (hi) then the TF32 rest (lo), so the kernel loads
+    a lane's fragment with one load and rounds nothing. 64 ceil(N/8) ceil(K/8) values a piece.
+    Half values are TF32 values: rounding keeps them as they are."""
     n, k = matrix.shape
     blocks_n, blocks_k = math.ceil(n / 8), math.ceil(k / 8)
     padded = jnp.pad(matrix, ((0, 8 * blocks_n - n), (0, 8 * blocks_k - k)))
     # [j][g][s][h][t]: row 8j + g, column 8s + 4h + t  ->  [j][s][g][t][h]
     blocks = padded.reshape(blocks_n, 8, blocks_k, 2, 4).transpose(0, 2, 1, 4, 3)
+    hi = _tf32(blocks)
     if weight_pieces > 1:
-        hi = _tf32(blocks)
-        blocks = jnp.stack([hi, _tf32(blocks - hi)], axis=-2)  # [j][s][g][t][piece][h]
-    return blocks.reshape(-1)
+        hi = jnp.stack([hi, _tf32(blocks - hi)], axis=-2)  # [j][s][g][t][piece][h]
+    return hi.reshape(-1)
 
 
-def weight_fragments(weights, dtype: str) -> jax.Array:
-    """The fragments operand of the tensor-core kernels of a ``dtype`` network
-    (``TensorCoreLayout.forward_fragments`` and ``backward_fragments``): each layer's weight
-    (Out x In), then each one's transpose, as B fragments in float32 (one small XLA fusion)."""
-    weight_pieces = pieces(dtype)[1]
+def weight_fragments(weights, dtype: str, products: Float32Products = Float32Products.FLOAT32) -> jax.Array:
+    """The fragments operand of the tensor-core kernels of a ``dtype`` network whose float32
+    products are ``products`` (``TensorCoreLayout.forward_fragments`` and ``backward_fragments``):
+    each layer's weight (Out x In), then each one's transpose, as B fragments in float32 (one small
+    XLA fusion)."""
+    weight_pieces = pieces(dtype, products=products)[1]
     weights = [w.astype(jnp.float32) for w in weights]
     return jnp.concatenate(
         [b_fragments(w, weight_pieces) for w in weights] + [b_fragments(w.T, weight_pieces) for w in weights]
@@ -249,13 +257,15 @@ def _chunk(cols: int) -> int:
     return max(1, min(MAX_CHUNK, math.ceil(math.ceil(cols / 8) / WARPS)))
 
 
-def tensor_core_family(network: Network, layout: TensorCoreLayout) -> TileFamily:
+def tensor_core_family(
+    network: Network, layout: TensorCoreLayout, products: Float32Products = Float32Products.FLOAT32
+) -> TileFamily:
     """The tensor-core family of tile kernels (shaders/nn/tensor_cores.slang, ``TensorCoreLayer``):
-    warps run each product in mma.sync blocks, keep the weight gradient in registers across the
-    group's tiles, and write it to the row of partial sums once. Float tiles are copied (cp.async:
-    all of a tile's loads in flight at once, through no register); half ones are loaded, to be
-    converted."""
-    s, (act, weight, grad) = layout.samples, pieces(network.dtype, bool(layout.tangents))
+    warps run each product in mma.sync blocks (a float32 network's as ``products``), keep the
+    weight gradient in registers across the group's tiles, and write it to the row of partial sums
+    once. Float tiles are copied (cp.async: all of a tile's loads in flight at once, through no
+    register); half ones are loaded, to be converted."""
+    s, (act, weight, grad) = layout.samples, pieces(network.dtype, bool(layout.tangents), products)
     tiles = {
         f"Tile{k}": f"FragmentTile<{offset}, {stride}, GroupScratch>"
         for k, (offset, stride) in enumerate(zip(layout.offsets, layout.strides))

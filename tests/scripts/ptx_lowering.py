@@ -263,6 +263,12 @@ def main() -> None:
             params,
             data,
         )
+    # float32 products at float32's accuracy (HIGHEST: 3xTF32), by the argument and by JAX's context
+    _, *args = cases["mlp_loss_and_grad_float32"]
+    cases["mlp_loss_and_grad_float32_highest"] = (
+        lambda *a: slax.nn.mlp_loss_and_grad(*a, precision="highest"),
+        *args,
+    )
     # widths 5 and 3 (not multiples of 4 floats): tiles copied 4 bytes at a time, dy's padding rows
     # zero-filled
     odd = slax.nn.mlp_init(jax.random.key(1), (5, 16, 16, 3), jnp.float32)
@@ -322,6 +328,15 @@ def main() -> None:
         jax.grad(eikonal),
         slax.nn.mlp_init(jax.random.key(6), (3, 64, 64, 64, 1), jnp.float32),
         jnp.asarray(rng.uniform(-1, 1, size=(1000, 3)), jnp.float32),
+    )
+
+    def eikonal_grad_highest(*args):
+        with jax.default_matmul_precision("highest"):
+            return jax.grad(eikonal)(*args)
+
+    cases["eikonal_grad_3-64x3-1_float32_highest"] = (
+        eikonal_grad_highest,
+        *cases["eikonal_grad_3-64x3-1_float32"][1:],
     )
     # activations besides the defaults, in each CUDA kernel family: a wide network on tensor cores
     # (tanh, then sigmoid) and on the SIMT tiles (sine, whose hidden layers keep z), a narrow
