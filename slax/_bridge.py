@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -100,12 +101,23 @@ class _CallSite:
 
 
 class HostCopyLauncher(_CallbackLauncher):
-    """Runs kernels on host buffers by copying through device buffers that persist per call site."""
+    """Runs kernels on host buffers by copying through device buffers that persist per call site.
+    Ctrl-C twice ends an endless kernel, as on SlangPy's CPU device (:mod:`slax._cpu_signals`),
+    where a C++ compiler builds the handler (a Vulkan device needs none: it says so once)."""
 
     name = "host-copy"
 
     def __init__(self, kind: DeviceKind):
         self.process = _ProcessDevice(kind)
+        if _cpu_signals.interruptible():
+            _cpu_signals.install()
+        elif _cpu_signals.applies():
+            logging.getLogger("slax").warning(
+                "slax: no C++ compiler (g++ or clang++) builds the Ctrl-C handler here: Ctrl-C waits "
+                "for a running Slang kernel to return on %s. Install g++ to end an endless kernel "
+                "with two Ctrl-C.",
+                kind.value,
+            )
 
     def callback(self, spec: KernelSpec, scalars: Scalars, count: int, aliases: Aliases) -> BufferCallback:
         generation, device, _ = self.process.current()
@@ -144,7 +156,7 @@ class HostCopyLauncher(_CallbackLauncher):
                         buffer.copy_from_numpy(np.ascontiguousarray(array).reshape(-1))
                 pointer_buffers = in_buffers + [b for k, b in enumerate(out_buffers) if k not in aliased]
                 addresses = {name: b.device_address for name, b in zip(names_list, pointer_buffers)}
-                with _explained_device_errors(device, spec):
+                with _explained_device_errors(device, spec), _cpu_signals.waiting():
                     compiled.kernel.dispatch(thread_grid(count), **addresses, **dict(scalars))
                     for array, buffer in zip(host_outs, out_buffers):
                         data = buffer.to_numpy().view(np.uint8)[: array.nbytes]

@@ -1,4 +1,5 @@
-// Signals while a slax kernel runs on SlangPy's CPU device. slax/_cpu_signals.py builds and loads it.
+// Signals while a slax kernel runs on SlangPy's CPU device (and Ctrl-C while one runs on Vulkan).
+// slax/_cpu_signals.py builds and loads it.
 //
 // SIGFPE: integer division by zero in Slang kernels, given the values Vulkan (Mesa's lavapipe)
 // gives instead of killing the process. Slang's CPU target writes an integer `/` or `%` as C++'s,
@@ -13,8 +14,9 @@
 // The values, for a zero divisor: signed x / 0 = 0, x % 0 = -1; unsigned x / 0 and x % 0 = all
 // ones; and INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0 (no overflow trap), at every width.
 //
-// SIGINT (Ctrl-C): a kernel runs inside SlangPy's dispatch, in C++, and Python runs its SIGINT
-// handler (KeyboardInterrupt) only once the dispatch returns; nothing can stop the kernel midway
+// SIGINT (Ctrl-C): a kernel runs inside SlangPy's dispatch, in C++ (or, on Vulkan, in the driver
+// while the launching thread waits for it in C++), and Python runs its SIGINT handler
+// (KeyboardInterrupt) only once the dispatch returns; nothing can stop the kernel midway
 // without unwinding SlangPy's and Python's frames from a signal handler, which would leave both
 // inconsistent. So while any thread runs a kernel, the first SIGINT goes to the handler installed
 // before this one (Python's: KeyboardInterrupt follows when the kernel returns) and says so on
@@ -33,17 +35,27 @@ static int kernels_running, interrupts;
 static struct sigaction previous_division, previous_interrupt;
 static int installed;
 
+// A kernel runs elsewhere (a Vulkan driver's threads) while this thread waits for it: SIGINT is a
+// kernel's, but a division fault on this thread is not.
+void slax_wait_enter(void) { __atomic_add_fetch(&kernels_running, 1, __ATOMIC_SEQ_CST); }
+
+void slax_wait_leave(void)
+{
+    if (__atomic_sub_fetch(&kernels_running, 1, __ATOMIC_SEQ_CST) == 0)
+        __atomic_store_n(&interrupts, 0, __ATOMIC_SEQ_CST);
+}
+
+// This thread runs a kernel (SlangPy's CPU device): SIGINT and its division faults are a kernel's.
 void slax_kernel_enter(void)
 {
     in_kernel++;
-    __atomic_add_fetch(&kernels_running, 1, __ATOMIC_SEQ_CST);
+    slax_wait_enter();
 }
 
 void slax_kernel_leave(void)
 {
     in_kernel--;
-    if (__atomic_sub_fetch(&kernels_running, 1, __ATOMIC_SEQ_CST) == 0)
-        __atomic_store_n(&interrupts, 0, __ATOMIC_SEQ_CST);
+    slax_wait_leave();
 }
 
 // The general register numbered `n` in x86-64 encodings (rax, rcx, rdx, rbx, rsp, rbp, rsi, rdi,
@@ -152,13 +164,12 @@ static void on_interrupt(int signal, siginfo_t *info, void *context)
 {
     if (__atomic_load_n(&kernels_running, __ATOMIC_SEQ_CST) > 0) {
         if (__atomic_fetch_add(&interrupts, 1, __ATOMIC_SEQ_CST) > 0) {
-            say("\nslax: interrupted again while a Slang kernel runs on SlangPy's CPU device: "
-                "ending the process.\n");
+            say("\nslax: interrupted again while a Slang kernel runs: ending the process.\n");
             default_action(signal, info);
             return;
         }
-        say("\nslax: a Slang kernel is running on SlangPy's CPU device, which cannot stop it midway: "
-            "KeyboardInterrupt is raised when it returns. Press Ctrl-C again to end the process.\n");
+        say("\nslax: a Slang kernel is running, and SlangPy cannot stop it midway: KeyboardInterrupt "
+            "is raised when it returns. Press Ctrl-C again to end the process.\n");
     }
     chain(&previous_interrupt, signal, info, context);
 }

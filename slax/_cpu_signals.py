@@ -1,5 +1,6 @@
 """Signals while a slax kernel runs on SlangPy's CPU device: Vulkan's values for an integer
-division by zero instead of a dead process, and a way out of an endless kernel with Ctrl-C.
+division by zero instead of a dead process, and a way out of an endless kernel with Ctrl-C, there
+and on Vulkan.
 
 On x86-64, C++'s integer ``/`` and ``%`` (which Slang's CPU target writes for Slang's) raise a
 hardware fault for a zero divisor and for ``INT_MIN / -1``, and Linux kills the process with
@@ -9,8 +10,9 @@ handler that completes such a division with the values lavapipe gives (signed ``
 and only while the faulting thread runs a slax kernel (:func:`guarded`); any other SIGFPE reaches
 the handler installed before it.
 
-A kernel runs in SlangPy's C++ dispatch, and Python raises ``KeyboardInterrupt`` for Ctrl-C only
-once the dispatch returns: stopping the kernel midway would mean unwinding SlangPy's and Python's
+A kernel runs in SlangPy's C++ dispatch (on Vulkan, in the driver, while the launching thread
+waits for it in C++), and Python raises ``KeyboardInterrupt`` for Ctrl-C only once the dispatch
+returns: stopping the kernel midway would mean unwinding SlangPy's and Python's
 frames from a signal handler. So while a kernel runs, the library's SIGINT handler says so on
 stderr and passes the first Ctrl-C on to Python's handler (``KeyboardInterrupt`` when the kernel
 returns); a second one before the kernel returns ends the process, as SIGINT's default action does.
@@ -74,6 +76,13 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
+def interruptible() -> bool:
+    """Whether a wait for a kernel that runs elsewhere can be made interruptible here
+    (:func:`waiting`): where the handlers apply and a C++ compiler builds them. A Vulkan device
+    needs no compiler; without one, Ctrl-C waits for the kernel there."""
+    return applies() and cpp_compiler() is not None
+
+
 def install() -> None:
     """Installs the handlers in this process (once); call before the first CPU-device launch."""
     _library()
@@ -92,3 +101,19 @@ def guarded() -> Iterator[None]:
         yield
     finally:
         library.slax_kernel_leave()
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """While inside, this thread waits for a kernel that runs elsewhere (Vulkan's driver threads):
+    a SIGINT is a kernel's, as in :func:`guarded`; a division fault on this thread is not. Nothing
+    where no C++ compiler builds the handlers (:func:`interruptible`)."""
+    library = _library() if interruptible() else None
+    if library is None:
+        yield
+        return
+    library.slax_wait_enter()
+    try:
+        yield
+    finally:
+        library.slax_wait_leave()

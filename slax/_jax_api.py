@@ -47,6 +47,7 @@ PRIVATE_API: dict[str, str] = {
     "buffer_callback": "jax.experimental.buffer_callback.buffer_callback",
     "TraceState": "jax._src.config.config_ext.Config",
     "trace_state_unset": "jax._src.config.config_ext.unset",
+    "get_axis_env": "jax._src.core.get_axis_env",
 }
 """slax's name for each API -> where JAX keeps it."""
 
@@ -104,6 +105,7 @@ TraceState = resolve(PRIVATE_API["TraceState"])
 """A value JAX keys its caches by (as ``jax.make_user_context``'s), with a global value and a value
 per thread, set and cleared one by one (``set_local(trace_state_unset)``)."""
 trace_state_unset = resolve(PRIVATE_API["trace_state_unset"])
+_get_axis_env = resolve(PRIVATE_API["get_axis_env"])
 
 
 def gpu_triton() -> Any | None:
@@ -153,3 +155,25 @@ def partitioned_devices(ctx) -> int:
         manual = set(getattr(axis_context, "manual_axes", ()))
         devices = math.prod(size for name, size in mesh.shape.items() if name not in manual)
     return devices
+
+
+def program_devices(ctx) -> int:
+    """How many devices the program a lowering rule (``ctx``) is in is compiled for: its module's
+    ``mhlo.num_partitions``, which ``jax.jit`` sets from its arguments' devices, the context mesh
+    and the concrete meshes in the program before it lowers any equation."""
+    return int(ctx.module_context.module.operation.attributes["mhlo.num_partitions"].value)
+
+
+def manual_mesh_devices(ctx) -> int:
+    """How many devices the mesh of the ``jax.shard_map`` a lowering rule (``ctx``) is in spans
+    (1 outside any): the mesh of the axis context of ``ctx.module_context`` with manual axes."""
+    axis_context = ctx.module_context.axis_context
+    if not getattr(axis_context, "manual_axes", None):
+        return 1
+    return math.prod(axis_context.mesh.shape.values())
+
+
+def vmapped_mesh_axes() -> frozenset:
+    """The explicit mesh axes that the vmaps being traced map over (``jax.vmap`` over an axis
+    sharded along them, explicit sharding): ``jax.shard_map`` may not name them."""
+    return frozenset(_get_axis_env().explicit_mesh_axis_names)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from slax._compile import Aliases, KernelSpec, Scalars
 from slax._config import LaunchRoutes
-from slax._jax_api import lower_fun, partitioned_devices
+from slax._jax_api import lower_fun, manual_mesh_devices, partitioned_devices, program_devices
 from slax._launch import launcher_for
 from slax._primitive import declare_primitive, result_aval
 
@@ -90,6 +90,7 @@ def _require_uint_reach(spec: KernelSpec, operand_shapes, result_shapes, count: 
 def _lowering(ctx, *operands, spec, results, scalars, count, aliases, routes, platform):
     del results  # ctx.avals_out
     _require_one_device_per_kernel(partitioned_devices(ctx), spec)
+    _require_mesh_in_program(manual_mesh_devices(ctx), program_devices(ctx), spec)
     if count == 0:
         return _lower_empty_launch(ctx, *operands, aliases=aliases)
     launcher = launcher_for(platform, routes)
@@ -123,6 +124,22 @@ def _require_one_device_per_kernel(devices: int, spec: KernelSpec) -> None:
             "(jax.device_put(x, NamedSharding(mesh, PartitionSpec('data')))) before the jitted "
             "call, or call it under `with jax.set_mesh(mesh):` (needed with jax.jit's "
             "in_shardings), or inside jax.shard_map, or place the inputs on one device."
+        )
+
+
+def _require_mesh_in_program(mesh_devices: int, program_devices: int, spec: KernelSpec) -> None:
+    """A kernel inside ``jax.shard_map`` over a mesh of more devices than ``jax.jit`` compiles the
+    program for: slax split the call over the mesh a value's type carries, but no argument of the
+    jitted function, nor the context, placed the program on that mesh's devices (the value was
+    computed under ``jit`` from an array the function closes over). XLA cannot run it (``No
+    registered implementation for ... xla.sdy.GlobalToLocalShape``): refuse, and say what works."""
+    if mesh_devices > program_devices:
+        raise ValueError(
+            f"slax: the Slang kernel {spec.entry!r} is split over a mesh of {mesh_devices} devices, "
+            f"which its arguments' types carry, but jax.jit compiles this program for "
+            f"{program_devices}: the sharded value was computed inside the jitted function from "
+            "an array it closes over, which names no devices to jax.jit. Pass that array to the "
+            "jitted function as an argument, or call it under `with jax.set_mesh(mesh):`."
         )
 
 

@@ -14,8 +14,9 @@ sharding the spec), and runs the call inside ``jax.shard_map`` over that mesh:
   (automatic sharding, where the propagation decides shardings later; the split it then meets
   costs no communication when the batch is sharded so, and a reshard otherwise). Arrays placed by
   ``jax.jit(..., in_shardings=...)`` carry no mesh in their types; under ``jax.set_mesh(mesh)`` the
-  batch splits over that mesh's axes. Each device runs the kernel on its own shard: no all-gather
-  of the batch.
+  batch splits over that mesh's axes. An array the jitted function closes over splits the call
+  over its own mesh, whose devices it names to ``jax.jit``. Each device runs the kernel on its own
+  shard: no all-gather of the batch.
 - Everything else (weights, arguments broadcast along the batch, other axes of the batch) is
   replicated: a sharded weight matrix is gathered first, a correct replicated computation.
 - Losses and gradients that sum over the batch are averaged over the devices by the call itself
@@ -35,6 +36,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from slax._jax_api import vmapped_mesh_axes
 
 _NO_MESH = jax.sharding.AbstractMesh((), ())
 
@@ -58,6 +61,7 @@ def across_devices(
     mesh, axes = _mesh_and_batch_axes(leaves, batched)
     if mesh is None:
         return list(call((), *leaves))
+    placed = _with_devices(mesh, leaves)
     split = PartitionSpec(axes if axes else None)
     in_specs = tuple(_spec(leaf, split, is_batched) for leaf, is_batched in zip(leaves, batched))
     if AxisType.Explicit in mesh.axis_types:  # explicit shardings must match the specs: reshard
@@ -70,7 +74,7 @@ def across_devices(
     out_specs = tuple(split if is_batched else PartitionSpec() for is_batched in out_batched)
     local = jax.shard_map(
         lambda *shards: tuple(call(axes, *shards)),
-        mesh=mesh,
+        mesh=placed,
         in_specs=in_specs,
         out_specs=out_specs,
         axis_names=set(_automatic_or_explicit(mesh)),
@@ -116,6 +120,7 @@ def _mesh_and_batch_axes(leaves, batched) -> tuple[jax.sharding.AbstractMesh | N
     if not meshes:
         return None, ()
     mesh = meshes[0]
+    _require_batch_not_vmapped(mesh)
     sizes = dict(mesh.shape)
     batch_leaves = [(leaf, s) for leaf, s, is_batched in zip(leaves, shardings, batched) if is_batched]
     if not batch_leaves or any(jax.typeof(leaf).ndim == 0 for leaf, _ in batch_leaves):
@@ -131,6 +136,38 @@ def _mesh_and_batch_axes(leaves, batched) -> tuple[jax.sharding.AbstractMesh | N
     if batch % math.prod(sizes[a] for a in axes):
         return mesh, ()
     return mesh, axes
+
+
+def _with_devices(mesh, leaves):
+    """``mesh`` with the devices of a concrete array among ``leaves`` placed on it (an array the
+    jitted function closes over), or else ``mesh`` itself, abstract.
+
+    ``jax.jit`` compiles for the devices its arguments name and those of the concrete meshes its
+    ``shard_map`` calls name. A closed-over array is a constant to it: its mesh is in its type, but
+    its devices are not among those, and a ``shard_map`` over the abstract mesh would sit in a
+    program compiled for one device, which XLA cannot run (``No registered implementation for ...
+    xla.sdy.GlobalToLocalShape``). Over the concrete mesh it names the devices, as
+    ``jax.shard_map(mesh=jax.make_mesh(...))`` does in plain JAX."""
+    for leaf in leaves:
+        placed = getattr(leaf, "sharding", None) if not isinstance(leaf, jax.core.Tracer) else None
+        if isinstance(placed, NamedSharding) and placed.mesh.abstract_mesh == mesh:
+            return placed.mesh
+    return mesh
+
+
+def _require_batch_not_vmapped(mesh) -> None:
+    """Refuses a call inside ``jax.vmap`` over an axis sharded along ``mesh``'s explicit axes: the
+    vmap takes those axes from ``jax.shard_map``, through which slax splits its calls, and the
+    kernel would reach XLA's partitioner whole."""
+    vmapped = sorted(vmapped_mesh_axes() & set(_automatic_or_explicit(mesh)))
+    if vmapped:
+        raise ValueError(
+            f"slax: a slax call inside jax.vmap over an axis sharded along the explicit mesh axes "
+            f"{tuple(vmapped)}: jax.vmap takes those axes away from jax.shard_map, through which "
+            "slax splits its calls over the devices. Call it on the whole batch without the vmap "
+            "(a Slang function broadcasts over its arguments' leading axes), or reshard the "
+            "vmapped array first (jax.sharding.reshard(x, PartitionSpec()))."
+        )
 
 
 def _automatic_or_explicit(mesh) -> list[str]:

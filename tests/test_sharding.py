@@ -152,3 +152,19 @@ def test_profile_step_refuses_more_devices_than_there_are(cpu_path):
     refused by name (bad flags), as benchmark.py and the training scripts refuse it, not run on fewer."""
     refused = _run("experiments/profile_step.py", "--devices", "3")
     assert refused.returncode == 2 and "--devices 3: JAX has 2 device(s) here" in refused.stderr
+
+
+@pytest.mark.slow
+@JAX
+def test_sharded_values_reach_slang_by_every_path(cpu_path):
+    """A batch-sharded array passed as an argument, closed over, computed from a closure, inside
+    vmap and scan, under grad and jvp, as a tensor argument, under jit in both sharding modes on
+    four devices: each equals its pure-JAX twin, or is refused saying what to change; a closed-over
+    array's call computes (tests/scripts/sharded_paths.py)."""
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    result = run_python("tests/scripts/sharded_paths.py", env={**os.environ, **env})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sharded values by every path on 4 devices: ok" in result.stdout
+    for mode in ("Explicit", "Auto"):
+        for case in ("closure grad", "closure jvp", "tensor argument, closure"):
+            assert f"{mode} {case}: ok" in result.stdout, result.stdout

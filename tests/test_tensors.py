@@ -357,3 +357,25 @@ def test_sharded_calls_replicate_tensors_and_sum_their_gradients_once(cpu_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("shard_map: ok", "batch-sharded jit: ok", "written tensor: ok"):
         assert line in result.stdout
+
+
+_CALL_A_TENSOR_FUNCTION = """
+import jax, jax.numpy as jnp, slax
+mod = slax.load_module("slangpy_examples")
+x = jnp.arange(4.0)
+print(mod.polynomial(slax.grid((4,)), 2.0, 8.0, -1.0, x, jax.ShapeDtypeStruct((4,), jnp.float32)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.one_device_kind
+def test_tensor_kernels_compile_without_slang_warnings(tmp_path):
+    """shaders/slax/tensor.slang, which every kernel with a tensor parameter imports, compiles
+    without a Slang warning where SLAX_CUDA_ARCH is not defined (Slang's preprocessor evaluates both
+    sides of `&&` in an `#if` and warns of the undefined name, E15205): a fresh cache, so the
+    kernel compiles in the child."""
+    env = {**os.environ, "SLAX_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    result = run_python("-c", _CALL_A_TENSOR_FUNCTION, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[-1.  9. 23. 41.]" in result.stdout, result.stdout
+    assert "warning" not in (result.stdout + result.stderr).lower(), result.stderr
