@@ -414,4 +414,5 @@ def test_switching_the_mlp_backend_retraces_no_plain_slang_function(poly, monkey
     params, data, _ = _problem(NARROW, "float32")
     jaxpr = jax.make_jaxpr(lambda x: nn.mlp_apply(params, x))(data)
     (forward,) = [e for e in jaxpr.eqns if e.primitive.name == "slang_mlp_forward"]
-    assert forward.params["request"] == _backends.BackendRequest("xla", slax.config.tensor_cores)
+    products = _backends.BackendRequest.current().products  # JAX's matmul precision now
+    assert forward.params["request"] == _backends.BackendRequest("xla", slax.config.tensor_cores, products)
