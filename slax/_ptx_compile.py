@@ -24,6 +24,7 @@ import tempfile
 import threading
 
 from slax._compile import KernelSpec, announced
+from slax._device import cache_dir
 
 TIMEOUT_ENV_VAR = "SLAX_PTX_COMPILE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
@@ -33,7 +34,9 @@ COMPILE_ENVIRONMENT = ("SLAX_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "SLAX_NVRTC",
 :func:`slax._device.include_paths`), and where NVRTC is (:func:`slax._slang_c.nvrtc_library`, whose
 path each compile passes to Slang). Each request carries the parent's values as they are then,
 since the worker outlives changes to its parent's environment (a program, or a test, pointing
-``SLAX_CACHE_DIR`` elsewhere after the first compile)."""
+``SLAX_CACHE_DIR`` elsewhere after the first compile); ``SLAX_CACHE_DIR`` is the cache directory
+as the parent resolved it (:func:`slax._device.cache_dir`), since the worker keeps the working
+directory it started in."""
 
 
 class PtxCompileTimeout(Exception):
@@ -63,6 +66,7 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] 
     """
     limit = timeout_s()
     environment = {name: os.environ.get(name) for name in COMPILE_ENVIRONMENT}
+    environment["SLAX_CACHE_DIR"] = str(cache_dir())  # as resolved here: the worker's cwd is its own
     with announced(f"entry point {spec.entry!r} to PTX"):
         return _ask_worker(spec, (spec, snapshot, defines, environment), limit)
 
