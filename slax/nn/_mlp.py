@@ -35,6 +35,7 @@ from slax.nn._backends import OPERATIONS, SECOND_ORDER_CALL, BackendRequest, cho
 from slax.nn._kernels import layer_pairs
 from slax.nn._params import MLPParams, flat_layers, split_params
 from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
+from slax.nn._reference import require_samples
 
 Params = MLPParams | list[dict[str, jax.Array]]
 """An MLP's parameters: :class:`MLPParams` (layers and activations), or a plain list of one
@@ -113,7 +114,7 @@ def mlp_apply(params: Params, x: jax.Array) -> jax.Array:
     Raises:
       TypeError: parameters not laid out as :data:`Params`, mixed dtypes, or ``x`` not an array
         or of another dtype.
-      ValueError: layer shapes that do not chain, ``x`` not ending in the input width, a backend
+      ValueError: layer shapes that do not chain or are 0 wide, ``x`` not ending in the input width, a backend
         forced by ``slax.config.mlp_backend`` that cannot run the network, or a batch beyond the
         kernels' 32-bit indices.
     """
@@ -153,10 +154,12 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
 
     Raises:
       TypeError: as :func:`mlp_apply`, or ``target`` not an array.
-      ValueError: as :func:`mlp_apply`, or ``target`` not of shape ``(batch, out)`` and ``x``'s
-        dtype.
+      ValueError: as :func:`mlp_apply`, ``target`` not of shape ``(batch, out)`` and ``x``'s
+        dtype, or ``x`` holding no samples (a batch of 0: their mean has no value, as
+        :func:`mlp_loss_reference` says too).
     """
     arch = _architecture("mlp_loss_and_grad", params, x)
+    require_samples("mlp_loss_and_grad", x)
     _require_array("mlp_loss_and_grad", "target", target)
     if target.shape != x.shape[:-1] + (arch.sizes[-1],) or target.dtype != x.dtype:
         raise ValueError(
@@ -178,7 +181,7 @@ def mlp_loss_and_grad(params: Params, x: jax.Array, target: jax.Array) -> tuple[
             *flat,
             arch=arch,
             group_ndim=0,
-            loss_scale=1.0 / max(math.prod(x.shape[:-1]), 1),
+            loss_scale=1.0 / math.prod(x.shape[:-1]),
             request=request,
             routes=routes,
         )
@@ -291,6 +294,11 @@ def _architecture(
             raise ValueError(
                 f"slax.nn.{function}: layer {k} needs weight (out, in) and bias (out,); got "
                 f"{weight.shape} and {bias.shape}."
+            )
+        if 0 in weight.shape:
+            raise ValueError(
+                f"slax.nn.{function}: layer {k} has weight shape {weight.shape}: every layer must be "
+                "at least 1 wide, in and out (as mlp_init's sizes); drop the layer instead."
             )
         if sizes and weight.shape[1] != sizes[-1]:
             raise ValueError(
