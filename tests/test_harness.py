@@ -251,6 +251,27 @@ def test_resume_with_flags_that_change_the_run_is_refused(checkpointed_run):
     assert "--chunk" not in result.stderr and "--target-mse" not in result.stderr
 
 
+@pytest.mark.slow
+def test_a_resume_that_starts_the_run_records_its_flags(tmp_path):
+    """``--resume`` into an empty ``--out`` (as a launcher of preemptible jobs passes it every time)
+    trained and checkpointed but recorded no flags, so a later ``--resume`` with another --lr,
+    --batch or --dtype was accepted and mixed two runs. The run it starts records its flags as a
+    fresh run does, and a resume that would change them is refused."""
+    out = tmp_path / "run"
+    started = run_python("experiments/polynomial.py", *RUN, "--out", str(out), "--resume", timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert (out / "checkpoint-flags.json").exists()
+    result = _resume(out, "--batch", "32", "--lr", "0.5", "--dtype", "float16")
+    assert result.returncode == 2, result.stdout + result.stderr
+    for difference in (
+        "--batch 16 (the run's) vs 32 (now)",
+        "--lr 0.01 (the run's) vs 0.5 (now)",
+        "--dtype float32 (the run's) vs float16 (now)",
+    ):
+        assert difference in result.stderr, result.stderr
+    assert _resume(out).returncode == 0
+
+
 def test_resume_with_steps_below_the_checkpoint_is_refused(checkpointed_run):
     result = _resume(checkpointed_run, "--steps", "2")
     assert result.returncode != 0
