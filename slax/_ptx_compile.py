@@ -14,6 +14,7 @@ a new one starts only after one was killed, or in a forked process.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import pathlib
 import pickle
@@ -44,14 +45,17 @@ class PtxCompileTimeout(Exception):
 
 
 def timeout_s() -> float:
-    """The time limit, from ``SLAX_PTX_COMPILE_TIMEOUT`` (seconds, > 0)."""
+    """The time limit, from ``SLAX_PTX_COMPILE_TIMEOUT`` (seconds, finite and > 0: the wait for the
+    worker's answer takes no endless limit)."""
     value = os.environ.get(TIMEOUT_ENV_VAR) or str(DEFAULT_TIMEOUT_S)
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"slax: {TIMEOUT_ENV_VAR} must be a number of seconds above 0; got {value!r}.")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"slax: {TIMEOUT_ENV_VAR} must be a finite number of seconds above 0; got {value!r}."
+        )
     return seconds
 
 

@@ -36,6 +36,7 @@ from slax._ptx_launch import (
     PtxLaunchError,
     _checked_ptx,
     _timed_out,
+    compute_capability,
     launch_plan,
     ptx_entry_parameter_types,
 )
@@ -759,11 +760,30 @@ def test_the_compile_worker_finds_a_relative_cache_directory_where_slax_resolved
     assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf"])
 def test_ptx_compile_timeout_must_be_positive_seconds(monkeypatch, value):
+    """``inf`` was taken, and select() then raised OverflowError at the first compile."""
     monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", value)
-    with pytest.raises(ValueError, match=f"SLAX_PTX_COMPILE_TIMEOUT must be a number of seconds.*{value!r}"):
+    with pytest.raises(
+        ValueError, match=f"SLAX_PTX_COMPILE_TIMEOUT must be a finite number of seconds.*{value!r}"
+    ):
         timeout_s()
+
+
+@pytest.mark.parametrize(("value", "capability"), [("90", 90), (" 8.6 ", 86), ("12.0", 120)])
+def test_the_compute_capability_variable_takes_jaxs_spelling_and_refuses_the_rest(
+    monkeypatch, value, capability
+):
+    """SLAX_CUDA_COMPUTE_CAPABILITY takes 90 or JAX's and nvidia-smi's 9.0; anything else was a bare
+    ``invalid literal for int()`` naming no variable."""
+    monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", value)
+    assert compute_capability() == capability
+    for bad in ("sm_90", "9.x", "0", "-90"):
+        monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", bad)
+        with pytest.raises(
+            ValueError, match=f"SLAX_CUDA_COMPUTE_CAPABILITY={bad!r} is no compute capability"
+        ):
+            compute_capability()
 
 
 @pytest.mark.skipif(
