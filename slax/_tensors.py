@@ -47,12 +47,16 @@ def grid(shape: int | tuple[int, ...]) -> Grid:
       each grid point gets its coordinates, a vector's x being the last axis.
 
     Raises:
-      ValueError: ``shape`` holds a negative or non-integer size, or more than 2**32 - 1 points
+      ValueError: ``shape`` has no axes, holds a negative or non-integer size, or more than 2**32 - 1 points
         (a launch numbers its threads with a 32-bit uint).
     """
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if not all(isinstance(n, (int, np.integer)) and n >= 0 for n in dims):
         raise ValueError(f"slax.grid: shape must be non-negative integers; got {shape!r}.")
+    if not dims:
+        raise ValueError(
+            f"slax.grid: shape must have at least one axis; got {shape!r}. A single call is slax.grid((1,))."
+        )
     points = math.prod(int(n) for n in dims)
     if points > UINT_MAX:
         raise ValueError(
@@ -81,7 +85,7 @@ def grid_coordinates(given: Grid, leaf: Leaf, what: str) -> jax.Array:
             f"coordinates, more than the {UINT_MAX:,} elements the kernels slax generates index with "
             "32-bit uints. Split the work over several calls, e.g. jax.lax.map over chunks of the grid."
         )
-    axes = jnp.indices(given.shape, dtype=leaf.dtype) if rank else jnp.zeros((0,), leaf.dtype)
+    axes = jnp.indices(given.shape, dtype=leaf.dtype)
     if not leaf.shape:
         return axes[0]
     if leaf.slang_type.startswith("vector"):  # x is the last axis

@@ -368,6 +368,14 @@ def test_a_grid_past_uint_indices_is_refused_before_its_coordinates_exist(mod):
         jax.jit(lambda a, b: mod.shade(grid, a, b, (4, 6, 3))).lower(albedo, light)
 
 
+@pytest.mark.one_device_kind
+def test_a_grid_of_no_axes_is_refused():
+    """``slax.grid(())`` was taken, and its call then asked for a parameter 'int0, uint0, int[0] or
+    uint[0]', types Slang does not have."""
+    with pytest.raises(ValueError, match=r"slax.grid: shape must have at least one axis; got \(\)"):
+        slax.grid(())
+
+
 @pytest.mark.jax_version
 def test_sharded_calls_replicate_tensors_and_sum_their_gradients_once(cpu_path):
     """shard_map and plain jit over a batch-sharded array on two host devices
