@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _harness import refuse_flags
 
 _PREVIOUS_SUFFIX = ".previous.npz"
 
@@ -35,7 +36,9 @@ def previous_checkpoint(path: pathlib.Path) -> pathlib.Path:
 def checkpoint_path(out: pathlib.Path, args: argparse.Namespace, model: str) -> pathlib.Path | None:
     """Where ``model``'s checkpoint lives, if this run checkpoints or resumes; a fresh run that
     checkpoints into a directory holding old checkpoints refuses rather than silently resuming.
-    A fresh run records its flags there, for --resume to compare."""
+    A fresh run records its flags there, for --resume to compare, and so does a --resume that
+    finds none recorded (into an empty --out, as a launcher of preemptible jobs passes it every
+    time): the run it starts is defined by its flags as a fresh run's are."""
     if not (args.checkpoint_every or args.resume):
         return None
     path = out / f"checkpoint-{model}.npz"
@@ -43,6 +46,7 @@ def checkpoint_path(out: pathlib.Path, args: argparse.Namespace, model: str) -> 
         for existing in (path, previous_checkpoint(path)):
             if existing.exists():
                 raise SystemExit(f"{existing} exists: pass --resume to continue that run, or another --out.")
+    if not args.resume or not _flags_path(out).exists():
         _write_run_flags(out, args)
     return path
 
@@ -174,8 +178,9 @@ def _flags_path(out: pathlib.Path) -> pathlib.Path:
 
 def check_resume(name: str, args: argparse.Namespace) -> None:
     """Refuses ``--resume`` where it would not continue the run in ``--out``: flags that change the
-    run (naming each difference), --steps below a checkpoint's step, or a checkpoint that cannot be
-    read or is missing (naming the file, and the intact previous one to resume from)."""
+    run (naming each difference) or --steps below a checkpoint's step, as bad flags (exit status
+    2), or a checkpoint that cannot be read or is missing (naming the file, and the intact previous
+    one to resume from)."""
     out = args.out
     recorded = _read_run_flags(_flags_path(out)) if _flags_path(out).exists() else None
     if recorded is not None:
@@ -187,9 +192,10 @@ def check_resume(name: str, args: argparse.Namespace) -> None:
             if before.get(key) != now.get(key)
         ]
         if differences:
-            raise SystemExit(
-                f"{name}: --resume would change the run in {out}: {'; '.join(differences)}. Resume "
-                "with the run's flags, or start a new run in another --out."
+            refuse_flags(
+                name,
+                f"--resume would change the run in {out}: {'; '.join(differences)}. Resume with the "
+                "run's flags, or start a new run in another --out.",
             )
         if args.steps != recorded.get("steps", args.steps):
             print(f"{name}: note: --steps {args.steps} differs from the run's {recorded['steps']}.")
@@ -205,9 +211,10 @@ def check_resume(name: str, args: argparse.Namespace) -> None:
         except CheckpointError as error:
             raise SystemExit(f"{name}: {error}") from None
         if args.steps < step:
-            raise SystemExit(
-                f"{name}: --steps {args.steps} is below step {step}, where {path} stopped; resume "
-                f"with --steps {step} or more."
+            refuse_flags(
+                name,
+                f"--steps {args.steps} is below step {step}, where {path} stopped; resume with "
+                f"--steps {step} or more.",
             )
 
 

@@ -18,6 +18,7 @@ import datetime
 import itertools
 import json
 import logging
+import math
 import pathlib
 import re
 import sys
@@ -85,15 +86,54 @@ def exit_status_help(failure: str | None) -> str:
     return "\n".join(lines)
 
 
+def _flag_type(convert: Callable[[str], Any], accepts: Callable[[Any], bool], expected: str):
+    """An argparse ``type=`` that refuses what a flag cannot take when the flags are parsed:
+    argparse then says ``argument --lr: must be a finite number above 0; got 'nan'`` and exits 2."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {expected}; got {text!r}") from None
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {expected}; got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _flag_type(int, lambda value: value >= 1, "a positive integer")
+"""Counts: steps, samples, chunks, repeats, widths, devices."""
+non_negative_int = _flag_type(int, lambda value: value >= 0, "0 or a positive integer")
+seed = _flag_type(int, lambda value: 0 <= value < 2**32, "an integer from 0 to 2**32 - 1")
+"""PRNG seeds, as ``jax.random.key`` and NumPy's generators take them."""
+positive_float = _flag_type(
+    float, lambda value: math.isfinite(value) and value > 0, "a finite number above 0"
+)
+"""Learning rates and peaks: NaN would train (or divide) on NaN for the whole run."""
+non_negative_float = _flag_type(
+    float, lambda value: math.isfinite(value) and value >= 0, "a finite number, 0 or above"
+)
+finite_float = _flag_type(float, math.isfinite, "a finite number")
+"""Targets a run is checked against: a NaN target is missed whatever the run does."""
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: int, chunk: int) -> None:
     """Flags every experiment takes, with defaults that finish in minutes on the CPU path."""
-    parser.add_argument("--steps", type=int, default=steps, help="training steps (default %(default)s)")
-    parser.add_argument("--batch", type=int, default=batch, help="samples per step (default %(default)s)")
     parser.add_argument(
-        "--chunk", type=int, default=chunk, help="steps per jitted lax.scan chunk (default %(default)s)"
+        "--steps", type=positive_int, default=steps, help="training steps (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch", type=positive_int, default=batch, help="samples per step (default %(default)s)"
+    )
+    parser.add_argument(
+        "--chunk",
+        type=positive_int,
+        default=chunk,
+        help="steps per jitted lax.scan chunk (default %(default)s)",
     )
     parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="kernel precision")
-    parser.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
+    parser.add_argument("--seed", type=seed, default=0, help="PRNG seed (default %(default)s)")
     parser.add_argument(
         "--device",
         choices=("auto", "vulkan", "cpu", "cuda"),
@@ -106,7 +146,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
     )
     parser.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="save params, optimiser state, step and key every N steps",
     )
@@ -114,7 +154,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
     add_launch_argument(parser)
     parser.add_argument(
         "--devices",
-        type=int,
+        type=positive_int,
         default=None,
         help="split each batch over a mesh of this many JAX devices (data parallel, under plain jax.jit; "
         "1 is a one-device mesh); default: no mesh",
@@ -124,30 +164,21 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: 
 def add_wide_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that choose the architectures ``--network wide`` stands for (:func:`workloads`)."""
     parser.add_argument(
-        "--width", nargs="+", type=int, default=[64], help="--network wide: hidden-layer widths to time"
+        "--width",
+        nargs="+",
+        type=positive_int,
+        default=[64],
+        help="--network wide: hidden-layer widths to time",
     )
     parser.add_argument(
         "--hidden-layers",
         nargs="+",
-        type=int,
+        type=positive_int,
         default=[2],
         help="--network wide: hidden-layer counts to time, each with every --width",
     )
-    parser.add_argument("--wide-input", type=int, default=32, help="--network wide: input width")
-    parser.add_argument("--wide-output", type=int, default=16, help="--network wide: output width")
-
-
-def check_wide_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuses widths and counts the wide family cannot have (argparse's error: exit 2)."""
-    for flag, values in (
-        ("width", args.width),
-        ("hidden-layers", args.hidden_layers),
-        ("wide-input", [args.wide_input]),
-        ("wide-output", [args.wide_output]),
-    ):
-        bad = [value for value in values if value < 1]
-        if bad:
-            parser.error(f"--{flag} takes positive integers; got {' '.join(map(str, bad))}.")
+    parser.add_argument("--wide-input", type=positive_int, default=32, help="--network wide: input width")
+    parser.add_argument("--wide-output", type=positive_int, default=16, help="--network wide: output width")
 
 
 def wide_name(inputs: int, width: int, hidden_layers: int, outputs: int) -> str:
@@ -326,10 +357,6 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
     apply_launch(args)
     if args.device != "auto":
         slax.set_device_kind(args.device)
-    if args.devices and args.batch % args.devices:
-        raise SystemExit(f"{name}: --batch {args.batch} must divide evenly over --devices {args.devices}.")
-    if args.resume and args.out is None:
-        raise SystemExit(f"{name}: --resume needs --out, the directory of the run to continue.")
     out = run_directory(name, args.out)
     device = run_devices()
     print(f"{name}: JAX on {device['jax']}, Slang kernels on {device['slang']}; writing to {out}")
@@ -342,20 +369,17 @@ def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict
 
 
 def validate_arguments(name: str, args: argparse.Namespace) -> None:
-    """Refuses flags that cannot make a run, in one line naming the flag, before anything is created;
-    says how --checkpoint-every is rounded to whole chunks; with --resume, checks the checkpoints
-    (:func:`check_resume`)."""
-    for flag in ("steps", "batch", "chunk"):
-        value = getattr(args, flag)
-        if value < 1:
-            raise SystemExit(f"{name}: --{flag} must be a positive integer; got {value}.")
-    if args.checkpoint_every < 0:
-        raise SystemExit(
-            f"{name}: --checkpoint-every must be 0 (no checkpoints) or positive; got {args.checkpoint_every}."
-        )
+    """Refuses flags that together cannot make a run (each flag's own values are its type's to
+    refuse, when the flags are parsed), in one line naming the flags, with exit status 2 as
+    argparse's refusals, before anything is created; says how --checkpoint-every is rounded to
+    whole chunks; with --resume, checks the checkpoints (:func:`check_resume`)."""
     problem = device_count_problem(args.devices)
     if problem:
-        raise SystemExit(f"{name}: {problem}")
+        refuse_flags(name, problem)
+    if args.devices and args.batch % args.devices:
+        refuse_flags(name, f"--batch {args.batch} must divide evenly over --devices {args.devices}.")
+    if args.resume and args.out is None:
+        refuse_flags(name, "--resume needs --out, the directory of the run to continue.")
     _check_checkpoint_interval(name, args)
     if args.resume and args.out is not None:
         from _checkpoints import check_resume
@@ -364,8 +388,9 @@ def validate_arguments(name: str, args: argparse.Namespace) -> None:
 
 
 def refuse_flags(name: str, problem: str) -> NoReturn:
-    """Ends a run over flags found bad only once JAX is imported (a --devices count above the
-    devices present) as argparse ends one over bad flags: the problem on stderr, exit status 2."""
+    """Ends a run over flags found bad only together or once JAX is imported (a --devices count
+    above the devices present) as argparse ends one over bad flags: the problem on stderr, exit
+    status 2."""
     print(f"{name}: error: {problem}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -393,10 +418,11 @@ def _check_checkpoint_interval(name: str, args: argparse.Namespace) -> None:
         return
     rounded = -(-every // chunk) * chunk
     if every < steps <= rounded:
-        raise SystemExit(
-            f"{name}: --checkpoint-every {every} with --chunk {chunk}: checkpoints are written after "
-            f"whole chunks, so the first would come only at the end of the {steps} steps; pass a "
-            f"--chunk of at most {every} (a divisor of {every} keeps the interval exact)."
+        refuse_flags(
+            name,
+            f"--checkpoint-every {every} with --chunk {chunk}: checkpoints are written after whole "
+            f"chunks, so the first would come only at the end of the {steps} steps; pass a --chunk of "
+            f"at most {every} (a divisor of {every} keeps the interval exact).",
         )
     if rounded != every:
         print(

@@ -89,15 +89,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "digits MLPs)",
     )
     harness.add_wide_arguments(parser)
-    parser.add_argument("--batch", nargs="+", type=int, default=[256, 4096], help="batch sizes to time")
+    parser.add_argument(
+        "--batch", nargs="+", type=harness.positive_int, default=[256, 4096], help="batch sizes to time"
+    )
     parser.add_argument(
         "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="kernel precisions"
     )
-    parser.add_argument("--steps", type=int, default=50, help="steps per timed call")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median)")
+    parser.add_argument("--steps", type=harness.positive_int, default=50, help="steps per timed call")
+    parser.add_argument(
+        "--repeats", type=harness.positive_int, default=5, help="timed calls per configuration (median)"
+    )
     parser.add_argument(
         "--unroll",
-        type=int,
+        type=harness.positive_int,
         default=1,
         help="training steps per iteration of the scan's loop, for every model (lax.scan's unroll): "
         "on a GPU each iteration costs XLA a host round trip, a few us of a small batch's step",
@@ -144,28 +148,28 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--peak-tflops",
-        type=float,
+        type=harness.positive_float,
         default=None,
         help="the device's matrix rate for every row, TFLOP/s (default: from PEAKS for known GPUs, by "
         "dtype and precision, else no floor column)",
     )
     parser.add_argument(
         "--peak-gbps",
-        type=float,
+        type=harness.positive_float,
         default=None,
         help="device memory bandwidth, GB/s (default: from PEAKS, as --peak-tflops)",
     )
     parser.add_argument(
         "--devices",
         nargs="+",
-        type=int,
+        type=harness.positive_int,
         default=[None],
         help="split each batch over a mesh of this many devices, one set of rows per count "
         "(default: no mesh)",
     )
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=harness.positive_int,
         default=1,
         help="time every configuration this many times, all of them in each round in turn, "
         "compiled once (a column names the round): the spread of each row over the rounds shows "
@@ -178,11 +182,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "loop), a lower bound on the step of a model that reads the whole sampled batch",
     )
     parser.add_argument("--json", default=None, help="also write the rows here (default: not written)")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1; got {args.rounds}.")
-    harness.check_wide_arguments(parser, args)
-    return args
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":

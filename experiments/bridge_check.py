@@ -46,11 +46,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             "a result is wrong, a kernel did not write in place, or (on CUDA) the routes differ"
         ),
     )
-    parser.add_argument("--steps", type=int, default=1000, help="loop steps per timed run")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per case (median)")
+    parser.add_argument("--steps", type=harness.positive_int, default=1000, help="loop steps per timed run")
+    parser.add_argument(
+        "--repeats", type=harness.positive_int, default=5, help="timed runs per case (median)"
+    )
     parser.add_argument(
         "--sizes",
-        type=int,
+        type=harness.positive_int,
         nargs="+",
         default=[256, 1 << 20],
         help="elements per timed call (default %(default)s)",

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=pathlib.Path, help="run directories holding metrics.json")
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=harness.non_negative_float,
         default=1e-4,
         help="relative result difference allowed (default %(default)s)",
     )

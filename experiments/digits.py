@@ -25,11 +25,15 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         epilog=harness.exit_status_help("slax's test accuracy ends below --target-accuracy"),
     )
     harness.add_common_arguments(parser, steps=2000, batch=128, chunk=100)
-    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate, cosine-decayed")
-    parser.add_argument("--weight-decay", type=float, default=5e-2, help="AdamW weight decay")
+    parser.add_argument(
+        "--lr", type=harness.positive_float, default=3e-3, help="AdamW learning rate, cosine-decayed"
+    )
+    parser.add_argument(
+        "--weight-decay", type=harness.non_negative_float, default=5e-2, help="AdamW weight decay"
+    )
     parser.add_argument(
         "--target-accuracy",
-        type=float,
+        type=harness.finite_float,
         default=None,
         help="exit 1 if slax's test accuracy ends below this (default: not checked)",
     )

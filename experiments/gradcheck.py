@@ -40,7 +40,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         default=["float32", "float16"],
         help="precisions to check",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--seed", type=harness.seed, default=0, help="seed of the random inputs")
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="output dir (default runs/gradcheck/<time>)"
     )

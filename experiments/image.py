@@ -44,25 +44,32 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     harness.add_common_arguments(parser, steps=1000, batch=16384, chunk=100)
     parser.add_argument(
-        "--size", type=int, default=512, help="image side, a divisor of 512 (default %(default)s)"
+        "--size",
+        type=harness.positive_int,
+        default=512,
+        help="image side, a divisor of 512 (default %(default)s)",
     )
     parser.add_argument(
-        "--frequencies", type=int, default=10, help="octaves of the encoding: 4 x this many inputs"
+        "--frequencies",
+        type=harness.positive_int,
+        default=10,
+        help="octaves of the encoding: 4 x this many inputs",
     )
-    parser.add_argument("--hidden-layers", type=int, default=4, help=f"hidden layers of {WIDTH}")
-    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate, cosine-decayed")
+    parser.add_argument(
+        "--hidden-layers", type=harness.positive_int, default=4, help=f"hidden layers of {WIDTH}"
+    )
+    parser.add_argument(
+        "--lr", type=harness.positive_float, default=1e-2, help="Adam learning rate, cosine-decayed"
+    )
     parser.add_argument(
         "--target-psnr",
-        type=float,
+        type=harness.finite_float,
         default=None,
         help="exit 1 if slax's reconstruction ends below this PSNR in dB (default: not checked)",
     )
     args = parser.parse_args(argv)
-    if args.size < 1 or 512 % args.size:
+    if 512 % args.size:
         parser.error(f"--size must divide 512 (the photograph's crop); got {args.size}.")
-    for flag in ("frequencies", "hidden_layers"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be a positive integer; got {getattr(args, flag)}.")
     return args
 
 

@@ -26,10 +26,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         epilog=harness.exit_status_help("slax's held-out MSE ends above --target-mse"),
     )
     harness.add_common_arguments(parser, steps=3000, batch=1024, chunk=250)
-    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate, cosine-decayed")
+    parser.add_argument(
+        "--lr", type=harness.positive_float, default=1e-2, help="Adam learning rate, cosine-decayed"
+    )
     parser.add_argument(
         "--target-mse",
-        type=float,
+        type=harness.finite_float,
         default=None,
         help="exit 1 if slax's held-out MSE ends above this (default: not checked)",
     )

@@ -41,7 +41,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "texture: the texture fit)",
     )
     harness.add_wide_arguments(parser)
-    parser.add_argument("--batch", nargs="+", type=int, default=[4096, 1048576], help="batch sizes")
+    parser.add_argument(
+        "--batch", nargs="+", type=harness.positive_int, default=[4096, 1048576], help="batch sizes"
+    )
     parser.add_argument(
         "--dtype", nargs="+", choices=("float32", "float16"), default=["float32"], help="dtypes"
     )
@@ -53,17 +55,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--devices",
-        type=int,
+        type=harness.positive_int,
         default=None,
         help="split each batch over a mesh of this many GPUs (benchmark.py --devices); the tables "
         "then name each kernel's GPU, and list the streams each GPU's kernels ran on (default: no mesh)",
     )
-    parser.add_argument("--steps", type=int, default=20, help="steps per scan (per profiled call)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls for the wall time (median)")
+    parser.add_argument(
+        "--steps", type=harness.positive_int, default=20, help="steps per scan (per profiled call)"
+    )
+    parser.add_argument(
+        "--repeats", type=harness.positive_int, default=5, help="timed calls for the wall time (median)"
+    )
     parser.add_argument("--json", default=None, help="also write the tables here (default: not written)")
-    args = parser.parse_args(argv)
-    harness.check_wide_arguments(parser, args)
-    return args
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         epilog=harness.exit_status_help("slax's held-out squared distance error ends above --target-mse"),
     )
     harness.add_common_arguments(parser, steps=2000, batch=4096, chunk=250)
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate, cosine-decayed")
+    parser.add_argument(
+        "--lr", type=harness.positive_float, default=3e-3, help="Adam learning rate, cosine-decayed"
+    )
     parser.add_argument(
         "--target-mse",
-        type=float,
+        type=harness.finite_float,
         default=None,
         help="exit 1 if slax's held-out squared distance error ends above this (default: not checked)",
     )

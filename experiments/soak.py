@@ -42,12 +42,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="network of benchmark.py to train",
     )
     parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="kernel precision")
-    parser.add_argument("--batch", type=int, default=1024, help="samples per step")
-    parser.add_argument("--steps", type=int, default=10_000, help="steps after the warm-up chunk")
-    parser.add_argument("--chunk", type=int, default=1000, help="steps per jitted call; must divide --steps")
+    parser.add_argument("--batch", type=harness.positive_int, default=1024, help="samples per step")
+    parser.add_argument(
+        "--steps", type=harness.positive_int, default=10_000, help="steps after the warm-up chunk"
+    )
+    parser.add_argument(
+        "--chunk", type=harness.positive_int, default=1000, help="steps per jitted call; must divide --steps"
+    )
     harness.add_launch_argument(parser)
     parser.add_argument(
-        "--max-growth-mb", type=float, default=16.0, help="largest growth of any reading that passes, MB"
+        "--max-growth-mb",
+        type=harness.non_negative_float,
+        default=16.0,
+        help="largest growth of any reading that passes, MB",
     )
     parser.add_argument("--json", default=None, help="also write the readings here (default: not written)")
     args = parser.parse_args(argv)

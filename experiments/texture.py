@@ -44,14 +44,16 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     harness.add_common_arguments(parser, steps=500, batch=65536, chunk=100)
     parser.add_argument(
         "--size",
-        type=int,
+        type=harness.positive_int,
         default=PHOTOGRAPH_SIZE,
         help="texture side, a divisor of 512 (default %(default)s)",
     )
-    parser.add_argument("--lr", type=float, default=0.1, help="Adam learning rate, cosine-decayed")
+    parser.add_argument(
+        "--lr", type=harness.positive_float, default=0.1, help="Adam learning rate, cosine-decayed"
+    )
     parser.add_argument(
         "--target-psnr",
-        type=float,
+        type=harness.finite_float,
         default=None,
         help="exit 1 if slax's texture ends below this PSNR in dB (default: not checked)",
     )
@@ -60,7 +62,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             "--dtype float16: the sampler reads a float texture (IDiffTensor<float4, 2>); use float32."
         )
-    if args.size < 1 or PHOTOGRAPH_SIZE % args.size:
+    if PHOTOGRAPH_SIZE % args.size:
         parser.error(f"--size must divide {PHOTOGRAPH_SIZE} (the photograph's crop); got {args.size}.")
     return args
 

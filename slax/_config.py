@@ -103,8 +103,23 @@ def _parse_switch(value: str | None, source: str, default: bool) -> bool:
     )
 
 
-def _one_of(choices: tuple[str, ...], variable: str):
-    """A parser of a setting that takes one of ``choices`` (also environment variable ``variable``)."""
+def _switch(variable: str, default: bool):
+    """An on/off setting: (its value from ``variable``, :func:`_parse_switch`; its check of a value
+    assigned, True or False only: a truthy string or number would be taken for what it is not)."""
+
+    def parse(value, name: str):
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"slax: {name} must be True or False (slax.config.{name} or {variable}); got {value!r}."
+            )
+        return value
+
+    return lambda: _parse_switch(os.environ.get(variable), variable, default), parse
+
+
+def _one_of(setting: str, choices: tuple[str, ...], variable: str, default: str):
+    """The setting ``setting`` that takes one of ``choices``: (its value from ``variable``, in any
+    case with spaces around, unset or empty ``default``; its check of a value assigned)."""
 
     def parse(value, name: str):
         if value not in choices:
@@ -113,53 +128,28 @@ def _one_of(choices: tuple[str, ...], variable: str):
             )
         return value
 
-    return parse
+    def from_environment():
+        return parse(os.environ.get(variable, "").strip().lower() or default, setting)
 
-
-_parse_cuda_launch = _one_of(CUDA_LAUNCHES, "SLAX_CUDA_LAUNCH")
-
-
-def _parse_tensor_cores(value, name: str = "tensor_cores"):
-    if not isinstance(value, bool):
-        raise TypeError(
-            f"slax: tensor_cores must be True or False (slax.config.tensor_cores or SLAX_TENSOR_CORES); "
-            f"got {value!r}."
-        )
-    return value
-
-
-_parse_mlp_backend = _one_of(MLP_BACKENDS, "SLAX_MLP_BACKEND")
+    return from_environment, parse
 
 
 def _parse_device(value, name: str):
     return parse_device_kind(value, source=f"slax.config.{name}")
 
 
+def _device_from(variable: str):
+    return lambda: parse_device_kind(os.environ.get(variable), source=f"the {variable} variable")
+
+
 _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[..., Any]]] = {
-    "debug_nans": (lambda: os.environ.get("SLAX_DEBUG_NANS", "") not in ("", "0"), lambda value, name: value),
-    "debug_bounds": (
-        lambda: os.environ.get("SLAX_DEBUG_BOUNDS", "") not in ("", "0"),
-        lambda value, name: bool(value),
-    ),
-    "cuda_launch": (lambda: os.environ.get("SLAX_CUDA_LAUNCH") or "ptx", _parse_cuda_launch),
-    "device_kind": (
-        lambda: parse_device_kind(os.environ.get(DEVICE_ENV_VAR), source=f"the {DEVICE_ENV_VAR} variable"),
-        _parse_device,
-    ),
-    "tensor_cores": (
-        lambda: _parse_switch(os.environ.get("SLAX_TENSOR_CORES"), "SLAX_TENSOR_CORES", True),
-        _parse_tensor_cores,
-    ),
-    "mlp_backend": (
-        lambda: _parse_mlp_backend(os.environ.get("SLAX_MLP_BACKEND") or "auto", "mlp_backend"),
-        _parse_mlp_backend,
-    ),
-    "reflection_device": (
-        lambda: parse_device_kind(
-            os.environ.get(REFLECTION_ENV_VAR), source=f"the {REFLECTION_ENV_VAR} variable"
-        ),
-        _parse_device,
-    ),
+    "debug_nans": _switch("SLAX_DEBUG_NANS", False),
+    "debug_bounds": _switch("SLAX_DEBUG_BOUNDS", False),
+    "cuda_launch": _one_of("cuda_launch", CUDA_LAUNCHES, "SLAX_CUDA_LAUNCH", "ptx"),
+    "device_kind": (_device_from(DEVICE_ENV_VAR), _parse_device),
+    "tensor_cores": _switch("SLAX_TENSOR_CORES", True),
+    "mlp_backend": _one_of("mlp_backend", MLP_BACKENDS, "SLAX_MLP_BACKEND", "auto"),
+    "reflection_device": (_device_from(REFLECTION_ENV_VAR), _parse_device),
 }
 """Each setting of :class:`Config`: (its value from the environment, its check of a value given)."""
 
@@ -207,13 +197,13 @@ class Config:
     Attributes:
       debug_nans: check every Slang kernel's floating results and raise ``FloatingPointError``
         naming the first kernel (and Slang function) that produced a NaN or Inf. Off by default: it
-        copies results to the host. Also on when ``SLAX_DEBUG_NANS=1`` or when JAX's own
+        copies results to the host. Also on when ``SLAX_DEBUG_NANS=1`` (or true, on, yes) or when JAX's own
         ``jax_debug_nans`` is set.
       debug_bounds: before each call of a Slang function with tensor parameters, run it once more
         checking every tensor index against the tensor's shape, and raise ``IndexError`` naming the
         function, the parameter, its shape and the index (inside ``jax.jit``, as XLA's runtime
         error). Off by default (an index outside is clamped to the axis's last element); it costs
-        a launch and a host copy per call. Also on when ``SLAX_DEBUG_BOUNDS=1``.
+        a launch and a host copy per call. Also on when ``SLAX_DEBUG_BOUNDS=1`` (or true, on, yes).
       cuda_launch: how kernels run when JAX runs on a CUDA GPU. ``"ptx"`` (the default, the faster
         route as measured on an H100; BENCHMARKS.md): Slang compiles the kernel to PTX and XLA
         launches it through jaxlib's Triton kernel launcher, with no Python per call (see

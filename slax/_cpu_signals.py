@@ -17,7 +17,8 @@ frames from a signal handler. So while a kernel runs, the library's SIGINT handl
 stderr and passes the first Ctrl-C on to Python's handler (``KeyboardInterrupt`` when the kernel
 returns); a second one before the kernel returns ends the process, as SIGINT's default action does.
 
-Built once per content with the C++ compiler that builds the kernels, into the cache directory.
+Built once per content with the C++ compiler that builds the kernels, into the cache directory;
+a library found damaged there (cut short or garbled) is rebuilt.
 Where the CPU is not x86-64 (AArch64 divides by zero without a fault: ``x / 0 = 0``,
 ``x % 0 = x``) or the system is not Linux, nothing is installed.
 """
@@ -56,18 +57,18 @@ def _library() -> ctypes.CDLL | None:
         raise RuntimeError(
             "slax: SlangPy's CPU device needs a C++ compiler (clang++ or g++); none is on PATH."
         )
-    key = hashlib.sha256(source + compiler.encode()).hexdigest()[:16]
+    # The layout is in the key: a library built before its digest was appended is not damaged.
+    key = hashlib.sha256(source + compiler.encode() + b"; sha256 appended").hexdigest()[:16]
     target = writable_cache_dir("cpu") / f"slax_signals_{key}.so"
-    if not target.is_file():
-        partial = target.with_suffix(f".{os.getpid()}.partial")
-        command = [compiler, "-x", "c", "-O2", "-shared", "-fPIC", str(_SOURCE), "-o", str(partial)]
-        built = subprocess.run(command, capture_output=True, text=True)
-        if built.returncode != 0:
-            raise RuntimeError(
-                f"slax: building the CPU device's signal handlers failed ({' '.join(command)}):\n"
-                f"{built.stderr}"
+    if not _whole(target):
+        damaged = target.exists()
+        _build(compiler, target)
+        if damaged:
+            print(
+                f"slax: the CPU device's compiled signal handlers {target} is damaged (not the "
+                "library as built: cut short or garbled); rebuilt it.",
+                file=sys.stderr,
             )
-        os.replace(partial, target)  # atomic: another process sees the whole library or none
     library = ctypes.CDLL(str(target), use_errno=True)
     if library.slax_install_division_handler() != 0:
         raise OSError(ctypes.get_errno(), "slax: sigaction(SIGFPE) failed installing the division handler")
@@ -81,6 +82,38 @@ def interruptible() -> bool:
     (:func:`waiting`): where the handlers apply and a C++ compiler builds them. A Vulkan device
     needs no compiler; without one, Ctrl-C waits for the kernel there."""
     return applies() and cpp_compiler() is not None
+
+
+_DIGEST_SIZE = 32
+"""The library as built ends in the SHA-256 of the bytes before it (the dynamic loader ignores
+bytes past what the ELF headers describe)."""
+
+
+def _whole(library: pathlib.Path) -> bool:
+    """Whether ``library`` is whole as :func:`_build` wrote it: a file cut short fails to load in
+    every later process, or, cut inside a segment, kills the process with SIGBUS when loaded."""
+    try:
+        content = library.read_bytes()
+    except FileNotFoundError:
+        return False
+    body, digest = content[:-_DIGEST_SIZE], content[-_DIGEST_SIZE:]
+    return len(content) > _DIGEST_SIZE and hashlib.sha256(body).digest() == digest
+
+
+def _build(compiler: str, target: pathlib.Path) -> None:
+    """Builds the library into a file of this process's, appends its digest, and renames it to
+    ``target``: another process (a pytest-xdist worker building it at the same time) sees a whole
+    library or none."""
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    command = [compiler, "-x", "c", "-O2", "-shared", "-fPIC", str(_SOURCE), "-o", str(partial)]
+    built = subprocess.run(command, capture_output=True, text=True)
+    if built.returncode != 0:
+        raise RuntimeError(
+            f"slax: building the CPU device's signal handlers failed ({' '.join(command)}):\n{built.stderr}"
+        )
+    with partial.open("ab") as library:
+        library.write(hashlib.sha256(partial.read_bytes()).digest())
+    os.replace(partial, target)
 
 
 def install() -> None:

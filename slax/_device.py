@@ -223,11 +223,22 @@ def _note(text: str) -> None:
 
 
 def cache_dir() -> pathlib.Path:
-    """Where compiled Slang modules and shaders persist across processes."""
+    """Where compiled Slang modules and shaders persist across processes: ``SLAX_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/slax``, else ``~/.cache/slax``, as the variables are now. A relative directory
+    is resolved against the working directory where slax first reads it, once per value: after an
+    ``os.chdir`` the modules of ``load_module_from_source`` stay where they were written (and where
+    the include path, :func:`include_paths`, finds them)."""
     root = os.environ.get("SLAX_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "slax"
     )
-    return pathlib.Path(root)
+    resolved = _resolved_cache_dirs.get(root)
+    if resolved is None:
+        resolved = _resolved_cache_dirs.setdefault(root, pathlib.Path(root).absolute())
+    return resolved
+
+
+_resolved_cache_dirs: dict[str, pathlib.Path] = {}
+"""Each cache directory's value as read, resolved when first read (:func:`cache_dir`)."""
 
 
 def writable_cache_dir(*parts: str) -> pathlib.Path:

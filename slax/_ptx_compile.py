@@ -14,6 +14,7 @@ a new one starts only after one was killed, or in a forked process.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import pathlib
 import pickle
@@ -24,6 +25,7 @@ import tempfile
 import threading
 
 from slax._compile import KernelSpec, announced
+from slax._device import cache_dir
 
 TIMEOUT_ENV_VAR = "SLAX_PTX_COMPILE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
@@ -33,7 +35,9 @@ COMPILE_ENVIRONMENT = ("SLAX_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "SLAX_NVRTC",
 :func:`slax._device.include_paths`), and where NVRTC is (:func:`slax._slang_c.nvrtc_library`, whose
 path each compile passes to Slang). Each request carries the parent's values as they are then,
 since the worker outlives changes to its parent's environment (a program, or a test, pointing
-``SLAX_CACHE_DIR`` elsewhere after the first compile)."""
+``SLAX_CACHE_DIR`` elsewhere after the first compile); ``SLAX_CACHE_DIR`` is the cache directory
+as the parent resolved it (:func:`slax._device.cache_dir`), since the worker keeps the working
+directory it started in."""
 
 
 class PtxCompileTimeout(Exception):
@@ -41,14 +45,17 @@ class PtxCompileTimeout(Exception):
 
 
 def timeout_s() -> float:
-    """The time limit, from ``SLAX_PTX_COMPILE_TIMEOUT`` (seconds, > 0)."""
+    """The time limit, from ``SLAX_PTX_COMPILE_TIMEOUT`` (seconds, finite and > 0: the wait for the
+    worker's answer takes no endless limit)."""
     value = os.environ.get(TIMEOUT_ENV_VAR) or str(DEFAULT_TIMEOUT_S)
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"slax: {TIMEOUT_ENV_VAR} must be a number of seconds above 0; got {value!r}.")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"slax: {TIMEOUT_ENV_VAR} must be a finite number of seconds above 0; got {value!r}."
+        )
     return seconds
 
 
@@ -63,6 +70,7 @@ def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] 
     """
     limit = timeout_s()
     environment = {name: os.environ.get(name) for name in COMPILE_ENVIRONMENT}
+    environment["SLAX_CACHE_DIR"] = str(cache_dir())  # as resolved here: the worker's cwd is its own
     with announced(f"entry point {spec.entry!r} to PTX"):
         return _ask_worker(spec, (spec, snapshot, defines, environment), limit)
 

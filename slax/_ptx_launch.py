@@ -180,11 +180,17 @@ def ptx_entry_parameter_types(ptx: str, entry: str) -> list[str]:
 
 def compute_capability() -> int:
     """The GPU's compute capability as the launcher wants it (90 for sm_90): from
-    ``SLAX_CUDA_COMPUTE_CAPABILITY`` when set (to lower for a GPU this process does not see),
-    else from GPU 0."""
-    explicit = os.environ.get("SLAX_CUDA_COMPUTE_CAPABILITY")
+    ``SLAX_CUDA_COMPUTE_CAPABILITY`` when set (to lower for a GPU this process does not see; ``90``
+    or ``9.0``), else from GPU 0."""
+    explicit = os.environ.get("SLAX_CUDA_COMPUTE_CAPABILITY", "").strip()
     if explicit:
-        return int(explicit)
+        match = re.fullmatch(r"(\d+)(?:\.(\d))?", explicit)
+        if match is None or int(match[1]) == 0:
+            raise ValueError(
+                f"slax: SLAX_CUDA_COMPUTE_CAPABILITY={explicit!r} is no compute capability; give it as "
+                "JAX spells it (9.0) or as the launcher does (90), or leave it unset to ask GPU 0."
+            )
+        return int(match[1]) * 10 + int(match[2]) if match[2] else int(match[1])
     return int(_gpu_triton().get_compute_capability(0))
 
 

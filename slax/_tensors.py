@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from slax._kernel_primitive import UINT_MAX
 from slax._signature import Leaf, Value
 
 
@@ -46,11 +47,23 @@ def grid(shape: int | tuple[int, ...]) -> Grid:
       each grid point gets its coordinates, a vector's x being the last axis.
 
     Raises:
-      ValueError: ``shape`` holds a negative or non-integer size.
+      ValueError: ``shape`` has no axes, holds a negative or non-integer size, or more than 2**32 - 1 points
+        (a launch numbers its threads with a 32-bit uint).
     """
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if not all(isinstance(n, (int, np.integer)) and n >= 0 for n in dims):
         raise ValueError(f"slax.grid: shape must be non-negative integers; got {shape!r}.")
+    if not dims:
+        raise ValueError(
+            f"slax.grid: shape must have at least one axis; got {shape!r}. A single call is slax.grid((1,))."
+        )
+    points = math.prod(int(n) for n in dims)
+    if points > UINT_MAX:
+        raise ValueError(
+            f"slax.grid: shape {shape!r} has {points:,} points, more than one launch reaches: it "
+            f"numbers its threads with a 32-bit uint, at most {UINT_MAX:,}. Split the work over "
+            "several calls, e.g. jax.lax.map over chunks of the grid."
+        )
     return Grid(tuple(int(n) for n in dims))
 
 
@@ -65,7 +78,14 @@ def grid_coordinates(given: Grid, leaf: Leaf, what: str) -> jax.Array:
             f"slax: {what} was given slax.grid({given.shape}), whose points have {rank} coordinate(s): "
             f"the parameter must be {expected}."
         )
-    axes = jnp.indices(given.shape, dtype=leaf.dtype) if rank else jnp.zeros((0,), leaf.dtype)
+    coordinates = math.prod(given.shape) * max(rank, 1)
+    if coordinates > UINT_MAX:  # refused here, before they are built: eagerly, they would be
+        raise ValueError(
+            f"slax: {what} was given slax.grid({given.shape}), whose points have {coordinates:,} "
+            f"coordinates, more than the {UINT_MAX:,} elements the kernels slax generates index with "
+            "32-bit uints. Split the work over several calls, e.g. jax.lax.map over chunks of the grid."
+        )
+    axes = jnp.indices(given.shape, dtype=leaf.dtype)
     if not leaf.shape:
         return axes[0]
     if leaf.slang_type.startswith("vector"):  # x is the last axis

@@ -297,3 +297,70 @@ def test_monkeypatch_restores_a_setting():
         patch.setattr(slax.config, "tensor_cores", not before)
         assert slax.config.tensor_cores is (not before)
     assert slax.config.tensor_cores is before
+
+
+SWITCHES = {
+    "debug_nans": "SLAX_DEBUG_NANS",
+    "debug_bounds": "SLAX_DEBUG_BOUNDS",
+    "tensor_cores": "SLAX_TENSOR_CORES",
+}
+"""Every on/off setting and the environment variable that sets it."""
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("setting", list(SWITCHES))
+def test_every_switch_reads_its_variable_with_one_parser(setting, monkeypatch):
+    """``SLAX_DEBUG_NANS=false`` turned the check on (every value but '' and '0' was on): each
+    on/off variable takes 1/0, true/false, on/off, yes/no in any case, and refuses the rest naming
+    the variable."""
+    variable = SWITCHES[setting]
+    for value, on in [("0", False), ("false", False), (" OFF ", False), ("no", False)] + [
+        ("1", True),
+        ("True", True),
+        ("on", True),
+        ("YES", True),
+    ]:
+        monkeypatch.setenv(variable, value)
+        assert getattr(type(slax.config)(), setting) is on, (variable, value)
+    monkeypatch.setenv(variable, "disabled")
+    with pytest.raises(ValueError, match=f"{variable}='disabled' is not a switch; expected 1 or 0"):
+        type(slax.config)()
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("setting", list(SWITCHES))
+def test_every_switch_takes_only_booleans(setting):
+    """``slax.config.debug_nans = "false"`` was kept as the truthy string (checks on); each
+    switch refuses what is not True or False, naming the setting and its variable."""
+    before = getattr(slax.config, setting)
+    for value in ("false", 0, None):
+        with pytest.raises(
+            TypeError,
+            match=rf"{setting} must be True or False \(slax.config.{setting} or {SWITCHES[setting]}\); "
+            f"got {value!r}",
+        ):
+            setattr(slax.config, setting, value)
+        with pytest.raises(TypeError, match=f"{setting} must be True or False"):
+            with slax.config.override(**{setting: value}):
+                pass
+    assert getattr(slax.config, setting) is before
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize(
+    ("setting", "variable", "given", "value"),
+    [
+        ("cuda_launch", "SLAX_CUDA_LAUNCH", " SlangPy ", "slangpy"),
+        ("mlp_backend", "SLAX_MLP_BACKEND", "XLA", "xla"),
+    ],
+)
+def test_choices_read_from_the_environment_as_device_kinds_are(setting, variable, given, value, monkeypatch):
+    """A choice's variable takes its value in any case with spaces around (as SLAX_DEVICE and the
+    switches do); unset or empty, the default; an unknown value is refused naming the variable."""
+    monkeypatch.setenv(variable, given)
+    assert getattr(type(slax.config)(), setting) == value
+    monkeypatch.setenv(variable, "  ")
+    assert getattr(type(slax.config)(), setting) == {"cuda_launch": "ptx", "mlp_backend": "auto"}[setting]
+    monkeypatch.setenv(variable, "fastest")
+    with pytest.raises(ValueError, match=f"{setting} must be one of .*{variable}\\); got 'fastest'"):
+        type(slax.config)()

@@ -8,6 +8,7 @@ fresh process, so that a regression fails the test instead of killing (or holdin
 from __future__ import annotations
 
 import json
+import pathlib
 import signal
 import subprocess
 import sys
@@ -257,3 +258,52 @@ def test_ctrl_c_twice_ends_an_endless_kernel(device_kind):
     finally:
         child.kill()
         child.communicate()
+
+
+LOAD = """
+from slax import _cpu_signals
+print(_cpu_signals._library()._name)
+"""
+
+
+def test_a_damaged_compiled_helper_is_rebuilt(tmp_path):
+    """The handlers' library, once built into the cache directory, was loaded as found: emptied or
+    garbled, every later process failed with ``OSError: ... file too short``; cut inside a
+    segment, loading it killed the process with SIGBUS. A library that is not whole as built is
+    rebuilt (into a file of its own, renamed over it: processes that rebuild it at once, as
+    pytest-xdist's workers do, each load a whole one), saying so on stderr."""
+    if not _cpu_signals.applies():
+        pytest.skip("the handlers are built on Linux x86-64 only")
+    env = {**python_env(), "SLAX_CACHE_DIR": str(tmp_path)}
+    built = run_python("-c", LOAD, env=env, timeout=120)
+    assert built.returncode == 0, built.stderr[-3000:]
+    library = pathlib.Path(built.stdout.strip())
+    whole = library.read_bytes()
+    rng = np.random.default_rng(58)
+    garbled = bytearray(whole)
+    at = int(rng.integers(64, len(whole) - 64))
+    garbled[at : at + 16] = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
+    damages = {"emptied": b"", "cut inside a segment": whole[: len(whole) // 2], "garbled": bytes(garbled)}
+    for damage, content in damages.items():
+        library.write_bytes(content)
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", LOAD],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        errors = []
+        for child in children:
+            out, err = child.communicate(timeout=120)
+            assert child.returncode == 0, f"{damage}: exited {child.returncode}\n{err[-3000:]}"
+            assert out.strip() == str(library)
+            errors.append(err)
+        assert any(f"{library} is damaged" in err and "rebuilt it" in err for err in errors), errors
+        again = run_python("-c", LOAD, env=env, timeout=120)
+        assert again.returncode == 0 and "damaged" not in again.stderr, again.stderr[-3000:]
+    assert sorted(path.name for path in library.parent.iterdir()) == [library.name]

@@ -298,6 +298,30 @@ def test_unwritable_cache_directory_says_so(tmp_path):
     assert "lavapipe" not in result.stdout
 
 
+def test_a_relative_cache_directory_is_resolved_once(tmp_path, monkeypatch, rng):
+    """``SLAX_CACHE_DIR=cache`` was resolved again against each new working directory: after
+    ``os.chdir`` a module of ``load_module_from_source`` could not import one loaded before, and
+    Slang said only "cannot open file". A relative directory is resolved against the working
+    directory where slax first reads it, and stays there."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    relative = f"cache-{tmp_path.name}"  # a value of its own: this process has not resolved it
+    monkeypatch.setenv("SLAX_CACHE_DIR", relative)
+    assert cache_dir() == first / relative
+    factor = f"{rng.uniform(2.0, 3.0):.6f}"
+    slax.load_module_from_source("relative_factor", f"public float factor() {{ return {factor}; }}\n")
+    monkeypatch.chdir(second)
+    assert cache_dir() == first / relative and include_paths()[-1] == str(first / relative / "sources")
+    user = slax.load_module_from_source(
+        "relative_user", "import relative_factor;\nfloat scaled(float x) { return x * factor(); }\n"
+    )
+    x = rng.uniform(-1.0, 1.0, 5).astype(np.float32)
+    np.testing.assert_allclose(user.scaled(x), x * np.float32(factor), rtol=1e-6)
+    assert not (second / relative).exists()
+
+
 @pytest.mark.one_device_kind
 def test_half_kernels_on_the_cpu_device_convert_in_hardware_where_the_cpu_can(tmp_path):
     """Where the host CPU has F16C, slax defines SLAX_HOST_F16C for SlangPy's CPU device, and the C++

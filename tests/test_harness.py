@@ -251,6 +251,27 @@ def test_resume_with_flags_that_change_the_run_is_refused(checkpointed_run):
     assert "--chunk" not in result.stderr and "--target-mse" not in result.stderr
 
 
+@pytest.mark.slow
+def test_a_resume_that_starts_the_run_records_its_flags(tmp_path):
+    """``--resume`` into an empty ``--out`` (as a launcher of preemptible jobs passes it every time)
+    trained and checkpointed but recorded no flags, so a later ``--resume`` with another --lr,
+    --batch or --dtype was accepted and mixed two runs. The run it starts records its flags as a
+    fresh run does, and a resume that would change them is refused."""
+    out = tmp_path / "run"
+    started = run_python("experiments/polynomial.py", *RUN, "--out", str(out), "--resume", timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert (out / "checkpoint-flags.json").exists()
+    result = _resume(out, "--batch", "32", "--lr", "0.5", "--dtype", "float16")
+    assert result.returncode == 2, result.stdout + result.stderr
+    for difference in (
+        "--batch 16 (the run's) vs 32 (now)",
+        "--lr 0.01 (the run's) vs 0.5 (now)",
+        "--dtype float32 (the run's) vs float16 (now)",
+    ):
+        assert difference in result.stderr, result.stderr
+    assert _resume(out).returncode == 0
+
+
 def test_resume_with_steps_below_the_checkpoint_is_refused(checkpointed_run):
     result = _resume(checkpointed_run, "--steps", "2")
     assert result.returncode != 0
@@ -282,24 +303,69 @@ def _parse(*flags):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--batch", "0"), "--batch must be a positive integer; got 0"),
-        (("--batch", "-4"), "--batch must be a positive integer; got -4"),
-        (("--chunk", "0"), "--chunk must be a positive integer; got 0"),
-        (("--chunk", "-5"), "--chunk must be a positive integer; got -5"),
-        (("--steps", "0"), "--steps must be a positive integer; got 0"),
-        (("--steps", "-1"), "--steps must be a positive integer; got -1"),
-        (("--devices", "0"), "--devices 0: JAX has"),
         (("--devices", "4097"), "--devices 4097: JAX has"),
-        (("--checkpoint-every", "-3"), "--checkpoint-every must be 0 (no checkpoints) or positive"),
         (("--checkpoint-every", "30", "--chunk", "100"), "only at the end of the 100 steps"),
+        (("--devices", "1", "--resume"), "--resume needs --out"),
     ],
 )
-def test_bad_flags_are_one_line_naming_the_flag_before_anything_is_created(tmp_path, flags, message):
+def test_flags_bad_together_are_one_line_naming_the_flags_before_anything_is_created(
+    tmp_path, capsys, flags, message
+):
+    """Flags each valid but no run together (or past the devices JAX has) are refused as argparse
+    refuses a bad value: one line on stderr, exit status 2."""
     out = tmp_path / "never"
+    out_flags = () if "--resume" in flags else ("--out", str(out))
     with pytest.raises(SystemExit) as raised:
-        harness.prepare_run("test", _parse(*flags, "--out", str(out)))
-    assert message in str(raised.value) and "\n" not in str(raised.value)
+        harness.prepare_run("test", _parse(*flags, *out_flags))
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("test: error: ") and message in error and error.count("\n") == 1, error
     assert not out.exists()
+
+
+BAD_VALUES = [
+    ("polynomial.py", "--steps", "0", "a positive integer"),
+    ("polynomial.py", "--batch", "0", "a positive integer"),
+    ("polynomial.py", "--chunk", "-5", "a positive integer"),
+    ("polynomial.py", "--checkpoint-every", "-3", "0 or a positive integer"),
+    ("polynomial.py", "--devices", "0", "a positive integer"),
+    ("polynomial.py", "--seed", "-1", "an integer from 0 to 2**32 - 1"),
+    ("polynomial.py", "--lr", "nan", "a finite number above 0"),
+    ("polynomial.py", "--lr", "-0.01", "a finite number above 0"),
+    ("polynomial.py", "--target-mse", "nan", "a finite number"),
+    ("digits.py", "--lr", "inf", "a finite number above 0"),
+    ("digits.py", "--weight-decay", "nan", "a finite number, 0 or above"),
+    ("digits.py", "--target-accuracy", "nan", "a finite number"),
+    ("sdf.py", "--lr", "0", "a finite number above 0"),
+    ("texture.py", "--lr", "nan", "a finite number above 0"),
+    ("texture.py", "--size", "0", "a positive integer"),
+    ("image.py", "--frequencies", "0", "a positive integer"),
+    ("image.py", "--target-psnr", "nan", "a finite number"),
+    ("benchmark.py", "--batch", "0", "a positive integer"),
+    ("benchmark.py", "--rounds", "0", "a positive integer"),
+    ("benchmark.py", "--width", "0", "a positive integer"),
+    ("benchmark.py", "--peak-tflops", "nan", "a finite number above 0"),
+    ("profile_step.py", "--steps", "0", "a positive integer"),
+    ("bridge_check.py", "--sizes", "0", "a positive integer"),
+    ("soak.py", "--chunk", "0", "a positive integer"),
+    ("soak.py", "--max-growth-mb", "nan", "a finite number, 0 or above"),
+    ("gradcheck.py", "--seed", "-1", "an integer from 0 to 2**32 - 1"),
+    ("compare_devices.py", "--tolerance", "nan", "a finite number, 0 or above"),
+]
+"""A value each flag cannot take, in every script that has the flag's kind, and what it takes."""
+
+
+@pytest.mark.parametrize(("script", "flag", "value", "expected"), BAD_VALUES, ids=lambda v: str(v))
+def test_bad_values_are_refused_by_argparse_naming_the_flag(script, flag, value, expected, tmp_path):
+    """``--steps 0`` or ``--batch 0`` exited 1 (a missed target's status) after importing JAX;
+    ``--lr nan`` trained on NaN for the whole run; ``soak.py --chunk 0`` died dividing by it. Every
+    flag's type refuses what it cannot take when the flags are parsed: argparse's one line naming
+    the flag, what it takes and the value, and exit status 2."""
+    extra = [str(tmp_path)] if script == "compare_devices.py" else []  # its positional run directories
+    result = run_python(f"experiments/{script}", *extra, f"{flag}={value}", timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"error: argument {flag}: must be {expected}; got {value!r}" in result.stderr, result.stderr
+    assert "loading JAX" not in result.stdout
 
 
 def test_checkpoint_interval_rounded_to_whole_chunks_says_so(tmp_path, capsys):

@@ -246,14 +246,30 @@ def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads
 @pytest.mark.jax_version
 def test_an_empty_batch_launches_nothing_and_gives_zeros():
     """No samples: no kernel runs (a launch would read past the empty buffers), the output is empty,
-    and the loss and every gradient are zero, as for plain JAX's sum over no samples."""
+    and the gradients of its sum are zero, as plain JAX's are."""
     params = nn.mlp_init(jax.random.key(13), (4, 16, 4))
-    x, target = jnp.zeros((0, 4)), jnp.zeros((0, 4))
-    assert nn.mlp_apply(params, x).shape == (0, 4)
-    loss, grads = jax.jit(nn.mlp_loss_and_grad)(params, x, target)
-    assert float(loss) == 0.0 and all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads))
-    grads = jax.grad(lambda p: jnp.sum(nn.mlp_apply(p, x)))(params)
-    assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads))
+    for x in (jnp.zeros((0, 4)), jnp.zeros((3, 0, 4))):
+        assert nn.mlp_apply(params, x).shape == x.shape
+        assert jax.jit(nn.mlp_apply)(params, x).shape == x.shape
+        grads = jax.grad(lambda p, x: jnp.sum(nn.mlp_apply(p, x)))(params, x)
+        assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(grads))
+        jacobian = jax.jacrev(lambda x: nn.mlp_apply(params, x))(x)
+        assert jacobian.shape == x.shape + x.shape
+
+
+@pytest.mark.parametrize("batch", [(0,), (3, 0)], ids=["empty", "empty-groups"])
+@pytest.mark.parametrize("loss", [nn.mlp_loss_and_grad, nn.mlp_loss_reference], ids=lambda f: f.__name__)
+def test_the_loss_of_an_empty_batch_is_refused(loss, batch):
+    """The loss is the batch mean: over no samples it has no value. The fused kernel returned 0.0
+    and zero gradients while its twin, the reference, returned jnp.mean's nan, so a data pipeline
+    that lost its samples trained silently at loss 0. Both refuse it when traced, naming the
+    function, the argument and its shape."""
+    params = nn.mlp_init(jax.random.key(14), (4, 16, 3))
+    x, target = jnp.zeros((*batch, 4)), jnp.zeros((*batch, 3))
+    message = rf"slax.nn.{loss.__name__}: x has shape \({batch[0]}, .*no samples.*at least one sample"
+    for call in (loss, jax.jit(loss)):
+        with pytest.raises(ValueError, match=message):
+            call(params, x, target)
 
 
 def test_samples_per_thread_follow_the_batch_and_the_group():
@@ -448,6 +464,28 @@ def test_errors_are_specific():
         nn.mlp_loss_and_grad(params, jnp.ones((4, 3)), jnp.ones((4, 4)))
     with pytest.raises(TypeError, match="dtype must be float32 or float16"):
         nn.mlp_init(jax.random.key(0), (3, 4), jnp.int32)
+
+
+@pytest.mark.parametrize("sizes", [(4, 0, 3), (64, 64, 0), (0, 5)], ids=lambda s: "-".join(map(str, s)))
+def test_layers_of_no_width_are_refused(sizes):
+    """mlp_init refuses a width below 1; parameters built by hand with one ran the per-sample
+    kernels (Slang's "loop runs zero times" warnings) or failed Slang's compile of the wide
+    kernels ("divide by zero"). Every function refuses them, naming the layer."""
+    keys = jax.random.split(jax.random.key(15), len(sizes) - 1)
+    params = [
+        {"weight": draw_uniform(key, (out, n_in), "float32"), "bias": jnp.zeros((out,))}
+        for key, n_in, out in zip(keys, sizes[:-1], sizes[1:])
+    ]
+    layer = next(k for k, (n_in, out) in enumerate(zip(sizes[:-1], sizes[1:])) if not (n_in and out))
+    x, target = jnp.ones((8, sizes[0])), jnp.ones((8, sizes[-1]))
+    message = rf"layer {layer} has weight shape \({sizes[layer + 1]}, {sizes[layer]}\).*at least 1 wide"
+    for call in (
+        lambda: nn.mlp_apply(params, x),
+        lambda: nn.mlp_loss_and_grad(params, x, target),
+        lambda: nn.describe(params, x),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
 
 
 @pytest.mark.parametrize("transform", [pytest.param("grad", marks=pytest.mark.jax_version), "jvp", "hessian"])

@@ -36,6 +36,7 @@ from slax._ptx_launch import (
     PtxLaunchError,
     _checked_ptx,
     _timed_out,
+    compute_capability,
     launch_plan,
     ptx_entry_parameter_types,
 )
@@ -753,11 +754,63 @@ def test_the_compile_worker_follows_the_cache_directory_as_it_is_now(nvrtc, monk
     assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+@needs_tools
+def test_the_compile_worker_finds_a_relative_cache_directory_where_slax_resolved_it(
+    nvrtc, monkeypatch, tmp_path
+):
+    """A relative SLAX_CACHE_DIR is resolved where slax first reads it (slax._device.cache_dir);
+    the worker, started after an ``os.chdir``, keeps its own working directory, so it is handed the
+    directory as resolved, not the variable's text: a kernel importing a module of
+    load_module_from_source compiles."""
+    from slax import _ptx_compile
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    monkeypatch.setenv("SLAX_CACHE_DIR", f"cache-{tmp_path.name}")  # a value of its own
+    factor = f"{np.random.default_rng(58).uniform(2.0, 3.0):.6f}"
+    slax.load_module_from_source("relative_worker_factor", f"public float factor() {{ return {factor}; }}\n")
+    monkeypatch.chdir(second)
+    _ptx_compile._close_worker()  # the next worker starts here, in the second directory
+    _ptx_compile._worker = None
+    user = _spec(
+        tmp_path,
+        "relative_factor_user",
+        "import slax.kernel;\nimport relative_worker_factor;\n"
+        '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
+        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count)\n"
+        "{ uint i = slax_thread_index(t); if (i < count) x[i] *= factor(); }\n",
+        "k",
+    )
+    ptx = _ptx_compile.compile_ptx(user, None)
+    assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf"])
 def test_ptx_compile_timeout_must_be_positive_seconds(monkeypatch, value):
+    """``inf`` was taken, and select() then raised OverflowError at the first compile."""
     monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", value)
-    with pytest.raises(ValueError, match=f"SLAX_PTX_COMPILE_TIMEOUT must be a number of seconds.*{value!r}"):
+    with pytest.raises(
+        ValueError, match=f"SLAX_PTX_COMPILE_TIMEOUT must be a finite number of seconds.*{value!r}"
+    ):
         timeout_s()
+
+
+@pytest.mark.parametrize(("value", "capability"), [("90", 90), (" 8.6 ", 86), ("12.0", 120)])
+def test_the_compute_capability_variable_takes_jaxs_spelling_and_refuses_the_rest(
+    monkeypatch, value, capability
+):
+    """SLAX_CUDA_COMPUTE_CAPABILITY takes 90 or JAX's and nvidia-smi's 9.0; anything else was a bare
+    ``invalid literal for int()`` naming no variable."""
+    monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", value)
+    assert compute_capability() == capability
+    for bad in ("sm_90", "9.x", "0", "-90"):
+        monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", bad)
+        with pytest.raises(
+            ValueError, match=f"SLAX_CUDA_COMPUTE_CAPABILITY={bad!r} is no compute capability"
+        ):
+            compute_capability()
 
 
 @pytest.mark.skipif(

@@ -348,6 +348,34 @@ def test_bad_input_explains_itself(mod, bilinear, texture_and_uv, call, error, m
         call(mod, bilinear, texture_and_uv[0])
 
 
+@pytest.mark.one_device_kind
+def test_a_grid_past_uint_indices_is_refused_before_its_coordinates_exist(mod):
+    """A launch numbers its threads with a 32-bit uint (docs/functions.md, Sizes): under jax.jit a
+    grid of 2**32 points was refused, but outside it the call first built the grid's coordinates
+    (16 GiB of int32) and the process was killed. slax.grid refuses more points than a launch
+    reaches, and a call refuses a grid whose coordinates (two per point of an ``int2``) would pass
+    2**32 - 1 elements, before building them, eagerly and under jax.jit."""
+    for shape in [(2**32,), (2**16, 2**16), (3, 2**31)]:
+        with pytest.raises(ValueError, match=r"slax.grid: shape .* points, more than one launch reaches"):
+            slax.grid(shape)
+    slax.grid((2**32 - 1,))  # the largest grid: only its description exists
+    grid = slax.grid((2**15, 2**16))  # 2**31 points, each two int32 coordinates: 2**32 of them
+    albedo, light = jnp.ones((4, 6, 3)), jnp.ones((4, 6, 3))
+    message = r"argument 'pixel' of shade\(\).*slax.grid\(\(32768, 65536\)\).*4,294,967,296 coordinates"
+    with pytest.raises(ValueError, match=message):
+        mod.shade(grid, albedo, light, (4, 6, 3))
+    with pytest.raises(ValueError, match=message):
+        jax.jit(lambda a, b: mod.shade(grid, a, b, (4, 6, 3))).lower(albedo, light)
+
+
+@pytest.mark.one_device_kind
+def test_a_grid_of_no_axes_is_refused():
+    """``slax.grid(())`` was taken, and its call then asked for a parameter 'int0, uint0, int[0] or
+    uint[0]', types Slang does not have."""
+    with pytest.raises(ValueError, match=r"slax.grid: shape must have at least one axis; got \(\)"):
+        slax.grid(())
+
+
 @pytest.mark.jax_version
 def test_sharded_calls_replicate_tensors_and_sum_their_gradients_once(cpu_path):
     """shard_map and plain jit over a batch-sharded array on two host devices

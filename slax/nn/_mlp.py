@@ -35,6 +35,7 @@ from slax.nn._backends import OPERATIONS, SECOND_ORDER_CALL, BackendRequest, cho
 from slax.nn._kernels import layer_pairs
 from slax.nn._params import MLPParams, flat_layers, split_params
 from slax.nn._primitives import PLATFORMS, mlp_forward_p, mlp_loss_grad_p
+from slax.nn._reference import require_samples
 
 PrecisionLike = str | jax.lax.Precision | jax.lax.DotAlgorithmPreset | tuple | None
 """A ``precision=`` argument, as ``jnp.matmul`` takes it (slax/nn/_precision.py)."""
@@ -121,9 +122,10 @@ def mlp_apply(params: Params, x: jax.Array, *, precision: PrecisionLike = None) 
     Raises:
       TypeError: parameters not laid out as :data:`Params`, mixed dtypes, or ``x`` not an array
         or of another dtype.
-      ValueError: layer shapes that do not chain, ``x`` not ending in the input width, a backend
-        forced by ``slax.config.mlp_backend`` that cannot run the network, a batch beyond the
-        kernels' 32-bit indices, or a precision the kernels do not run (bfloat16 algorithms).
+      ValueError: layer shapes that do not chain or are 0 wide, ``x`` not ending in the input
+        width, a backend forced by ``slax.config.mlp_backend`` that cannot run the network, a batch
+        beyond the kernels' 32-bit indices, or a precision the kernels do not run (bfloat16
+        algorithms).
     """
     activations = _architecture("mlp_apply", params, x).activations  # validates first
     layers, _ = split_params(params)
@@ -164,10 +166,12 @@ def mlp_loss_and_grad(
 
     Raises:
       TypeError: as :func:`mlp_apply`, or ``target`` not an array.
-      ValueError: as :func:`mlp_apply`, or ``target`` not of shape ``(batch, out)`` and ``x``'s
-        dtype.
+      ValueError: as :func:`mlp_apply`, ``target`` not of shape ``(batch, out)`` and ``x``'s
+        dtype, or ``x`` holding no samples (a batch of 0: their mean has no value, as
+        :func:`mlp_loss_reference` says too).
     """
     arch = _architecture("mlp_loss_and_grad", params, x)
+    require_samples("mlp_loss_and_grad", x)
     _require_array("mlp_loss_and_grad", "target", target)
     if target.shape != x.shape[:-1] + (arch.sizes[-1],) or target.dtype != x.dtype:
         raise ValueError(
@@ -189,7 +193,7 @@ def mlp_loss_and_grad(
             *flat,
             arch=arch,
             group_ndim=0,
-            loss_scale=1.0 / max(math.prod(x.shape[:-1]), 1),
+            loss_scale=1.0 / math.prod(x.shape[:-1]),
             request=request,
             routes=routes,
         )
@@ -305,6 +309,11 @@ def _architecture(
             raise ValueError(
                 f"slax.nn.{function}: layer {k} needs weight (out, in) and bias (out,); got "
                 f"{weight.shape} and {bias.shape}."
+            )
+        if 0 in weight.shape:
+            raise ValueError(
+                f"slax.nn.{function}: layer {k} has weight shape {weight.shape}: every layer must be "
+                "at least 1 wide, in and out (as mlp_init's sizes); drop the layer instead."
             )
         if sizes and weight.shape[1] != sizes[-1]:
             raise ValueError(

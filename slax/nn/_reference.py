@@ -73,10 +73,25 @@ def mlp_loss_reference(
 
     Returns:
       The batch mean of each sample's squared L2 error, a float32 scalar.
+
+    Raises:
+      ValueError: ``x`` holds no samples (a batch of 0): their mean has no value.
     """
+    require_samples("mlp_loss_reference", x)
     prediction = mlp_apply_reference(params, x, storage_dtype, precision)
     error = prediction.astype(jnp.float32) - target.astype(jnp.float32)
     return jnp.mean(jnp.sum(error * error, axis=-1))
+
+
+def require_samples(function: str, x: jax.Array) -> None:
+    """Refuses a batch of no samples for a loss that is their mean: jnp.mean gives nan, a sum of
+    no gradients zero, and either trains silently on a data pipeline that lost its samples."""
+    if math.prod(x.shape[:-1]) == 0:
+        raise ValueError(
+            f"slax.nn.{function}: x has shape {x.shape}: no samples, and the loss is their mean, which "
+            "has no value for none. Pass a batch of at least one sample (an empty batch is usually "
+            "a data pipeline that lost its samples)."
+        )
 
 
 def _apply(layers, activations, x: jax.Array, storage, precision) -> jax.Array:
