@@ -90,9 +90,8 @@ else
     # Mesa < 25's Vulkan driver lacks VK_KHR_shader_non_semantic_info: tests must not try it.
     export SLAX_DEVICE="${SLAX_DEVICE:-cpu}" SLAX_TEST_DEVICES="${SLAX_TEST_DEVICES:-cpu}"
   fi
-  echo "setup: no NVIDIA GPU here; slax runs kernels of CPU-placed JAX on a GPU's Vulkan driver" \
-    "where one is here, else on SlangPy's CPU device, the faster CPU route (SLAX_DEVICE=vulkan" \
-    "chooses lavapipe instead where it is installed; SLAX_INSTALL_LAVAPIPE=1 installs it)."
+  echo "setup: no NVIDIA GPU here: slax runs its kernels on the CPU, through SlangPy's CPU device" \
+    "(or a GPU's Vulkan driver, where one is installed)."
 fi
 
 if [ ! -x "$venv/bin/python" ]; then

@@ -20,7 +20,8 @@ cd "$root"
 # environment's site-packages, so that JAX there stays the plain CPU JAX users have.
 tools="$venv/cuda-tools"
 jax_version="$("$venv/bin/python" -c 'import jaxlib; print(jaxlib.__version__)')"
-if [ ! -f "$tools/.installed-$jax_version" ]; then
+# --quick runs no test that needs them (tests/test_ptx_launch.py is marked slow): no download.
+if [ "$*" != "--quick" ] && [ ! -f "$tools/.installed-$jax_version" ]; then
   echo "test: fetching NVIDIA's CUDA tools (~330 MB, once, into $tools): NVRTC, ptxas and"
   echo "test: jax-cuda12-plugin==$jax_version. No GPU needed: tests/test_ptx_launch.py compiles slax's"
   echo "test: kernels to PTX, assembles them for the H100 and checks XLA's launches of them."
