@@ -741,17 +741,21 @@ def test_the_compile_worker_follows_the_cache_directory_as_it_is_now(nvrtc, monk
     factor = f"{np.random.default_rng(5).uniform(2.0, 3.0):.6f}"  # as the source writes it
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "later-cache"))
     slax.load_module_from_source("worker_factor", f"public float factor() {{ return {factor}; }}\n")
-    user = _spec(
+    ptx = _ptx_compile.compile_ptx(_factor_user(tmp_path, "worker_factor"), None)
+    assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
+
+
+def _factor_user(tmp_path, module: str) -> KernelSpec:
+    """A kernel scaling its array by ``factor()`` of the module ``module``, imported by name."""
+    return _spec(
         tmp_path,
-        "factor_user",
-        "import slax.kernel;\nimport worker_factor;\n"
+        f"{module}_user",
+        f"import slax.kernel;\nimport {module};\n"
         '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
         "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count)\n"
         "{ uint i = slax_thread_index(t); if (i < count) x[i] *= factor(); }\n",
         "k",
     )
-    ptx = _ptx_compile.compile_ptx(user, None)
-    assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
 
 
 @needs_tools
@@ -774,16 +778,7 @@ def test_the_compile_worker_finds_a_relative_cache_directory_where_slax_resolved
     monkeypatch.chdir(second)
     _ptx_compile._close_worker()  # the next worker starts here, in the second directory
     _ptx_compile._worker = None
-    user = _spec(
-        tmp_path,
-        "relative_factor_user",
-        "import slax.kernel;\nimport relative_worker_factor;\n"
-        '[shader("compute")]\n[numthreads(64, 1, 1)]\n'
-        "void k(uint3 t : SV_DispatchThreadID, uniform float* x, uniform uint count)\n"
-        "{ uint i = slax_thread_index(t); if (i < count) x[i] *= factor(); }\n",
-        "k",
-    )
-    ptx = _ptx_compile.compile_ptx(user, None)
+    ptx = _ptx_compile.compile_ptx(_factor_user(tmp_path, "relative_worker_factor"), None)
     assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
 
 
