@@ -131,9 +131,19 @@ class HashEncodingConfig:
 
 
 def hash_encoding_init(key: jax.Array, config: HashEncodingConfig) -> jax.Array:
-    """The encoding's tables, float32 ``(levels, 2^log2_table_size, features_per_level)`` uniform in
-    ±1e-4 (the paper's initialisation). A dense level uses the first (resolution + 1)^d entries of
-    its table; the rest stay unread (their gradient is zero)."""
+    """The encoding's tables, uniform in ±1e-4 (the paper's initialisation).
+
+    Args:
+      key: a JAX PRNG key.
+      config: the encoding's :class:`HashEncodingConfig`.
+
+    Returns:
+      float32 ``(levels, 2^log2_table_size, features_per_level)``. A dense level uses the first
+      (resolution + 1)^d entries of its table; the rest stay unread (their gradient is zero).
+
+    Raises:
+      TypeError: ``config`` not a :class:`HashEncodingConfig`.
+    """
     _require_config("hash_encoding_init", config)
     return jax.random.uniform(key, config.table_shape, jnp.float32, -TABLE_INIT_SCALE, TABLE_INIT_SCALE)
 

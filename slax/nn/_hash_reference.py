@@ -20,7 +20,20 @@ HASH_PRIMES = (1, 2654435761, 805459861)
 
 
 def hash_encode_reference(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> jax.Array:
-    """:func:`slax.nn.hash_encode` in plain JAX: the same arguments, result and conventions."""
+    """:func:`slax.nn.hash_encode` in plain JAX: the same arguments, result and conventions.
+
+    Args:
+      tables: float32 ``(levels, 2^log2_table_size, features_per_level)``.
+      x: float32 ``(..., d)``, points in [0, 1]^d.
+      config: the encoding's :class:`HashEncodingConfig`.
+
+    Returns:
+      float32 ``(..., levels * features_per_level)``.
+
+    Raises:
+      TypeError: ``config`` not a :class:`HashEncodingConfig`, or an argument not float32.
+      ValueError: ``tables`` not of ``config.table_shape``, or ``x`` not ending in ``config.dimensions``.
+    """
     _require_config("hash_encode_reference", config)
     _require_arguments("hash_encode_reference", tables, x, config)
     features = [
