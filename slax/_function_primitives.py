@@ -429,6 +429,29 @@ def _cotangent_jvp(primals, tangents, *, function: FunctionSpec, routes: LaunchR
     return outputs, _bind(slang_tangent_of_cotangent_p, function, routes, primals, both)
 
 
+def _cotangent_transpose(cotangents, *operands, function: FunctionSpec, routes: LaunchRoutes):
+    """``bwd_diff(f)`` is linear in its cotangents, and its transpose there is ``fwd_diff(f)``: the
+    reverse over reverse of a loss whose cotangent of ``f`` depends on what the outer gradient is
+    taken in (the parameters of a network behind ``f``, in an eikonal loss's gradient in x)."""
+    n, (inputs, outputs) = _num_primals(function), _num_tangents(function)
+    _require_linear_only_in(function, Mode.COTANGENT, operands[:n])
+    tensors = [value.name for value in function.signature.params if value.tensor is not None]
+    if tensors:
+        raise NotImplementedError(
+            f"slax: the transpose of bwd_diff of Slang function {function.name!r} in its cotangents "
+            "(jax.grad of a loss holding jax.grad of it, where the cotangent depends on what the outer "
+            "gradient is taken in) is not supported for functions of tensors: it takes "
+            f"{', '.join(map(repr, tensors))}."
+        )
+    w = [instantiate_zeros(ct) for ct in cotangents[:inputs]]
+    tangents = _forward(function, routes, operands[:n], w)
+    return (
+        [None] * n
+        + _sum_to_shapes(tangents, operands[n : n + outputs])
+        + [None] * (len(operands) - n - outputs)
+    )
+
+
 # --- second derivatives -----------------------------------------------------------------------------
 #
 # Both second-order primitives take fixed operands (the primal inputs ``x`` and an inner tangent
@@ -537,7 +560,9 @@ def _declare(name: str, mode: Mode, **rules):
 
 slang_call_p = _declare("slang_call", Mode.PRIMAL, jvp=_call_jvp)
 slang_tangent_p = _declare("slang_tangent", Mode.TANGENT, jvp=_tangent_jvp, transpose=_tangent_transpose)
-slang_cotangent_p = _declare("slang_cotangent", Mode.COTANGENT, jvp=_cotangent_jvp)
+slang_cotangent_p = _declare(
+    "slang_cotangent", Mode.COTANGENT, jvp=_cotangent_jvp, transpose=_cotangent_transpose
+)
 slang_tangent_of_tangent_p = _declare(
     "slang_tangent_of_tangent",
     Mode.TANGENT_OF_TANGENT,

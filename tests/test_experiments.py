@@ -176,6 +176,25 @@ def test_image_learns_a_small_photograph_and_writes_outputs(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_ngp_image_learns_a_small_image_and_writes_outputs(tmp_path):
+    """A 32x32 procedural image through a 4-level hash encoding and the 64-wide MLP, 40 steps:
+    slax's gradient is plain JAX's at step 0, both fits end alike, and the outputs are written."""
+    flags = ["--size", "32", "--levels", "4", "--log2-table-size", "8", "--batch", "512"]
+    flags += ["--steps", "40", "--chunk", "20", "--target-psnr", "8"]
+    result = run_python("experiments/ngp_image.py", *flags, "--out", str(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"outputs in {tmp_path}: image.png, loss.png, metrics.json, psnr.png" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["sizes"] == [8, 64, 64, 3]
+    assert metrics["encoding"]["resolutions"] == [16, 20, 25, 32]
+    assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
+    assert metrics["slax"]["image_psnr_db"] == pytest.approx(metrics["jax"]["image_psnr_db"], abs=0.1)
+    assert [step for step, _ in metrics["slax"]["psnr_db_by_step"]] == [20, 40]
+    for name in ("loss.png", "psnr.png", "image.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
 def test_texture_refuses_a_size_that_does_not_divide_the_photograph(tmp_path):
     result = run_python("experiments/texture.py", "--size", "48", "--out", str(tmp_path), timeout=120)
     assert result.returncode == 2

@@ -1,0 +1,186 @@
+"""Weighted sums of table rows as JAX primitives: the part of the hash encoding that reads its tables.
+
+``blend(rows, table, weights)[..., l, f] = sum_c weights[..., l, c] * table[rows[..., l, c], f]``
+is bilinear in ``table`` and ``weights`` (``rows``, integers, are not differentiated). Its
+derivatives are the same operation or one of its two transposes, which are bilinear too:
+
+- ``scatter(rows, values, weights)`` (the table's shape): adds ``weights * values`` into the rows,
+  the transpose of ``blend`` in the table (Slang's ``bwd_diff`` of ``blend_corners``, an atomic
+  add per corner);
+- ``corner_products(rows, table, values)`` (the weights' shape): ``table[rows] . values`` per corner,
+  the transpose of ``blend`` in the weights.
+
+So the three primitives below close under ``jax.jvp`` and transposition to every order: a gradient
+of a loss that holds a gradient (an eikonal term) is another of them, and never a second derivative
+of a Slang function that reads a tensor (which slax refuses: docs/functions.md, "Tensors"). Each
+runs ``blend_corners_2d``/``_3d`` of ``shaders/nn/hash_encoding.slang`` through slax's functions:
+its value, or its ``jax.vjp``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+import slax
+from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun, primitive_jvps
+from slax._primitive import declare_primitive, result_aval
+
+_BLEND_FUNCTIONS = {4: "blend_corners_2d", 8: "blend_corners_3d"}
+"""The Slang function for a cell's corner count: 2^2 (bilinear) or 2^3 (trilinear)."""
+
+
+def _blend_function(corners: int):
+    return slax.load_module("nn/hash_encoding")[_BLEND_FUNCTIONS[corners]]
+
+
+def _slang_blend(rows, table, weights):
+    """``blend_corners`` over the grid ``(..., levels, features)``: one call per output value."""
+    feature = jnp.arange(table.shape[-1], dtype=jnp.int32)
+    weights = weights[..., None, :]
+    return _blend_function(rows.shape[-1])(table, feature, rows[..., None, :], weights)
+
+
+def _blend_impl(rows, table, weights):
+    return _slang_blend(rows, table, weights)
+
+
+def _scatter_impl(rows, values, weights, *, table_rows):
+    zero = jnp.zeros((table_rows, values.shape[-1]), values.dtype)
+    _, pullback = jax.vjp(lambda table: _slang_blend(rows, table, weights), zero)
+    return pullback(values)[0]
+
+
+def _corner_products_impl(rows, table, values):
+    zero = jnp.zeros(rows.shape, table.dtype)
+    _, pullback = jax.vjp(lambda weights: _slang_blend(rows, table, weights), zero)
+    return pullback(values)[0]
+
+
+def _blend_abstract(rows, table, weights):
+    return result_aval(rows.shape[:-1] + table.shape[-1:], table.dtype, [rows, table, weights])
+
+
+def _scatter_abstract(rows, values, weights, *, table_rows):
+    return result_aval((table_rows, values.shape[-1]), values.dtype, [rows, values, weights])
+
+
+def _corner_products_abstract(rows, table, values):
+    return result_aval(rows.shape, table.dtype, [rows, table, values])
+
+
+def _bilinear_jvp(primitive, primals, tangents, **params):
+    """``d p(rows, a, b) = p(rows, da, b) + p(rows, a, db)``, for each of the three."""
+    rows, a, b = primals
+    _, da, db = tangents
+    out = primitive.bind(rows, a, b, **params)
+    terms = []
+    if type(da) is not Zero:
+        terms.append(primitive.bind(rows, da, b, **params))
+    if type(db) is not Zero:
+        terms.append(primitive.bind(rows, a, db, **params))
+    if not terms:
+        return out, Zero.from_primal_value(out)
+    return out, functools.reduce(jnp.add, terms)
+
+
+def _blend_transpose(cotangent, rows, table, weights):
+    if type(cotangent) is Zero:
+        return None, None, None
+    cotangent = instantiate_zeros(cotangent)
+    if is_undefined_primal(table):
+        return None, scatter_p.bind(rows, cotangent, weights, table_rows=table.aval.shape[0]), None
+    return None, None, corner_products_p.bind(rows, table, cotangent)
+
+
+def _scatter_transpose(cotangent, rows, values, weights, *, table_rows):
+    if type(cotangent) is Zero:
+        return None, None, None
+    cotangent = instantiate_zeros(cotangent)
+    if is_undefined_primal(values):
+        return None, blend_p.bind(rows, cotangent, weights), None
+    return None, None, corner_products_p.bind(rows, cotangent, values)
+
+
+def _corner_products_transpose(cotangent, rows, table, values):
+    if type(cotangent) is Zero:
+        return None, None, None
+    cotangent = instantiate_zeros(cotangent)
+    if is_undefined_primal(table):
+        return None, scatter_p.bind(rows, values, cotangent, table_rows=table.aval.shape[0]), None
+    return None, None, blend_p.bind(rows, table, cotangent)
+
+
+def _per_example_rows(rows, size, table_rows):
+    """``rows`` (batch first) offset into the example's own table in a stack of ``size`` tables
+    flattened to ``(size * table_rows, features)``."""
+    offsets = jnp.arange(size, dtype=rows.dtype) * table_rows
+    return rows + offsets.reshape((size,) + (1,) * (rows.ndim - 1))
+
+
+def _to_front(value, dim, size):
+    if dim is None:
+        return jnp.broadcast_to(value, (size, *value.shape))
+    return jnp.moveaxis(value, dim, 0)
+
+
+def _batch_reading(primitive, args, dims):
+    """``blend`` and ``corner_products``, whose second operand is the table: the batch becomes a
+    leading axis of the per-point operands; a batched table (one per example) is the stack of the
+    tables, each example's rows offset into its own."""
+    rows, table, other = args
+    rows_dim, table_dim, other_dim = dims
+    size = next(value.shape[dim] for value, dim in zip(args, dims) if dim is not None)
+    rows, other = _to_front(rows, rows_dim, size), _to_front(other, other_dim, size)
+    if table_dim is not None:
+        table = jnp.moveaxis(table, table_dim, 0)
+        rows = _per_example_rows(rows, size, table.shape[1])
+        table = table.reshape(-1, table.shape[-1])
+    return primitive.bind(rows, table, other), 0
+
+
+def _batch_scatter(primitive, args, dims, *, table_rows):
+    """``scatter``: an example's values add into a table of its own, so the result is the stack of
+    them, added as one table of ``size * table_rows`` rows."""
+    size = next(value.shape[dim] for value, dim in zip(args, dims) if dim is not None)
+    rows, values, weights = (_to_front(value, dim, size) for value, dim in zip(args, dims))
+    rows = _per_example_rows(rows, size, table_rows)
+    out = primitive.bind(rows, values, weights, table_rows=size * table_rows)
+    return out.reshape(size, table_rows, out.shape[-1]), 0
+
+
+blend_p = declare_primitive(
+    "slax_blend",
+    abstract_eval=_blend_abstract,
+    lowering=lower_fun(_blend_impl, multiple_results=False),
+    batching_rule=_batch_reading,
+    multiple_results=False,
+    transpose=_blend_transpose,
+)
+scatter_p = declare_primitive(
+    "slax_blend_scatter",
+    abstract_eval=_scatter_abstract,
+    lowering=lower_fun(_scatter_impl, multiple_results=False),
+    batching_rule=_batch_scatter,
+    multiple_results=False,
+    transpose=_scatter_transpose,
+)
+corner_products_p = declare_primitive(
+    "slax_blend_corner_products",
+    abstract_eval=_corner_products_abstract,
+    lowering=lower_fun(_corner_products_impl, multiple_results=False),
+    batching_rule=_batch_reading,
+    multiple_results=False,
+    transpose=_corner_products_transpose,
+)
+for _primitive in (blend_p, scatter_p, corner_products_p):
+    primitive_jvps[_primitive] = functools.partial(_bilinear_jvp, _primitive)
+
+
+def blend(rows: jax.Array, table: jax.Array, weights: jax.Array) -> jax.Array:
+    """``sum_c weights[..., c] * table[rows[..., c]]``: ``rows`` int32 ``(..., corners)`` (4 or 8
+    corners) into ``table`` ``(table_rows, features)``, ``weights`` float32 ``(..., corners)``;
+    returns ``(..., features)``. Differentiable to any order in ``table`` and ``weights``."""
+    return blend_p.bind(rows, table, weights)

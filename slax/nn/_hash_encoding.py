@@ -1,0 +1,212 @@
+"""instant-NGP's multiresolution hash encoding (Müller et al. 2022) as a JAX function over Slang.
+
+A point ``x`` in [0, 1]^d (d = 2 or 3) is looked up in ``levels`` grids, from ``coarsest_resolution``
+to ``finest_resolution`` cells per axis in a geometric progression: level l has
+``floor(N_min * b^l)`` cells, ``b = exp((ln N_max - ln N_min) / (levels - 1))``. Each level's
+(resolution + 1)^d vertices index its own table of ``2^log2_table_size`` entries of
+``features_per_level`` floats: row-major where the grid fits in the table (dense), else by the
+paper's spatial hash, the XOR of the vertex's coordinates times (1, 2654435761, 805459861) modulo
+the table's size. The encoding is the (bi/tri)linear interpolation of the 2^d corners' entries, per
+level, concatenated: ``(..., levels * features_per_level)``.
+
+In Slang (``shaders/nn/hash_encoding.slang``): ``level_corners_2d/3d`` gives each level's corner
+rows and weights, [Differentiable] in ``x`` (first and second derivatives from Slang's autodiff,
+through slax's rules for functions without tensors); :func:`slax.nn._blend.blend` sums the rows of
+the tables they name (slax/nn/_blend.py: bilinear primitives, so that every derivative in the
+tables, to any order, is a blend or its transpose). :func:`hash_encode_reference`
+(slax/nn/_hash_reference.py) is the same encoding in plain JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import slax
+from slax.nn._blend import blend
+
+TABLE_INIT_SCALE = 1e-4
+"""Tables start uniform in ±1e-4, as the paper's."""
+
+_CORNERS_FUNCTIONS = {2: "level_corners_2d", 3: "level_corners_3d"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HashEncodingConfig:
+    """The encoding's hyperparameters; defaults are the paper's (Table 1), in 3-D.
+
+    Attributes:
+      dimensions: d, the inputs' dimension: 2 (images) or 3 (SDFs, NeRFs).
+      levels: L, the number of grids.
+      features_per_level: F, floats per table entry.
+      log2_table_size: log2 T, entries per level's table (the paper: 14 to 24; 19 by default).
+      coarsest_resolution: N_min, cells per axis of the coarsest grid.
+      finest_resolution: N_max, cells per axis of the finest grid (the paper: 512 to 524288).
+    """
+
+    dimensions: int = 3
+    levels: int = 16
+    features_per_level: int = 2
+    log2_table_size: int = 19
+    coarsest_resolution: int = 16
+    finest_resolution: int = 512
+
+    def __post_init__(self):
+        def require(condition: bool, name: str, expected: str) -> None:
+            if not condition:
+                raise ValueError(
+                    f"slax.nn.HashEncodingConfig: {name} must be {expected}, got {getattr(self, name)!r}."
+                )
+
+        for name in dataclasses.fields(self):
+            value = getattr(self, name.name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(
+                    f"slax.nn.HashEncodingConfig: {name.name} must be an int, got {type(value).__name__} "
+                    f"{value!r}."
+                )
+        require(self.dimensions in (2, 3), "dimensions", "2 or 3")
+        require(self.levels >= 1, "levels", ">= 1")
+        require(self.features_per_level >= 1, "features_per_level", ">= 1")
+        require(1 <= self.log2_table_size <= 30, "log2_table_size", "in [1, 30]")
+        require(self.coarsest_resolution >= 1, "coarsest_resolution", ">= 1")
+        require(
+            self.finest_resolution >= self.coarsest_resolution,
+            "finest_resolution",
+            f">= coarsest_resolution ({self.coarsest_resolution})",
+        )
+        require(
+            self.levels > 1 or self.finest_resolution == self.coarsest_resolution,
+            "finest_resolution",
+            f"coarsest_resolution ({self.coarsest_resolution}) with one level",
+        )
+        rows = self.levels << self.log2_table_size
+        if rows >= 2**31:
+            raise ValueError(
+                f"slax.nn.HashEncodingConfig: levels * 2^log2_table_size must be below 2^31 (the "
+                f"kernels index the tables with int32), got {self.levels} * 2^{self.log2_table_size}."
+            )
+
+    @property
+    def table_size(self) -> int:
+        """T = 2^log2_table_size, entries per level."""
+        return 1 << self.log2_table_size
+
+    @property
+    def growth_factor(self) -> float:
+        """b, the ratio of consecutive levels' resolutions (1 with one level)."""
+        if self.levels == 1:
+            return 1.0
+        return math.exp(
+            (math.log(self.finest_resolution) - math.log(self.coarsest_resolution)) / (self.levels - 1)
+        )
+
+    @property
+    def resolutions(self) -> tuple[int, ...]:
+        """Each level's cells per axis, floor(N_min * b^l). The product is taken in float64 with a
+        margin of 1e-9 relative, so that the finest level is N_max and not N_max - 1 by rounding."""
+        b = self.growth_factor
+        return tuple(
+            int(math.floor(self.coarsest_resolution * b**level * (1 + 1e-9))) for level in range(self.levels)
+        )
+
+    @property
+    def dense_levels(self) -> tuple[bool, ...]:
+        """Whether each level's (resolution + 1)^d vertices fit in its table (indexed row-major)."""
+        return tuple((r + 1) ** self.dimensions <= self.table_size for r in self.resolutions)
+
+    @property
+    def output_features(self) -> int:
+        """L * F, the encoding's width."""
+        return self.levels * self.features_per_level
+
+    @property
+    def table_shape(self) -> tuple[int, int, int]:
+        """The tables' shape, (L, T, F)."""
+        return (self.levels, self.table_size, self.features_per_level)
+
+
+def hash_encoding_init(key: jax.Array, config: HashEncodingConfig) -> jax.Array:
+    """The encoding's tables, uniform in ±1e-4 (the paper's initialisation).
+
+    Args:
+      key: a JAX PRNG key.
+      config: the encoding's :class:`HashEncodingConfig`.
+
+    Returns:
+      float32 ``(levels, 2^log2_table_size, features_per_level)``. A dense level uses the first
+      (resolution + 1)^d entries of its table; the rest stay unread (their gradient is zero).
+
+    Raises:
+      TypeError: ``config`` not a :class:`HashEncodingConfig`.
+    """
+    _require_config("hash_encoding_init", config)
+    return jax.random.uniform(key, config.table_shape, jnp.float32, -TABLE_INIT_SCALE, TABLE_INIT_SCALE)
+
+
+def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> jax.Array:
+    """The multiresolution hash encoding of points ``x``: ``(..., d) -> (..., levels * features)``,
+    level by level (level l's features at ``[l * F, (l + 1) * F)``).
+
+    Differentiable in ``tables`` and ``x`` in both modes and to second order (``jax.hessian``, the
+    gradient in the tables of a loss that holds the gradient in ``x``, as an eikonal loss does);
+    composes with ``jit``, ``vmap`` (also over a stack of tables) and ``lax.scan``. The derivative in
+    ``x`` is that of the interpolation within the cell holding ``x``: it jumps across cell faces.
+
+    Args:
+      tables: float32 ``(levels, 2^log2_table_size, features_per_level)``, from
+        :func:`hash_encoding_init`.
+      x: float32 ``(..., d)``, points in [0, 1]^d. A coordinate of exactly 1 lies in the last cell;
+        points outside [0, 1]^d extrapolate the border cells linearly.
+      config: the encoding's :class:`HashEncodingConfig`.
+
+    Returns:
+      float32 ``(..., levels * features_per_level)``.
+
+    Raises:
+      TypeError: ``config`` not a :class:`HashEncodingConfig`, or an argument not float32.
+      ValueError: ``tables`` not of ``config.table_shape``, or ``x`` not ending in ``config.dimensions``.
+    """
+    _require_config("hash_encode", config)
+    _require_arguments("hash_encode", tables, x, config)
+    levels = jnp.arange(config.levels, dtype=jnp.int32)
+    resolutions = jnp.asarray(config.resolutions, jnp.int32)
+    dense = jnp.asarray(config.dense_levels, jnp.int32)
+    corners = slax.load_module("nn/hash_encoding")[_CORNERS_FUNCTIONS[config.dimensions]]
+    rows, weights = corners(x[..., None, :], levels, resolutions, dense, config.table_size)
+    table = tables.reshape(-1, config.features_per_level)
+    features = blend(rows, table, weights)
+    return features.reshape(*x.shape[:-1], config.output_features)
+
+
+def _require_config(function: str, config) -> None:
+    if not isinstance(config, HashEncodingConfig):
+        raise TypeError(
+            f"slax.nn.{function}: config must be a slax.nn.HashEncodingConfig, got {type(config).__name__}."
+        )
+
+
+def _require_arguments(function: str, tables, x, config: HashEncodingConfig) -> None:
+    """Raises where ``tables`` or ``x`` do not fit ``config``, naming the argument and both shapes."""
+    for name, value in (("tables", tables), ("x", x)):
+        dtype = getattr(value, "dtype", None)
+        if dtype is None or np.dtype(dtype) != np.float32:
+            raise TypeError(
+                f"slax.nn.{function}: {name} must be a float32 array, got "
+                f"{dtype if dtype is not None else type(value).__name__}."
+            )
+    if tuple(tables.shape) != config.table_shape:
+        raise ValueError(
+            f"slax.nn.{function}: tables must have shape (levels, 2^log2_table_size, features_per_level) "
+            f"= {config.table_shape} for this config, got {tuple(tables.shape)}; make them with "
+            "slax.nn.hash_encoding_init(key, config)."
+        )
+    if x.ndim < 1 or x.shape[-1] != config.dimensions:
+        raise ValueError(
+            f"slax.nn.{function}: x must have shape (..., {config.dimensions}) for a "
+            f"{config.dimensions}-D encoding, got {tuple(x.shape)}."
+        )

@@ -1,0 +1,72 @@
+"""The multiresolution hash encoding in plain JAX: the twin that slax's tests and experiments compare
+:func:`slax.nn.hash_encode` with, and the "plain JAX" model the experiments train beside it.
+
+The same grids, cells, hash and weights as ``shaders/nn/hash_encoding.slang``, written with
+gathers (``tables[level, entry]``); JAX differentiates them, the tables' gradient being XLA's
+scatter-add.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+
+from slax.nn._hash_encoding import HashEncodingConfig, _require_arguments, _require_config
+
+HASH_PRIMES = (1, 2654435761, 805459861)
+"""The spatial hash's primes, one per dimension (the paper's)."""
+
+
+def hash_encode_reference(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> jax.Array:
+    """:func:`slax.nn.hash_encode` in plain JAX: the same arguments, result and conventions.
+
+    Args:
+      tables: float32 ``(levels, 2^log2_table_size, features_per_level)``.
+      x: float32 ``(..., d)``, points in [0, 1]^d.
+      config: the encoding's :class:`HashEncodingConfig`.
+
+    Returns:
+      float32 ``(..., levels * features_per_level)``.
+
+    Raises:
+      TypeError: ``config`` not a :class:`HashEncodingConfig`, or an argument not float32.
+      ValueError: ``tables`` not of ``config.table_shape``, or ``x`` not ending in ``config.dimensions``.
+    """
+    _require_config("hash_encode_reference", config)
+    _require_arguments("hash_encode_reference", tables, x, config)
+    features = [
+        _level(tables[level], x, resolution, dense, config)
+        for level, (resolution, dense) in enumerate(zip(config.resolutions, config.dense_levels))
+    ]
+    return jnp.concatenate(features, axis=-1)
+
+
+def _level(table: jax.Array, x: jax.Array, resolution: int, dense: bool, config: HashEncodingConfig):
+    """One level's interpolated features, ``(..., F)``."""
+    position = x * resolution
+    cell = jnp.clip(jnp.floor(jax.lax.stop_gradient(position)).astype(jnp.int32), 0, resolution - 1)
+    fraction = position - cell.astype(x.dtype)
+    result = jnp.zeros((*x.shape[:-1], config.features_per_level), table.dtype)
+    for corner in itertools.product((0, 1), repeat=config.dimensions):
+        vertex = cell + jnp.asarray(corner, jnp.int32)
+        weight = jnp.prod(jnp.where(jnp.asarray(corner, bool), fraction, 1 - fraction), axis=-1)
+        entry = _entry(vertex, resolution, dense, config)
+        result = result + weight[..., None] * table[entry]
+    return result
+
+
+def _entry(vertex: jax.Array, resolution: int, dense: bool, config: HashEncodingConfig) -> jax.Array:
+    """The table entry of grid vertices ``(..., d)``: row-major if ``dense``, else hashed."""
+    coordinates = vertex.astype(jnp.uint32)
+    entry = jnp.zeros(vertex.shape[:-1], jnp.uint32)
+    if dense:
+        stride = 1
+        for d in range(config.dimensions):
+            entry = entry + coordinates[..., d] * jnp.uint32(stride)
+            stride *= resolution + 1
+        return entry.astype(jnp.int32)
+    for d in range(config.dimensions):
+        entry = entry ^ (coordinates[..., d] * jnp.uint32(HASH_PRIMES[d]))
+    return (entry & jnp.uint32(config.table_size - 1)).astype(jnp.int32)

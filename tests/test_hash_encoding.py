@@ -1,0 +1,246 @@
+"""slax.nn's multiresolution hash encoding (slax/nn/_hash_encoding.py, slax/nn/_blend.py) against its
+plain-JAX twin (slax/nn/_hash_reference.py): values and derivatives to second order in the tables
+and the points, with dense and hashed levels, in 2-D and 3-D; points on the grid's faces; jit and
+vmap; an eikonal loss's gradient; training behind an MLP with optax. The configuration's rules
+(the paper's resolutions, dense levels) and the errors are checked against numbers written out here.
+
+Only the derivative checks depend on the route (they run the Slang kernels' numerics); the rest
+run on one device kind."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import slax
+from slax import nn
+from slax.testing import RELATIVE_TOLERANCE, check_grads
+
+TOLERANCE = RELATIVE_TOLERANCE["float32"]
+
+
+def small_config(dimensions: int) -> nn.HashEncodingConfig:
+    """Four levels of 64 entries from 2 to 24 cells per axis (2, 4, 10, 24): the coarsest level's
+    grid fits its table (dense), the others hash, in 2-D and 3-D; two 3-D levels of 10 and 24 cells
+    collide in their tables."""
+    return nn.HashEncodingConfig(
+        dimensions=dimensions, levels=4, log2_table_size=6, coarsest_resolution=2, finest_resolution=24
+    )
+
+
+def tables_and_points(config: nn.HashEncodingConfig, seed: int, points: int = 16):
+    """Tables of unit normal entries (larger than the paper's ±1e-4, so that errors show against
+    them) and points uniform in [0, 1]^d."""
+    table_key, point_key = jax.random.split(jax.random.key(seed))
+    tables = jax.random.normal(table_key, config.table_shape)
+    return tables, jax.random.uniform(point_key, (points, config.dimensions))
+
+
+def relative_error(got, want) -> float:
+    """The largest error over the largest magnitude of ``want`` (0 where both are zero)."""
+    return float(jnp.max(jnp.abs(got - want)) / max(float(jnp.max(jnp.abs(want))), 1e-30))
+
+
+# --- the configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.one_device_kind
+def test_config_defaults_are_the_papers():
+    config = nn.HashEncodingConfig()
+    assert config.table_shape == (16, 2**19, 2)
+    assert config.resolutions[0] == 16 and config.resolutions[-1] == 512
+    assert config.growth_factor == pytest.approx(math.exp((math.log(512) - math.log(16)) / 15))
+    assert config.output_features == 32
+
+
+@pytest.mark.one_device_kind
+def test_config_resolutions_and_dense_levels():
+    config = small_config(2)
+    b = math.exp((math.log(24) - math.log(2)) / 3)  # 12^(1/3)
+    assert (
+        config.resolutions == tuple(math.floor(2 * b**level + 1e-9) for level in range(4)) == (2, 4, 10, 24)
+    )
+    assert config.dense_levels == (True, True, False, False)  # (r + 1)^2 = 9, 25, 121, 625 against 64
+    assert small_config(3).dense_levels == (True, False, False, False)  # 27, 125, ... against 64
+    image = nn.HashEncodingConfig(dimensions=2, coarsest_resolution=16, finest_resolution=2048)
+    assert image.resolutions[-1] == 2048
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"dimensions": 4}, ValueError, "dimensions must be 2 or 3, got 4"),
+        ({"levels": 0}, ValueError, "levels must be >= 1, got 0"),
+        ({"finest_resolution": 8}, ValueError, "finest_resolution must be >= coarsest_resolution (16)"),
+        ({"levels": 1}, ValueError, "coarsest_resolution (16) with one level"),
+        ({"log2_table_size": 31}, ValueError, "log2_table_size must be in [1, 30], got 31"),
+        ({"levels": 4096, "log2_table_size": 20}, ValueError, "below 2^31"),
+        ({"levels": 16.0}, TypeError, "levels must be an int, got float 16.0"),
+    ],
+)
+def test_config_refuses(changes, error, message):
+    with pytest.raises(error) as raised:
+        nn.HashEncodingConfig(**changes)
+    assert message in str(raised.value)
+
+
+@pytest.mark.one_device_kind
+def test_hash_encode_refuses_arguments_that_do_not_fit():
+    config = small_config(2)
+    tables, x = tables_and_points(config, 0)
+    with pytest.raises(
+        ValueError, match=r"hash_encode: tables must have shape .* \(4, 64, 2\) .* got \(4, 32, 2\)"
+    ):
+        nn.hash_encode(tables[:, :32], x, config)
+    with pytest.raises(ValueError, match=r"hash_encode: x must have shape \(\.\.\., 2\) .* got \(16, 3\)"):
+        nn.hash_encode(tables, jnp.zeros((16, 3)), config)
+    with pytest.raises(TypeError, match="hash_encode: x must be a float32 array, got float16"):
+        nn.hash_encode(tables, x.astype(jnp.float16), config)
+    with pytest.raises(TypeError, match="config must be a slax.nn.HashEncodingConfig, got dict"):
+        nn.hash_encode(tables, x, {"dimensions": 2})
+
+
+@pytest.mark.one_device_kind
+def test_init_is_the_papers():
+    config = small_config(3)
+    tables = nn.hash_encoding_init(jax.random.key(0), config)
+    assert tables.shape == config.table_shape and tables.dtype == jnp.float32
+    assert 0 < float(jnp.max(jnp.abs(tables))) <= 1e-4
+
+
+# --- values and derivatives ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dimensions", [pytest.param(2, marks=pytest.mark.jax_version), 3], ids=["2d", "3d"])
+def test_derivatives_to_second_order_match_the_twin(dimensions):
+    config = small_config(dimensions)
+    tables, x = tables_and_points(config, dimensions)
+    report = check_grads(
+        functools.partial(nn.hash_encode, config=config),
+        functools.partial(nn.hash_encode_reference, config=config),
+        tables,
+        x,
+        order=2,
+    )
+    report.assert_passed()
+
+
+@pytest.mark.one_device_kind
+def test_points_on_the_grids_faces_read_inside_the_tables():
+    """A coordinate of exactly 1 lies in the last cell with weight 1 on its far corner: the
+    encoding there is the table entry of the grid's last vertex (with every index checked)."""
+    config = small_config(2)
+    tables, _ = tables_and_points(config, 1)
+    x = jnp.array([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.5, 1.0]])
+    with slax.config.override(debug_bounds=True):
+        got = nn.hash_encode(tables, x, config)
+    np.testing.assert_allclose(got, nn.hash_encode_reference(tables, x, config), rtol=TOLERANCE, atol=0)
+    for level, resolution in enumerate(config.resolutions):
+        if config.dense_levels[level]:
+            last = (resolution + 1) ** 2 - 1
+        else:
+            last = (resolution ^ (resolution * 2654435761)) % config.table_size
+        features = slice(2 * level, 2 * level + 2)
+        np.testing.assert_allclose(got[0, features], tables[level, last], rtol=TOLERANCE)
+        np.testing.assert_allclose(got[1, features], tables[level, 0], rtol=TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.one_device_kind
+def test_jit_and_vmap_over_points_and_over_tables():
+    config = small_config(3)
+    tables, x = tables_and_points(config, 2, points=12)
+    encode = functools.partial(nn.hash_encode, config=config)
+    want = nn.hash_encode_reference(tables, x, config)
+    np.testing.assert_allclose(jax.jit(encode)(tables, x), want, rtol=TOLERANCE, atol=1e-6)
+    batched = jax.vmap(encode, in_axes=(None, 1), out_axes=1)(tables, x.reshape(3, 4, 3))
+    np.testing.assert_allclose(batched, want.reshape(3, 4, -1), rtol=TOLERANCE, atol=1e-6)
+
+    stack = jnp.stack([tables, 2.0 * tables[::-1]])
+
+    def loss(tables, x):
+        return jnp.sum(jnp.sin(encode(tables, x)))
+
+    def loss_reference(tables, x):
+        return jnp.sum(jnp.sin(nn.hash_encode_reference(tables, x, config)))
+
+    # Per-example gradients in a stack of tables: each example's scatter adds into its own table.
+    got = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None)))(stack, x)
+    want = jnp.stack([jax.grad(loss_reference)(t, x) for t in stack])
+    assert relative_error(got, want) < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.one_device_kind
+def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
+    """The gradient in the tables of a loss on the encoding's derivative along a direction in x
+    (forward over reverse), and of an eikonal loss on an MLP behind it (reverse over reverse)."""
+    config = small_config(3)
+    tables, x = tables_and_points(config, 3)
+    direction = jax.random.normal(jax.random.key(4), x.shape)
+    params = nn.mlp_init(jax.random.key(5), (config.output_features, 16, 1), activation="tanh")
+
+    def directional(encode):
+        def loss(tables):
+            _, slope = jax.jvp(lambda x: encode(tables, x, config), (x,), (direction,))
+            return jnp.mean(slope**2)
+
+        return jax.grad(loss)
+
+    got = jax.jit(directional(nn.hash_encode))(tables)
+    assert relative_error(got, directional(nn.hash_encode_reference)(tables)) < TOLERANCE
+
+    def eikonal(encode, apply):
+        def loss(params, tables):
+            def distance(x):
+                return jnp.sum(apply(params, encode(tables, x, config)))
+
+            norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
+            return jnp.mean((norm - 1.0) ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))
+
+    got = jax.jit(eikonal(nn.hash_encode, nn.mlp_apply))(params, tables)
+    want = eikonal(nn.hash_encode_reference, nn.mlp_apply_reference)(params, tables)
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert relative_error(got_leaf, want_leaf) < TOLERANCE
+
+
+@pytest.mark.one_device_kind
+def test_trains_behind_an_mlp_with_adam_in_a_scan():
+    config = nn.HashEncodingConfig(
+        dimensions=2, levels=4, log2_table_size=8, coarsest_resolution=4, finest_resolution=32
+    )
+    table_key, mlp_key, data_key = jax.random.split(jax.random.key(6), 3)
+    params = {
+        "tables": nn.hash_encoding_init(table_key, config),
+        "mlp": nn.mlp_init(mlp_key, (config.output_features, 16, 1), activation="relu"),
+    }
+    optimizer = optax.adam(1e-2)
+
+    def target(x):
+        return jnp.sin(12.0 * x[:, :1]) * jnp.cos(9.0 * x[:, 1:])
+
+    def loss(params, x):
+        prediction = nn.mlp_apply(params["mlp"], nn.hash_encode(params["tables"], x, config))
+        return jnp.mean((prediction - target(x)) ** 2)
+
+    @jax.jit
+    def train(params, state, keys):
+        def step(carry, key):
+            params, state = carry
+            value, grads = jax.value_and_grad(loss)(params, jax.random.uniform(key, (256, 2)))
+            updates, state = optimizer.update(grads, state, params)
+            return (optax.apply_updates(params, updates), state), value
+
+        return jax.lax.scan(step, (params, state), keys)
+
+    (_, _), losses = train(params, optimizer.init(params), jax.random.split(data_key, 60))
+    assert float(jnp.mean(losses[-10:])) < 0.5 * float(jnp.mean(losses[:5]))
