@@ -118,6 +118,7 @@ def test_init_is_the_papers():
 # --- values and derivatives ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dimensions", [pytest.param(2, marks=pytest.mark.jax_version), 3], ids=["2d", "3d"])
 def test_derivatives_to_second_order_match_the_twin(dimensions):
     config = small_config(dimensions)
