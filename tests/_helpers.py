@@ -128,14 +128,17 @@ def relative_error(got, want) -> float:
     return compare("", "", got, want, 0.0).max_rel_error
 
 
-def assert_float32_mlp_matches_reference(sizes, seed: int, batch: int = 100) -> None:
-    """A float32 network of ``sizes`` (random, from ``seed``): mlp_apply's reverse-mode gradients
-    (check_grads) and mlp_loss_and_grad's loss and gradients under jit against the reference's."""
+def assert_float32_mlp_matches_reference(
+    sizes, seed: int, batch: int = 100, activation: str = "leaky_relu"
+) -> None:
+    """A float32 network of ``sizes`` (random, from ``seed``; ``activation`` on its hidden layers):
+    mlp_apply's reverse-mode gradients (check_grads) and mlp_loss_and_grad's loss and gradients
+    under jit against the reference's."""
     from slax import nn
     from slax.testing import RELATIVE_TOLERANCE, check_grads
 
     keys = jax.random.split(jax.random.key(seed), 3)
-    params = nn.mlp_init(keys[0], sizes)
+    params = nn.mlp_init(keys[0], sizes, activation=activation)
     x = mlp_inputs(params, keys[1], batch, "float32")
     target = draw_uniform(keys[2], (batch, sizes[-1]), "float32")
     reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float32")

@@ -6,11 +6,16 @@ tests/test_nn.py's and tests/test_tensor_cores.py's, their PTX tests/test_ptx_la
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from _helpers import assert_float32_mlp_matches_reference
 
+from slax._slang_c import dependency_files
+from slax.nn._activations import ACTIVATIONS, HIDDEN_DEFAULT, OUTPUT_DEFAULT, layer_activations
 from slax.nn._kernels import kernel_layout, layer_pairs, mlp_source, parameter_offsets
+from slax.nn._warp_rows_kernels import warp_rows_source
+from slax.nn._wide_warp_kernels import wide_warp_source
 
 
 def _assert_only_a_descriptor(source: str, include: str) -> None:
@@ -54,6 +59,54 @@ def test_a_narrow_float16_networks_warp_tiles_are_named_by_its_descriptor():
 def test_chains_of_one_and_three_layers_match_the_reference(sizes):
     """The chain's ends: a network of one layer (no Chain) and one of three (a Chain in a Chain)."""
     assert_float32_mlp_matches_reference(sizes, seed=5)
+
+
+def _sixteen_hidden(width: int, inputs: int = 32, outputs: int = 16) -> tuple[int, ...]:
+    return (inputs, *(width,) * 16, outputs)
+
+
+def _activations(sizes: tuple[int, ...]) -> tuple[str, ...]:
+    names = layer_activations(len(sizes) - 1, HIDDEN_DEFAULT, OUTPUT_DEFAULT)
+    return tuple(ACTIVATIONS[name].slang for name in names)
+
+
+DEEP_SOURCES = {
+    "thread_sums": lambda: mlp_source(_sixteen_hidden(2, 3, 2), "float32"),
+    "warp_mma": lambda: mlp_source(_sixteen_hidden(2, 3, 2), "float16", tensor_cores=True),
+    "tiled": lambda: mlp_source(_sixteen_hidden(64), "float32"),
+    "tiled_hessian": lambda: mlp_source(_sixteen_hidden(64), "float32", tangents=True),
+    "tensor_cores": lambda: mlp_source(_sixteen_hidden(16), "float16", tensor_cores=True),
+    "wide_warp": lambda: wide_warp_source(_sixteen_hidden(64), _activations(_sixteen_hidden(64))),
+    "warp_rows": lambda: warp_rows_source(_sixteen_hidden(128), _activations(_sixteen_hidden(128))),
+}
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("family", DEEP_SOURCES)
+def test_every_familys_network_of_sixteen_hidden_layers_passes_slangs_front_end_in_seconds(family):
+    """Slang checks each level of a network's chain type once (each chain's extension in shaders/nn,
+    each level named in the descriptor: slax/nn/_slang_types.py), so its front end takes time
+    linear in depth: under a second here for every family, the CUDA-only ones included, where a
+    chain nested in the type's text and constrained on its struct took about 2.8x longer a layer
+    (a 4-(16 x d)-4 network: 3.5 s at six hidden layers, 10 s at seven)."""
+    source = DEEP_SOURCES[family]()
+    began = time.perf_counter()
+    dependency_files(source=source, name=f"sixteen_hidden_{family}.slang")
+    assert time.perf_counter() - began < 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [2, 16], ids=["thread_sums", "tiled"])
+def test_chains_of_sixteen_hidden_layers_compile_in_bounded_time_and_match_the_reference(width):
+    """The first calls of a network of sixteen hidden layers (its forward, backward and loss kernels
+    compiled on the CPU routes) well within two minutes: 2-wide layers run a sample per thread,
+    16-wide ones in tiles. Its hidden layers are tanh: so deep a LeakyReLU network leaves few
+    samples away from its kinks (slax.testing.away_from_kinks), where gradients compare."""
+    sizes = _sixteen_hidden(width, 3, 2)
+    assert kernel_layout(sizes).thread_sums == (width == 2)
+    began = time.perf_counter()
+    assert_float32_mlp_matches_reference(sizes, seed=12, activation="tanh")
+    assert time.perf_counter() - began < 120
 
 
 @pytest.mark.one_device_kind

@@ -68,9 +68,10 @@ from slax._compile import GROUP_SIZE
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 from slax.nn._activations import ACTIVATIONS, HIDDEN_DEFAULT, OUTPUT_DEFAULT, layer_activations
 from slax.nn._precision import Float32Products
+from slax.nn._slang_types import chain_aliases
 from slax.nn._tensor_core_kernels import TensorCoreLayout, tensor_core_family, tensor_core_layout
 from slax.nn._tiled_kernels import Network, TileLayout, tile_kernels_source, tile_layout, tiled_family
-from slax.nn._warp_mma_kernels import WARP_MMA_WIDTH, warp_network_type
+from slax.nn._warp_mma_kernels import WARP_MMA_WIDTH, warp_network_aliases
 
 SCRATCH_BUDGET_FLOATS = 4096
 """Group-shared floats a narrow network's kernels use for their staged parameters and their
@@ -223,15 +224,6 @@ def mlp_source(
     return thread_sums_source(sizes, dtype, types, layout)
 
 
-def _chain_type(layers: list[str], widths: tuple[int, ...]) -> str:
-    """``Chain<T, In, Mid, Out, First, Rest>`` of the layer types ``layers`` between ``widths``
-    (the last layer alone where one is left)."""
-    if len(layers) == 1:
-        return layers[0]
-    rest = _chain_type(layers[1:], widths[1:])
-    return f"Chain<T, {widths[0]}, {widths[1]}, {widths[-1]},\n    {layers[0]},\n    {rest}>"
-
-
 def thread_sums_source(
     sizes: tuple[int, ...], dtype: str, activations: list[str], layout: KernelLayout
 ) -> str:
@@ -249,16 +241,15 @@ def thread_sums_source(
         f"FeedForwardLayer<T, {i}, {o}, {w}, Parameters, Sums, {a}>"
         for (i, o), w, a in zip(layer_pairs(sizes), offsets, activations)
     ]
+    chains = [f"Chain<T, {n_in}, {n_out}, {sizes[-1]}, " for n_in, n_out in layer_pairs(sizes)[:-1]]
     imports, warp = "import nn.mlp;\n", ""
     if layout.warp_mma:
         imports += "import nn.warp_mma;\n#define SLAX_WARP_MMA_LOSS_GRAD\n"
-        network = warp_network_type(layer_pairs(sizes), offsets, activations, layout.sums, layout.scratch)
-        warp = f"typealias WarpNetwork = {network};\n"
+        warp = warp_network_aliases(layer_pairs(sizes), offsets, activations, layout.sums, layout.scratch)
     return f"""import slax.kernel;
 {imports}
 typealias T = {SLANG_SCALAR_FOR_DTYPE[dtype]};
-typealias Network = {_chain_type(layers, sizes)};
-{warp}static const int Inputs = {sizes[0]};
+{chain_aliases("Network", chains, layers)}{warp}static const int Inputs = {sizes[0]};
 static const int Outputs = {sizes[-1]};
 static const int ParameterCount = {layout.parameters};
 static const int ScratchFloats = {layout.scratch};

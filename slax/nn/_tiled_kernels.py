@@ -26,7 +26,7 @@ import functools
 import math
 
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
-from slax.nn._slang_types import nested_chain
+from slax.nn._slang_types import chain_aliases
 
 TILE_THREADS = 256
 """Threads per thread group: SLAX_TILE_THREADS in shaders/nn/tiled.slang."""
@@ -202,12 +202,11 @@ def tile_kernels_source(network: Network, family: TileFamily) -> str:
     defines = "#define SLAX_TILE_HIDDEN\n" if network.hidden else ""
     defines += "#define SLAX_FRAGMENT_SCRATCH\n" if family.fragment_scratch else ""
     defines += "#define SLAX_TILE_TANGENTS\ntypealias DirectionTile = Tangent0;\n" if family.tangents else ""
-    chain = nested_chain("TileChain<T,\n    ", family.layers)
+    chain = chain_aliases("Network", ["TileChain<T, "] * (last - 1), family.layers)
     return f"""{imports}
 typealias T = {SLANG_SCALAR_FOR_DTYPE[network.dtype]};
 typealias Memory = {family.memory};
-{tiles}typealias Network = {chain};
-typealias InputTile = Tile0;
+{tiles}{chain}typealias InputTile = Tile0;
 typealias OutputTile = Tile{last};
 typealias OutputActivation = {network.activations[-1]};
 static const int Inputs = {network.sizes[0]};

@@ -5,13 +5,13 @@ The kernel replaces the per-sample ``mlp_loss_grad`` of ``shaders/nn/thread_sums
 ``KernelLayout.warp_mma`` says so (slax/nn/_kernels.py): the same file writes both, behind the same
 declaration: the same operands and scalars, launch and row of partial sums per thread group, so the
 primitive runs either alike. The network's other kernels run a sample per thread. What Python
-writes is the network's type, :func:`warp_network_type`.
+writes is the network's type, :func:`warp_network_aliases`.
 """
 
 from __future__ import annotations
 
 from slax._compile import GROUP_SIZE
-from slax.nn._slang_types import nested_chain
+from slax.nn._slang_types import chain_aliases
 
 WARP_MMA_WIDTH = 16
 """Widest layer (in or out) the kernel runs: one block of 16 columns."""
@@ -22,14 +22,15 @@ BENCHMARKS.md): 2^16 and 2^17 threads took 21.9-22.2 and 22.2 us; an earlier ver
 (two products per gradient term) took 40.6, 26.7 and 27.8 us at 2^15, 2^16 and 2^17."""
 
 
-def warp_network_type(
+def warp_network_aliases(
     layers: list[tuple[int, int]], offsets: list[int], activations: list[str], row: int, scratch: int
 ) -> str:
-    """``WarpNetwork``'s type, the ``IWarpLayers`` of ``shaders/nn/warp_mma.slang`` that runs
-    ``mlp_loss_grad`` (``shaders/nn/thread_sums.slang``) for the network whose layers are
-    ``layers`` ((in, out) pairs, at most WARP_MMA_WIDTH wide), starting at ``offsets`` in the flat
-    parameter layout, with ``activations`` (``IActivation`` types,
-    ``shaders/nn/activations.slang``), writing rows of ``row`` partial sums. Each warp leaves its
+    """The declarations of ``WarpNetwork`` (slax/nn/_slang_types.py, ``chain_aliases``), the
+    ``IWarpLayers`` of ``shaders/nn/warp_mma.slang`` that runs ``mlp_loss_grad``
+    (``shaders/nn/thread_sums.slang``) for the network whose layers are ``layers`` ((in, out)
+    pairs, at most WARP_MMA_WIDTH wide), starting at ``offsets`` in the flat parameter layout, with
+    ``activations`` (``IActivation`` types, ``shaders/nn/activations.slang``), writing rows of
+    ``row`` partial sums. Each warp leaves its
     sums in a row of the kernel's group-shared ``GroupScratch`` (``scratch`` floats), and the thread
     group adds the warps' rows in order."""
     if GROUP_SIZE // 32 * row > scratch:
@@ -37,4 +38,4 @@ def warp_network_type(
             f"slax: {GROUP_SIZE // 32} warps' rows of {row} sums exceed {scratch} scratch floats."
         )
     types = [f"WarpLayer<{i}, {o}, {w}, {a}>" for (i, o), w, a in zip(layers, offsets, activations)]
-    return nested_chain("WarpChain<", types)
+    return chain_aliases("WarpNetwork", ["WarpChain<"] * (len(types) - 1), types)

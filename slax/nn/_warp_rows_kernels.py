@@ -22,7 +22,7 @@ from slax._compile import KernelSpec
 from slax._config import LaunchRoutes
 from slax._kernel_primitive import run_kernel
 from slax.nn._kernels import parameter_offsets
-from slax.nn._slang_types import nested_chain
+from slax.nn._slang_types import chain_aliases
 from slax.nn._tiled_kernels import TILE_THREADS
 from slax.nn._wide_warp_kernels import TILE_SAMPLES, fragment_offsets, half_fragments
 
@@ -64,8 +64,7 @@ static const int Outputs = {sizes[-1]};
 static const int Width = {sizes[1]};
 static const int Layers = {len(layers)};
 static const int MaxBlocks = {max(math.ceil(width / 16) for width in sizes)};
-typealias RowsNetwork = {nested_chain("RowsChain<", layers)};
-#include "nn/warp_rows.slang"
+{chain_aliases("RowsNetwork", ["RowsChain<"] * (len(layers) - 1), layers)}#include "nn/warp_rows.slang"
 """
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from slax.nn._kernels import parameter_offsets
-from slax.nn._slang_types import nested_chain
+from slax.nn._slang_types import chain_aliases
 from slax.nn._tensor_core_kernels import WARPS
 
 WIDE_WARP_WIDTH = 64
@@ -104,6 +104,5 @@ static const int Inputs = {sizes[0]};
 static const int Outputs = {sizes[-1]};
 static const int ParameterCount = {parameters};
 static const int MaxBlocks = {max(_blocks(width) for width in sizes)};
-typealias WideNetwork = {nested_chain("WideChain<", layers)};
-#include "nn/wide_warp.slang"
+{chain_aliases("WideNetwork", ["WideChain<"] * (len(layers) - 1), layers)}#include "nn/wide_warp.slang"
 """
