@@ -368,52 +368,38 @@ def step_keys(steps: int, devices: int | None = None) -> jax.Array:
 
 
 @functools.cache
-def _compiled_run(
-    network,
-    model,
-    dtype,
-    batch,
-    steps,
-    devices,
-    flat,
-    unroll,
-    launch,
-    tensor_cores,
-    device,
-    backend,
-    precision,
-):
+def _compiled_run(network, model, dtype, batch, steps, devices, flat, unroll, settings):
     """:func:`training_run` and the keys of a call of ``steps`` steps, traced, compiled and run once
-    (the warm-up) with the CUDA launch route, tensor-core setting, device kind and JAX matmul
-    precision given; kept, so that the rounds of ``--rounds`` time the same executable again."""
-    settings = dict(cuda_launch=launch, tensor_cores=tensor_cores, device_kind=device, mlp_backend=backend)
-    with slax.config.override(**settings):
+    (the warm-up) under ``settings`` (:func:`_settings`); kept, so that the rounds of ``--rounds``
+    time the same executable again."""
+    launch, tensor_cores, device, backend, precision = settings
+    overrides = dict(cuda_launch=launch, tensor_cores=tensor_cores, device_kind=device, mlp_backend=backend)
+    with slax.config.override(**overrides), jax.default_matmul_precision(precision):
         run, state = training_run(network, model, dtype, batch, devices, flat, unroll)
         keys = step_keys(steps, devices)
         jax.block_until_ready(run(state, keys))
     return run, state, keys
 
 
+def _settings() -> tuple:
+    """What a compiled step depends on beyond its arguments: slax.config's CUDA launch route,
+    tensor-core setting, device kind and MLP backend, and JAX's matmul precision, as they are now."""
+    config = slax.config
+    return (
+        config.cuda_launch,
+        config.tensor_cores,
+        config.device_kind,
+        config.mlp_backend,
+        jax.config.jax_default_matmul_precision,
+    )
+
+
 def steps_per_second(
     network, model, dtype, batch, steps, repeats, devices=None, flat=None, unroll=1
 ) -> float:
     """Steps a second: ``steps`` over the median of ``repeats`` timed calls, after one warm-up
-    call the first time a configuration (with slax.config's route and tensor-core setting) runs."""
-    run, state, keys = _compiled_run(
-        network,
-        model,
-        dtype,
-        batch,
-        steps,
-        devices,
-        flat,
-        unroll,
-        slax.config.cuda_launch,
-        slax.config.tensor_cores,
-        slax.config.device_kind,
-        slax.config.mlp_backend,
-        jax.config.jax_default_matmul_precision,
-    )
+    call the first time a configuration (with :func:`_settings`) runs."""
+    run, state, keys = _compiled_run(network, model, dtype, batch, steps, devices, flat, unroll, _settings())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -321,6 +321,28 @@ def test_benchmark_rounds_time_every_configuration_again_without_compiling_it_ag
     assert "round network" in capsys.readouterr().out  # the printed table names the round
 
 
+def test_benchmark_times_each_precision_with_plain_jax_at_the_same(tmp_path):
+    """``--precision default highest``: every model's rows under each of JAX's matmul precisions, the
+    precision recorded in each row (jax-f32, plain JAX at HIGHEST, only where it is not ``jax``);
+    the floor's matrix rate a third at ``highest`` (3xTF32)."""
+    arguments = ["--network", "polynomial", "--batch", "64", "--steps", "2", "--repeats", "1"]
+    arguments += ["--precision", "default", "highest", "--peak-tflops", "1e-6", "--peak-gbps", "1e6"]
+    assert benchmark.main([*arguments, "--json", str(tmp_path / "bench.json")]) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    slax_row = f"slax/{slax.launch_route()}"
+    assert [(r["precision"], r["model"]) for r in rows] == [
+        ("default", slax_row),
+        ("default", "jax"),
+        ("default", "jax/flat"),
+        ("default", "jax-f32"),
+        ("highest", slax_row),
+        ("highest", "jax"),
+        ("highest", "jax/flat"),
+    ]
+    floors = {r["precision"]: r["floor_us"] for r in rows}
+    assert floors["highest"] == pytest.approx(3 * floors["default"])  # bound by its FLOPs here
+
+
 def test_benchmark_harness_row_samples_the_whole_batch_and_trains_nothing():
     """``--harness``'s row: the step with no model passes all of each batch, in the dtype the
     models read (labels stay integers), through an optimization barrier, so that XLA samples it in
