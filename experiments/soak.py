@@ -52,7 +52,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     harness.add_launch_argument(parser)
     parser.add_argument(
         "--max-growth-mb",
-        type=harness.non_negative_float,
+        type=harness.finite_float,
         default=16.0,
         help="largest growth of any reading that passes, MB",
     )
