@@ -9,6 +9,7 @@ run on one device kind."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -129,6 +130,23 @@ def test_derivatives_to_second_order_match_the_twin(dimensions):
         tables,
         x,
         order=2,
+    )
+    report.assert_passed()
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("features", [1, 3, 4, 8])
+def test_every_feature_count_matches_the_twin(features):
+    """Feature counts other than the default 2 (each a call per feature, blended and scattered
+    alike): value and first derivatives in the tables and points against the twin."""
+    config = dataclasses.replace(small_config(2), features_per_level=features)
+    tables, x = tables_and_points(config, features)
+    report = check_grads(
+        functools.partial(nn.hash_encode, config=config),
+        functools.partial(nn.hash_encode_reference, config=config),
+        tables,
+        x,
+        order=1,
     )
     report.assert_passed()
 

@@ -5,16 +5,16 @@ is bilinear in ``table`` and ``weights`` (``rows``, integers, are not differenti
 derivatives are the same operation or one of its two transposes, which are bilinear too:
 
 - ``scatter(rows, values, weights)`` (the table's shape): adds ``weights * values`` into the rows,
-  the transpose of ``blend`` in the table (Slang's ``bwd_diff`` of ``blend_corners``, an atomic
+  the transpose of ``blend`` in the table (Slang's ``bwd_diff`` of ``blend_tables``, an atomic
   add per corner);
 - ``corner_products(rows, table, values)`` (the weights' shape): ``table[rows] . values`` per corner,
-  the transpose of ``blend`` in the weights.
+  the transpose of ``blend`` in the weights (``bwd_diff`` of ``blend_weights``).
 
 So the three primitives below close under ``jax.jvp`` and transposition to every order: a gradient
 of a loss that holds a gradient (an eikonal term) is another of them, and never a second derivative
 of a Slang function that reads a tensor (which slax refuses: docs/functions.md, "Tensors"). Each
-runs ``blend_corners_2d``/``_3d`` of ``shaders/nn/hash_encoding.slang`` through slax's functions:
-its value, or its ``jax.vjp``.
+runs ``blend_tables_2d``/``_3d`` or ``blend_weights_2d``/``_3d`` of
+``shaders/nn/hash_encoding.slang`` through slax's functions: its value, or its ``jax.vjp``.
 """
 
 from __future__ import annotations
@@ -28,34 +28,32 @@ import slax
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun, primitive_jvps
 from slax._primitive import declare_primitive, result_aval
 
-_BLEND_FUNCTIONS = {4: "blend_corners_2d", 8: "blend_corners_3d"}
-"""The Slang function for a cell's corner count: 2^2 (bilinear) or 2^3 (trilinear)."""
+_DIMENSIONS = {4: "2d", 8: "3d"}
+"""The Slang functions' suffix for a cell's corner count: 2^2 (bilinear) or 2^3 (trilinear)."""
 
 
-def _blend_function(corners: int):
-    return slax.load_module("nn/hash_encoding")[_BLEND_FUNCTIONS[corners]]
-
-
-def _slang_blend(rows, table, weights):
-    """``blend_corners`` over the grid ``(..., levels, features)``: one call per output value."""
+def _slang_blend(differentiated, rows, table, weights):
+    """``blend_tables`` or ``blend_weights`` (``differentiated``: ``"tables"`` or ``"weights"``,
+    the operand its ``bwd_diff`` differentiates) over the grid ``(..., levels, features)``: one call
+    per output value."""
+    function = slax.load_module("nn/hash_encoding")[f"blend_{differentiated}_{_DIMENSIONS[rows.shape[-1]]}"]
     feature = jnp.arange(table.shape[-1], dtype=jnp.int32)
-    weights = weights[..., None, :]
-    return _blend_function(rows.shape[-1])(table, feature, rows[..., None, :], weights)
+    return function(table, feature, rows[..., None, :], weights[..., None, :])
 
 
 def _blend_impl(rows, table, weights):
-    return _slang_blend(rows, table, weights)
+    return _slang_blend("tables", rows, table, weights)
 
 
 def _scatter_impl(rows, values, weights, *, table_rows):
     zero = jnp.zeros((table_rows, values.shape[-1]), values.dtype)
-    _, pullback = jax.vjp(lambda table: _slang_blend(rows, table, weights), zero)
+    _, pullback = jax.vjp(lambda table: _slang_blend("tables", rows, table, weights), zero)
     return pullback(values)[0]
 
 
 def _corner_products_impl(rows, table, values):
     zero = jnp.zeros(rows.shape, table.dtype)
-    _, pullback = jax.vjp(lambda weights: _slang_blend(rows, table, weights), zero)
+    _, pullback = jax.vjp(lambda weights: _slang_blend("weights", rows, table, weights), zero)
     return pullback(values)[0]
 
 
