@@ -34,6 +34,13 @@ TABLE_INIT_SCALE = 1e-4
 
 _CORNERS_FUNCTIONS = {2: "level_corners_2d", 3: "level_corners_3d"}
 
+CONTENDED_ENTRIES = 8192
+"""A dense level of at most this many entries takes its gradient through copies (:func:`_spread`)."""
+
+GRADIENT_COPIES = 31
+"""Copies a contended level's gradient adds into, at most (a prime: points at any stride of the
+flattened batch spread over all of them)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class HashEncodingConfig:
@@ -179,8 +186,21 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> 
     corners = slax.load_module("nn/hash_encoding")[_CORNERS_FUNCTIONS[config.dimensions]]
     rows, weights = corners(x[..., None, :], levels, resolutions, dense, config.table_size)
     table = tables.reshape(-1, config.features_per_level)
-    features = blend(rows, table, weights)
+    features = blend(rows, table, weights, _spread(config))
     return features.reshape(*x.shape[:-1], config.output_features)
+
+
+def _spread(config: HashEncodingConfig):
+    """The dense levels small enough that a batch's gradient piles onto few cache lines: their
+    entries, and how many copies of them fit in the level's unused entries (at most
+    :data:`GRADIENT_COPIES`), for :data:`slax.nn._blend.Spread`."""
+    spread = []
+    for level, (resolution, dense) in enumerate(zip(config.resolutions, config.dense_levels)):
+        used = (resolution + 1) ** config.dimensions
+        copies = min(GRADIENT_COPIES, config.table_size // used)
+        if dense and used <= CONTENDED_ENTRIES and copies >= 2:
+            spread.append((level * config.table_size, used, copies))
+    return tuple(spread)
 
 
 def _require_config(function: str, config) -> None:
