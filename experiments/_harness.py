@@ -119,7 +119,7 @@ finite_float = _flag_type(float, math.isfinite, "a finite number")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: int, chunk: int) -> None:
-    """Flags every experiment takes, with defaults that finish in minutes on the CPU path."""
+    """Flags every experiment takes; each script's docstring says how long its defaults take."""
     parser.add_argument(
         "--steps", type=positive_int, default=steps, help="training steps (default %(default)s)"
     )

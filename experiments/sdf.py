@@ -14,6 +14,10 @@ of the network); the whole loop runs in jitted lax.scan chunks. The same network
 
 Writes metrics.json, loss.png and slice.png (both fields and the true one on the plane y = 0) to
 --out. With --target-mse, exits 1 if slax's held-out squared distance error ends above it.
+
+Run time of the defaults: about 8 minutes on a 2-core CPU (SlangPy's CPU device, kernels compiled
+afresh), most of it slax's steps (5 a second there). On a GPU the steps take under two seconds (an
+H100's rows in BENCHMARKS.md); loading JAX and slax and compiling take the rest.
 """
 
 from __future__ import annotations

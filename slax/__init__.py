@@ -3,7 +3,7 @@
 # slax._device first: it notes the exit handlers SlangPy registers as it is imported.
 from slax import _device as _device
 from slax import nn, parallel, testing
-from slax._config import DeviceKind, config, set_device_kind
+from slax._config import Config, DeviceKind, config, set_device_kind
 from slax._device import describe_device
 from slax._errors import DeviceUnavailableError, SlangCompileError
 from slax._function import SlangFunction
@@ -14,6 +14,7 @@ from slax._tensors import grid
 from slax.parallel import data_parallel
 
 __all__ = [
+    "Config",
     "DeviceKind",
     "nn",
     "parallel",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 
 import jax
 import pytest
@@ -63,6 +64,19 @@ def pytest_configure(config):
     if _quick:
         chosen = config.option.markexpr
         config.option.markexpr = f"({chosen}) and not slow" if chosen else "not slow"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker whose tests have all run and reported ignores SIGINT from here on.
+    execnet sends one to a worker still ending 5 s after the controller asked it to exit
+    (``_terminate_execution`` in execnet/gateway_base.py), and a worker's end (pytest's last
+    ``gc.collect`` over the heap its tests left) can take longer on a busy 2-core machine. The
+    ``KeyboardInterrupt`` then landed wherever the worker was, often in JAX's gc callback, and
+    ended a green run with a ``PytestUnraisableExceptionWarning``. The controller ends a worker
+    still running 10 s after it asked."""
+    if hasattr(session.config, "workerinput"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @functools.cache

@@ -72,6 +72,9 @@ def _assert_in_order(output: str, *starts: str) -> None:
 SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py") if not path.name.startswith("_"))
 """The scripts; experiments/_*.py are the modules they share."""
 
+TRAINING_SCRIPTS = {"polynomial.py", "digits.py", "texture.py", "sdf.py", "image.py", "ngp_image.py"}
+"""The scripts that train a model: each one's ``--help`` says how long its defaults take."""
+
 
 def _flag_helps(help_text: str) -> dict[str, str]:
     """Each flag of an argparse ``--help`` and its help text, whitespace collapsed."""
@@ -94,6 +97,11 @@ def test_every_flag_says_what_it_does_and_its_default(script):
         if flag != "-h, --help":
             assert "default" in text, f"{script} {flag}: {text}"
     assert "exit status:\n  0  the run finished" in result.stdout
+    if script in TRAINING_SCRIPTS:
+        run_time = re.search(
+            r"Run time of the defaults: .+ on a 2-core CPU .+ On a GPU", " ".join(result.stdout.split())
+        )
+        assert run_time, f"{script}'s docstring should say how long its defaults take:\n{result.stdout}"
 
 
 @pytest.mark.slow

@@ -23,6 +23,45 @@ def test_readme_has_snippets():
     assert len(SNIPPETS) >= 3
 
 
+PARAGRAPH_WORDS = 80
+"""The most words a README paragraph holds: a longer one is read twice, or skipped."""
+
+
+def _prose_paragraphs(text: str) -> list[str]:
+    """README's prose: its blocks between blank lines, outside code blocks, headings, tables and
+    images, each list item a paragraph of its own (without its ``-``)."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    blocks = [block.strip() for block in re.split(r"\n\s*\n", prose)]
+    return [
+        re.sub(r"^\s*- ", "", item)
+        for block in blocks
+        if block and not block.startswith(("#", "|", "!["))
+        for item in re.split(r"\n(?=\s*- )", block)
+    ]
+
+
+def _words(paragraph: str) -> int:
+    """Words as a reader sees them: a link counts its text, not its target."""
+    return len(re.sub(r"\]\([^)]*\)", "]", paragraph).split())
+
+
+def test_readme_paragraphs_are_short():
+    paragraphs = _prose_paragraphs(README.read_text())
+    long = {text[:70]: _words(text) for text in paragraphs if _words(text) > PARAGRAPH_WORDS}
+    assert len(paragraphs) > 20 and not long, (
+        f"split these README paragraphs (paragraphs or list items of at most {PARAGRAPH_WORDS} words): {long}"
+    )
+
+
+def test_paragraph_check_counts_prose_only():
+    """The check above takes each list item alone, and skips code, headings, tables and link targets."""
+    text = (
+        "# A title\n\n```python\nx = 1\n```\n\n| a | b |\n|---|---|\n\n"
+        "One [two](https://three/four five).\n\n- six\n- seven\n  eight\n"
+    )
+    assert [_words(paragraph) for paragraph in _prose_paragraphs(text)] == [2, 1, 2]
+
+
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
 def test_snippet_runs(index, monkeypatch):
     monkeypatch.chdir(README.parent)
