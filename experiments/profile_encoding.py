@@ -35,7 +35,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--bandwidth", type=harness.positive_float, default=4800.0, help="memory bandwidth in GB/s"
     )
-    parser.add_argument("--json", default=None, help="write the rows and provenance here")
+    parser.add_argument(
+        "--json", default=None, help="write the rows and provenance to this file (default: not written)"
+    )
     harness.add_launch_argument(parser)
     return parser.parse_args(argv)
 
