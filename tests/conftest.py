@@ -133,15 +133,54 @@ def pytest_collection_modifyitems(config, items):
     """A parameter marked ``one_device_kind`` (``pytest.param(..., marks=...)``) runs on one kind, as
     a marked test does (:func:`pytest_generate_tests`): a test whose parameters differ by route only
     in the kernels they compile runs all of them on one kind and a representative few on every
-    kind."""
+    kind. A test marked ``sweep`` takes those few itself (:func:`_route_sample`)."""
     kept, dropped = [], []
+    samples = _route_sample([item for item in items if item.get_closest_marker("sweep")])
     for item in items:
         marker = item.get_closest_marker("one_device_kind")
         kind = getattr(item, "callspec", None) and item.callspec.params.get("device_kind")
-        (dropped if marker and kind and kind != _one_kind(marker) else kept).append(item)
+        off_route = marker and kind and kind != _one_kind(marker)
+        unsampled = item.get_closest_marker("sweep") and kind != _device_kinds()[0] and item not in samples
+        (dropped if off_route or unsampled else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def _route_sample(items) -> set:
+    """Of the cases of tests marked ``sweep`` (sizes, batches, dtypes, activations of the same
+    kernels), those that run on every device kind; the others run on the first kind alone. The
+    sample takes every value of every parameter at least once: the diagonal of the parameters'
+    product (its i-th case takes each parameter's i-th value, modulo its count), then, where a test's
+    cases are not the whole product, the first case bringing each value the diagonal missed. The
+    cases differ by route only in the kernels each route compiles from the same Slang, and the
+    sample compiles each value's on every route."""
+    by_test: dict = {}
+    for item in items:
+        kind = item.callspec.params.get("device_kind")
+        params = {name: repr(value) for name, value in item.callspec.params.items() if name != "device_kind"}
+        by_test.setdefault((item.function, kind), []).append((item, params))
+    sampled = set()
+    for cases in by_test.values():
+        values: dict[str, list[str]] = {}
+        for _, params in cases:
+            for name, value in params.items():
+                if value not in values.setdefault(name, []):
+                    values[name].append(value)
+        count = max((len(options) for options in values.values()), default=1)
+        diagonal = [
+            {name: options[i % len(options)] for name, options in values.items()} for i in range(count)
+        ]
+        covered: set = set()
+        for item, params in cases:
+            if params in diagonal:
+                sampled.add(item)
+                covered.update(params.items())
+        for item, params in cases:
+            if not set(params.items()) <= covered:
+                sampled.add(item)
+                covered.update(params.items())
+    return sampled
 
 
 @pytest.fixture(autouse=True)

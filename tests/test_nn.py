@@ -39,6 +39,7 @@ JAX_VERSION_SIZES = SIZES[1]
 for every size and dtype, which choose the kernels alone."""
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("sizes", "batch", "dtype"),
     parameter_product(
@@ -62,6 +63,7 @@ def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     check_grads(loss(nn.mlp_apply), loss(reference), params, x, raises=True)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("sizes", "dtype"),
     parameter_product(
@@ -130,6 +132,8 @@ def test_loss_and_grad_matches_reference(dtype):
         assert relative_error(got, want) < tolerance
 
 
+# push constants are Vulkan's
+@pytest.mark.one_device_kind("vulkan")
 @pytest.mark.slow
 def test_depth_is_not_capped_by_push_constants():
     """Eight layers: four pointers per layer would overflow Vulkan's 256 bytes of push constants at
@@ -199,6 +203,9 @@ def test_gradient_thread_groups_past_uint_sample_positions_are_refused():
         jax.jit(nn.mlp_loss_and_grad).lower(params, data, data)
 
 
+# threads race on Vulkan (lavapipe runs a launch's groups in parallel); the CPU
+# device runs a launch on one thread
+@pytest.mark.one_device_kind("vulkan")
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize(("sizes", "batch"), [((4, 16, 4), 1 << 16), ((64, 128, 64, 10), 1 << 12)])
 def test_large_batch_gradients_are_race_free(sizes, batch, dtype, fused_kernels):
@@ -307,6 +314,7 @@ def test_tiles_per_thread_group_follow_the_batch_and_the_group():
     assert tiled.forward_threads(arch, cpu, 17) == 2 * nn_tiled.TILE_THREADS
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("tile_samples", "blocks_wanted"), [(16, 1 << 20), (16, 1), (5, 3)])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks_wanted):

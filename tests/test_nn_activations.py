@@ -54,6 +54,7 @@ def _network(sizes, pair, dtype, seed):
     return params, mlp_inputs(params, keys[1], 300, dtype)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("pair", "dtype"), CASES, ids=["-".join((*pair, dtype)) for pair, dtype in CASES])
 @pytest.mark.parametrize("sizes", [NARROW, WIDE], ids=lambda s: "-".join(map(str, s)))
 def test_each_activation_matches_the_twin(sizes, pair, dtype):
@@ -77,6 +78,7 @@ def test_each_activation_matches_the_twin(sizes, pair, dtype):
     assert relative_error(ravel_pytree(grads)[0], ravel_pytree(want_grads)[0]) < RELATIVE_TOLERANCE[dtype]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("sizes", "pair"),
     [(NARROW, ("tanh", "sine")), (NARROW, ("sine", "tanh")), (WIDE, ("sine", "tanh"))],

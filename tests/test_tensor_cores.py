@@ -154,6 +154,7 @@ def _reference_gradients(params, x, target, dtype):
     return loss_and_grad, jax.grad(loss)(params, x), jax.grad(loss, (0, 1))(params, x)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sizes", WIDE, ids=_ids)
 def test_wide_networks_match_the_reference(sizes, dtype, device_kind, lowered):
