@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _helpers import run_python
 
 import slax
 from slax import nn
@@ -230,6 +232,18 @@ def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
     want = eikonal(nn.hash_encode_reference, nn.mlp_apply_reference)(params, tables)
     for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert relative_error(got_leaf, want_leaf) < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.one_device_kind
+def test_batch_sharded_steps_match_one_device(cpu_path):
+    """Plain jax.jit over points split across two host devices, tables and MLP replicated: the loss,
+    its gradient, and an eikonal loss's gradient equal one device's (tests/scripts/hash_sharded.py)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    result = run_python("tests/scripts/hash_sharded.py", env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("batch-sharded loss and gradient: ok", "batch-sharded eikonal gradient: ok"):
+        assert line in result.stdout
 
 
 @pytest.mark.one_device_kind
