@@ -50,6 +50,19 @@ def relative_error(got, want) -> float:
     return float(jnp.max(jnp.abs(got - want)) / max(float(jnp.max(jnp.abs(want))), 1e-30))
 
 
+def assert_matches_the_twin(config: nn.HashEncodingConfig, seed: int, order: int) -> None:
+    """``check_grads`` of the encoding against its plain-JAX twin, in the tables and the points."""
+    tables, x = tables_and_points(config, seed)
+    report = check_grads(
+        functools.partial(nn.hash_encode, config=config),
+        functools.partial(nn.hash_encode_reference, config=config),
+        tables,
+        x,
+        order=order,
+    )
+    report.assert_passed()
+
+
 # --- the configuration ---------------------------------------------------------------------------
 
 
@@ -124,16 +137,7 @@ def test_init_is_the_papers():
 @pytest.mark.slow
 @pytest.mark.parametrize("dimensions", [pytest.param(2, marks=pytest.mark.jax_version), 3], ids=["2d", "3d"])
 def test_derivatives_to_second_order_match_the_twin(dimensions):
-    config = small_config(dimensions)
-    tables, x = tables_and_points(config, dimensions)
-    report = check_grads(
-        functools.partial(nn.hash_encode, config=config),
-        functools.partial(nn.hash_encode_reference, config=config),
-        tables,
-        x,
-        order=2,
-    )
-    report.assert_passed()
+    assert_matches_the_twin(small_config(dimensions), dimensions, order=2)
 
 
 @pytest.mark.one_device_kind
@@ -141,16 +145,9 @@ def test_derivatives_to_second_order_match_the_twin(dimensions):
 def test_every_feature_count_matches_the_twin(features):
     """Feature counts other than the default 2 (each a call per feature, blended and scattered
     alike): value and first derivatives in the tables and points against the twin."""
-    config = dataclasses.replace(small_config(2), features_per_level=features)
-    tables, x = tables_and_points(config, features)
-    report = check_grads(
-        functools.partial(nn.hash_encode, config=config),
-        functools.partial(nn.hash_encode_reference, config=config),
-        tables,
-        x,
-        order=1,
+    assert_matches_the_twin(
+        dataclasses.replace(small_config(2), features_per_level=features), features, order=1
     )
-    report.assert_passed()
 
 
 @pytest.mark.one_device_kind
