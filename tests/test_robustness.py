@@ -81,6 +81,7 @@ def test_ten_thousand_jitted_steps_do_not_grow_memory():
     seed=st.integers(0, 2**31 - 1),
 )
 @pytest.mark.slow
+@pytest.mark.one_device_kind  # broadcasting is slax's Python (each route's kernels: test_function.py)
 def test_wave_broadcasts_like_numpy(module, shapes, dtype, seed):
     rng = np.random.default_rng(seed)
     x, y = (jnp.asarray(rng.uniform(-1, 1, size=s), dtype) for s in shapes.input_shapes)
@@ -106,6 +107,7 @@ def test_wave_broadcasts_like_numpy(module, shapes, dtype, seed):
     seed=st.integers(0, 2**31 - 1),
 )
 @pytest.mark.slow
+@pytest.mark.one_device_kind  # broadcasting is slax's Python (each route's kernels: test_function.py)
 def test_vector_function_over_grids(module, shapes, seed):
     """float3 arguments: the trailing 3 is the vector, the broadcast grid leads."""
     rng = np.random.default_rng(seed)
