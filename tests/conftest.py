@@ -1,6 +1,7 @@
 """One device fixture for the whole suite: each test whose result depends on the route its kernels
 take runs on every device kind this machine has (``SLAX_TEST_DEVICES`` picks some); a test (or a
-parameter) marked ``one_device_kind`` runs once. ``--quick`` runs the tests not marked ``slow``, on
+parameter) marked ``one_device_kind`` runs once, and a test marked ``sweep`` runs every case on the
+first kind and a sample of them on the others. ``--quick`` runs the tests not marked ``slow``, on
 one device kind.
 
 The markers decide what CI's legs run (``.ci/run``): the first runs everything (the README's test
