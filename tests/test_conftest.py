@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import types
 
 import pytest
 from _helpers import ROOT, run_python
@@ -12,6 +13,7 @@ pytestmark = pytest.mark.one_device_kind
 ASKED_TO_HURRY = """
 import gc
 import os
+import types
 import signal
 
 import pytest
@@ -49,3 +51,42 @@ def test_a_worker_asked_to_hurry_at_its_end_raises_no_keyboard_interrupt(tmp_pat
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "1 passed" in output, output[-3000:]
     assert "KeyboardInterrupt" not in output, output[-3000:]
+
+
+class _Case:
+    """A stand-in for a collected test item: its function and its parameters (hashable by identity,
+    as pytest's items are)."""
+
+    def __init__(self, function, kind, **params):
+        self.function = function
+        self.callspec = types.SimpleNamespace(params={"device_kind": kind, **params})
+
+
+def test_a_sweeps_sample_takes_every_value_once_per_route():
+    """``_route_sample``: the diagonal of a whole product (three sizes, three batches, two dtypes:
+    three cases), per test and per device kind; where the cases are not the whole product, the
+    diagonal's cases that exist, then the first case of each value they missed."""
+    from conftest import _route_sample
+
+    def sweep():
+        pass
+
+    product = [
+        _Case(sweep, kind, sizes=s, batch=b, dtype=d)
+        for kind in ("cpu", "vulkan")
+        for s in ("a", "b", "c")
+        for b in (1, 31, 1000)
+        for d in ("float32", "float16")
+    ]
+    sampled = _route_sample(product)
+    for kind in ("cpu", "vulkan"):
+        cases = [item.callspec.params for item in sampled if item.callspec.params["device_kind"] == kind]
+        assert len(cases) == 3
+        assert {case["sizes"] for case in cases} == {"a", "b", "c"}
+        assert {case["batch"] for case in cases} == {1, 31, 1000}
+        assert {case["dtype"] for case in cases} == {"float32", "float16"}
+    listed = [_Case(sweep, "vulkan", pair=p, dtype=d) for p, d in (("x", "f32"), ("y", "f32"), ("z", "f16"))]
+    # the diagonal (x, f32), (y, f16), (z, f32) holds only the first; y and z come from their first cases
+    assert _route_sample(listed) == set(listed)
+    listed = [_Case(sweep, "vulkan", pair=p, dtype=d) for p, d in (("x", "f32"), ("y", "f32"), ("y", "f16"))]
+    assert _route_sample(listed) == {listed[0], listed[2]}  # the diagonal (x, f32), (y, f16)
