@@ -14,6 +14,7 @@ a new one starts only after one was killed, or in a forked process.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import math
 import os
 import pathlib
@@ -24,8 +25,12 @@ import sys
 import tempfile
 import threading
 
+import slangpy as spy
+
 from slax._compile import KernelSpec, announced
 from slax._device import cache_dir
+from slax._slang_c import CodeTarget, compile_arguments, nvrtc_version, required_nvrtc_library
+from slax._sources import write_atomically
 
 TIMEOUT_ENV_VAR = "SLAX_PTX_COMPILE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
@@ -59,20 +64,55 @@ def timeout_s() -> float:
     return seconds
 
 
-def compile_ptx(spec: KernelSpec, snapshot: str | None, defines: dict[str, str] | None = None) -> str:
+def compile_ptx(
+    spec: KernelSpec, content: str, snapshot: str | None, defines: dict[str, str] | None = None
+) -> str:
     """``spec``'s PTX (:func:`slax._slang_c.compile_entry_point`, with the preprocessor macros
-    ``defines``), from the compile worker, which compiles with this process's
-    :data:`COMPILE_ENVIRONMENT` as it is now.
+    ``defines``), ``content`` being the content key of its Slang code (:mod:`slax._sources`): from
+    the PTX cache where it holds it (:func:`cached_ptx_path`), else from the compile worker, which
+    compiles with this process's :data:`COMPILE_ENVIRONMENT` as it is now, and then kept there.
 
     Raises:
       PtxCompileTimeout: the worker ran past :func:`timeout_s` on it and was killed.
       SlangCompileError, NvrtcNotFoundError: as the compile raises them, from the worker.
     """
+    path = cached_ptx_path(spec, content, defines)
+    try:
+        return path.read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
     limit = timeout_s()
     environment = {name: os.environ.get(name) for name in COMPILE_ENVIRONMENT}
     environment["SLAX_CACHE_DIR"] = str(cache_dir())  # as resolved here: the worker's cwd is its own
     with announced(f"entry point {spec.entry!r} to PTX"):
-        return _ask_worker(spec, (spec, snapshot, defines, environment), limit)
+        ptx = _ask_worker(spec, (spec, snapshot, defines, environment), limit)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, ptx.encode())
+    except OSError:  # a cache that cannot be written costs the next process a compile, nothing more
+        pass
+    return ptx
+
+
+def cached_ptx_path(spec: KernelSpec, content: str, defines: dict[str, str] | None) -> pathlib.Path:
+    """Where the PTX cache keeps ``spec``'s PTX: ``SLAX_CACHE_DIR/ptx/<key>.ptx``. The key digests
+    all the PTX depends on: the content key of the Slang code (every file it reads, so an edit to an
+    import is a new key), the entry point and generated source, Slang's options and macros, and the
+    versions of Slang (SlangPy's) and of NVRTC. Compiling to PTX takes seconds a kernel (a minute
+    and more for a program of many kernels), paid once, not in every process; the file is written
+    whole or not at all (:func:`slax._sources.write_atomically`), so a reader never sees a part."""
+    nvrtc = required_nvrtc_library()
+    version = _nvrtc_versions.get(nvrtc)
+    if version is None:
+        version = _nvrtc_versions.setdefault(nvrtc, nvrtc_version(nvrtc))
+    options = compile_arguments(CodeTarget.PTX, defines, "nvrtc-{}.{}".format(*version))
+    key = hashlib.sha256(
+        repr((content, spec.entry, spec.path, spec.source, options, spy.__version__)).encode()
+    ).hexdigest()
+    return cache_dir() / "ptx" / f"{key}.ptx"
+
+
+_nvrtc_versions: dict[str, tuple[int, int]] = {}
 
 
 def _ask_worker(spec: KernelSpec, request: tuple, limit: float) -> str:

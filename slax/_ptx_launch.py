@@ -144,7 +144,7 @@ def _checked_ptx(spec: KernelSpec, content: str, expected: tuple[str, ...]) -> s
     if content in _timed_out:
         raise PtxLaunchError(_timed_out[content])
     try:
-        ptx = compile_ptx(spec, kept, _compile_defines())
+        ptx = compile_ptx(spec, content, kept, _compile_defines())
     except PtxCompileTimeout as timeout:  # kept, so later lowerings fall back at once
         _timed_out[content] = str(timeout)
         raise PtxLaunchError(str(timeout)) from None

@@ -127,6 +127,38 @@ def nvrtc_library() -> str | None:
     return None
 
 
+def required_nvrtc_library() -> str:
+    """:func:`nvrtc_library`'s path; NvrtcNotFoundError, saying how to get one, where none is found."""
+    nvrtc = nvrtc_library()
+    if nvrtc is None:
+        raise NvrtcNotFoundError(
+            "slax: compiling Slang to PTX needs NVRTC, which was not found. Install JAX's CUDA "
+            "packages (pip install 'jax[cuda12]' brings nvidia-cuda-nvrtc-cu12) or a CUDA "
+            "toolkit, or point SLAX_NVRTC at libnvrtc.so."
+        )
+    return nvrtc
+
+
+def nvrtc_version(path: str) -> tuple[int, int]:
+    """(major, minor) of the NVRTC library at ``path``, as its ``nvrtcVersion`` reports it."""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if ctypes.CDLL(path).nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+        raise RuntimeError(f"slax: nvrtcVersion of {path!r} failed.")
+    return major.value, minor.value
+
+
+def compile_arguments(target: CodeTarget, defines: dict[str, str] | None, nvrtc: str | None) -> list[str]:
+    """The options :func:`compile_entry_point` gives Slang: row-major matrices, ``defines`` as
+    preprocessor macros, and for PTX the NVRTC library at ``nvrtc``."""
+    arguments = ["-matrix-layout-row-major"]
+    arguments += [f"-D{name}={value}" for name, value in (defines or {}).items()]
+    if target is CodeTarget.PTX:
+        # No #line directives in the CUDA source NVRTC compiles: Slang writes paths into them
+        # unescaped, and a module path with a double quote in it is then a syntax error there.
+        arguments += ["-nvrtc-path", nvrtc or "", "-line-directive-mode", "none"]
+    return arguments
+
+
 def dependency_files(path: str | None = None, source: str | None = None, name: str = "") -> list[str]:
     """The files Slang reads to check the module at ``path``, or the ``source`` text named ``name``:
     the module itself and everything it imports or includes, in Slang's order. A source module is
@@ -177,19 +209,8 @@ def compile_entry_point(
       SlangCompileError: Slang rejected the module; the message carries its diagnostics (file:line).
       NvrtcNotFoundError: PTX was asked for and no NVRTC library was found.
     """
-    arguments = ["-matrix-layout-row-major"]
-    arguments += [f"-D{name}={value}" for name, value in (defines or {}).items()]
-    if target is CodeTarget.PTX:
-        nvrtc = nvrtc_library()
-        if nvrtc is None:
-            raise NvrtcNotFoundError(
-                "slax: compiling Slang to PTX needs NVRTC, which was not found. Install JAX's CUDA "
-                "packages (pip install 'jax[cuda12]' brings nvidia-cuda-nvrtc-cu12) or a CUDA "
-                "toolkit, or point SLAX_NVRTC at libnvrtc.so."
-            )
-        # No #line directives in the CUDA source NVRTC compiles: Slang writes paths into them
-        # unescaped, and a module path with a double quote in it is then a syntax error there.
-        arguments += ["-nvrtc-path", nvrtc, "-line-directive-mode", "none"]
+    nvrtc = required_nvrtc_library() if target is CodeTarget.PTX else None
+    arguments = compile_arguments(target, defines, nvrtc)
     lib = _library()
     with _lock:
         request = lib.spCreateCompileRequest(_global_session())

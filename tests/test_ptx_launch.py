@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 
 import jax
@@ -73,6 +74,18 @@ def nvrtc(monkeypatch):
     monkeypatch.setenv("SLAX_NVRTC", str(NVRTC))
 
 
+@pytest.fixture
+def empty_ptx_cache(nvrtc, monkeypatch, tmp_path):
+    """A cache directory of the test's own, holding no PTX: its compiles reach the worker."""
+    monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _compile(spec: KernelSpec, defines: dict[str, str] | None = None) -> str:
+    from slax import _ptx_compile
+
+    return _ptx_compile.compile_ptx(spec, spec_content(spec), None, defines)
+
+
 def _lowering_env() -> dict:
     return {
         # It lowers for CUDA, which takes no SLAX_DEVICE (the device_kind fixture's choice for
@@ -87,12 +100,20 @@ def _lowering_env() -> dict:
     }
 
 
-def _lower() -> str:
+def _lower(*args: str) -> str:
     """tests/scripts/ptx_lowering.py's outcome as JSON: its exit status, the end of its error
     output, and its last line of output (the report: SlangPy's CUDA device logs before it)."""
-    result = run_python("tests/scripts/ptx_lowering.py", env=_lowering_env(), timeout=1200)
+    result = run_python("tests/scripts/ptx_lowering.py", *args, env=_lowering_env(), timeout=1200)
     last_line = (result.stdout.splitlines() or [""])[-1]
     return json.dumps({"returncode": result.returncode, "stderr": result.stderr[-5000:], "report": last_line})
+
+
+def _programs_suffice(session: pytest.Session) -> bool:
+    """Whether every selected test that reads the report is marked jax_version: those read one
+    program of each kind, so the run lowers those alone (``ptx_lowering.py programs``), not the MLP's
+    kernel variants, which take most of the minutes (CI's runs of ``-m jax_version``)."""
+    readers = [item for item in session.items if "lowering_report" in getattr(item, "fixturenames", ())]
+    return all(item.get_closest_marker("jax_version") for item in readers)
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +122,10 @@ def lowering_report(request) -> dict:
     compiling: made once per test run and read by every pytest-xdist worker that runs a test of it
     (:func:`_helpers.once_per_run`). A failed lowering is shared too: each test that reads it fails
     with the script's error, and the script is not run again."""
-    outcome = json.loads(once_per_run(request, "ptx_lowering.json", _lower))
+    if _programs_suffice(request.session):
+        outcome = json.loads(once_per_run(request, "ptx_lowering_programs.json", lambda: _lower("programs")))
+    else:
+        outcome = json.loads(once_per_run(request, "ptx_lowering.json", _lower))
     assert outcome["returncode"] == 0, outcome["stderr"]
     return json.loads(outcome["report"])
 
@@ -685,7 +709,7 @@ def test_linear_layer_vjp_lowers_or_falls_back_within_the_compile_limit(cpu_path
 
 
 @needs_tools
-def test_ptx_compile_past_the_limit_is_a_launch_refusal(nvrtc, monkeypatch):
+def test_ptx_compile_past_the_limit_is_a_launch_refusal(empty_ptx_cache, monkeypatch):
     """A compile past SLAX_PTX_COMPILE_TIMEOUT is killed and refused (the launcher then takes the
     SlangPy route); the refusal is remembered for the kernel's content, so it is not waited out
     twice."""
@@ -701,14 +725,14 @@ def test_ptx_compile_past_the_limit_is_a_launch_refusal(nvrtc, monkeypatch):
 
 
 @needs_tools
-def test_one_compile_worker_serves_kernel_after_kernel(nvrtc, monkeypatch):
+def test_one_compile_worker_serves_kernel_after_kernel(empty_ptx_cache, monkeypatch, tmp_path):
     """The PTX compiles share one worker process (its start-up paid once); a compile past the limit
     kills it, and the next compile starts another, which compiles as the first did."""
     from slax import _ptx_compile
 
     path = str(SHADER_DIR / "kernels" / "scale_shift.slang")
     compile_once = {
-        entry: _ptx_compile.compile_ptx(KernelSpec(entry, path=path), None)
+        entry: _compile(KernelSpec(entry, path=path))
         for entry in (
             "scale_shift_float",
             "scale_shift_half",
@@ -718,30 +742,31 @@ def test_one_compile_worker_serves_kernel_after_kernel(nvrtc, monkeypatch):
     assert worker is not None and worker.poll() is None
     assert ".entry scale_shift_float(" in compile_once["scale_shift_float"]
     assert ".entry scale_shift_half(" in compile_once["scale_shift_half"]
+    shutil.rmtree(tmp_path / "cache" / "ptx")  # compiled again, not read from the PTX cache
     monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", "0.001")
     with pytest.raises(_ptx_compile.PtxCompileTimeout, match="within 0.001 s"):
-        _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)
+        _compile(KernelSpec("scale_shift_float", path=path))
     assert _ptx_compile._worker is None and worker.poll() is not None  # killed
     monkeypatch.setenv("SLAX_PTX_COMPILE_TIMEOUT", "600")
-    again = _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)
+    again = _compile(KernelSpec("scale_shift_float", path=path))
     assert again == compile_once["scale_shift_float"]
     assert _ptx_compile._worker is not None and _ptx_compile._worker is not worker
 
 
 @needs_tools
-def test_the_compile_worker_follows_the_cache_directory_as_it_is_now(nvrtc, monkeypatch, tmp_path):
+def test_the_compile_worker_follows_the_cache_directory_as_it_is_now(empty_ptx_cache, monkeypatch, tmp_path):
     """A kernel importing a module of slax.load_module_from_source by name compiles to PTX from
     the cache directory SLAX_CACHE_DIR names at the time, not when the worker started: the worker
     outlives the first compile, and a program (or a test) may point the cache elsewhere after it."""
     from slax import _ptx_compile
 
     path = str(SHADER_DIR / "kernels" / "scale_shift.slang")
-    _ptx_compile.compile_ptx(KernelSpec("scale_shift_float", path=path), None)  # the worker runs
+    _compile(KernelSpec("scale_shift_float", path=path))  # the worker runs
     assert _ptx_compile._worker is not None
     factor = f"{np.random.default_rng(5).uniform(2.0, 3.0):.6f}"  # as the source writes it
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "later-cache"))
     slax.load_module_from_source("worker_factor", f"public float factor() {{ return {factor}; }}\n")
-    ptx = _ptx_compile.compile_ptx(_factor_user(tmp_path, "worker_factor"), None)
+    ptx = _compile(_factor_user(tmp_path, "worker_factor"))
     assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
 
 
@@ -760,7 +785,7 @@ def _factor_user(tmp_path, module: str) -> KernelSpec:
 
 @needs_tools
 def test_the_compile_worker_finds_a_relative_cache_directory_where_slax_resolved_it(
-    nvrtc, monkeypatch, tmp_path
+    empty_ptx_cache, monkeypatch, tmp_path
 ):
     """A relative SLAX_CACHE_DIR is resolved where slax first reads it (slax._device.cache_dir);
     the worker, started after an ``os.chdir``, keeps its own working directory, so it is handed the
@@ -778,8 +803,29 @@ def test_the_compile_worker_finds_a_relative_cache_directory_where_slax_resolved
     monkeypatch.chdir(second)
     _ptx_compile._close_worker()  # the next worker starts here, in the second directory
     _ptx_compile._worker = None
-    ptx = _ptx_compile.compile_ptx(_factor_user(tmp_path, "relative_worker_factor"), None)
+    ptx = _compile(_factor_user(tmp_path, "relative_worker_factor"))
     assert ".entry k(" in ptx and f"0f{np.float32(factor).view(np.uint32):08X}" in ptx
+
+
+@needs_tools
+def test_ptx_is_kept_by_content_for_the_next_process(empty_ptx_cache, monkeypatch, tmp_path):
+    """A kernel's PTX is compiled once and read back from SLAX_CACHE_DIR/ptx afterwards, in this
+    process or the next; an edit to a module the kernel imports, or other macros, compile anew."""
+    from slax import _ptx_compile
+
+    cached = tmp_path / "cache" / "ptx"
+    slax.load_module_from_source("cached_factor", "public float factor() { return 2.5; }\n")
+    spec = _factor_user(tmp_path, "cached_factor")
+    first = _compile(spec)
+    assert f"0f{np.float32(2.5).view(np.uint32):08X}" in first
+    assert len(list(cached.glob("*.ptx"))) == 1
+    with monkeypatch.context() as patched:
+        patched.setattr(_ptx_compile, "_ask_worker", lambda *a: pytest.fail("compiled again, not read"))
+        assert _compile(spec) == first
+    slax.load_module_from_source("cached_factor", "public float factor() { return 3.5; }\n")
+    assert f"0f{np.float32(3.5).view(np.uint32):08X}" in _compile(spec)
+    _compile(spec, {"SLAX_CUDA_ARCH": "80"})
+    assert len(list(cached.glob("*.ptx"))) == 3
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf"])

@@ -2,6 +2,9 @@
 every kernel launch in the lowered StableHLO as JSON (tests/test_ptx_launch.py checks the report):
 ``{"launches": {case: [launch, ...]}, "route_switch": [...], "export": {...}}``.
 
+``ptx_lowering.py programs`` lowers one program of each kind alone (:func:`main`);
+``ptx_lowering.py linear_layer`` the vjp of SlangPy's linear_layer example alone.
+
 Run by the test in a subprocess whose PYTHONPATH carries jaxlib's CUDA plugin (its Triton kernel
 launcher serialises the calls), with ``SLAX_NVRTC`` and ``SLAX_CUDA_COMPUTE_CAPABILITY`` set.
 Each custom call's serialised kernel call is decoded from its protobuf wire format, so the report
@@ -180,7 +183,12 @@ def export(function, *args) -> dict:
     }
 
 
-def main() -> None:
+def main(programs_only: bool = False) -> None:
+    """The report: one program of each kind slax lowers (a kernel, in place, Slang functions and
+    their derivatives, tensors, the MLP's two precisions, a route switch, export), and unless
+    ``programs_only`` the MLP's kernel families and variants too (:func:`kernel_cases`), which take
+    most of the time: they check the kernels' code, which no JAX release changes, so the tests
+    marked jax_version read the programs alone."""
     slax.config.cuda_launch = "ptx"
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=300), jnp.float32)
@@ -263,8 +271,34 @@ def main() -> None:
             params,
             data,
         )
+    cases["mlp_apply_grad_with_input_float32"] = (
+        jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum(), (0, 1)),
+        *cases["mlp_apply_grad_float32"][1:],
+    )
+    if not programs_only:
+        cases.update(kernel_cases(rng, cases))
+    report = {name: launches(function, *args) for name, (function, *args) in cases.items()}
+    if not programs_only:
+        with slax.config.override(tensor_cores=False):  # the tiled kernels every device runs
+            # traced afresh: the switch is read when mlp_loss_and_grad is traced, and JAX reuses the
+            # trace of a function it has seen
+            _, *args = cases["mlp_loss_and_grad_float32"]
+            report["mlp_loss_and_grad_float32_tiled"] = launches(
+                lambda *a: slax.nn.mlp_loss_and_grad(*a), *args
+            )
+    switch = route_switch(lambda v: poly(2.0, 8.0, -1.0, v), x)
+    value_and_grad = jax.value_and_grad(lambda v: poly(2.0, 8.0, -1.0, v).sum())
+    exported = export(value_and_grad, x)
+    json.dump({"launches": report, "route_switch": switch, "export": exported}, sys.stdout)
+
+
+def kernel_cases(rng: np.random.Generator, programs: dict) -> dict:
+    """The MLP's kernel families and their variants (precisions, widths, activations, second
+    derivatives), beyond :func:`main`'s one program of each kind; ``programs`` holds main's cases,
+    whose networks some of these reuse."""
+    cases = {}
     # float32 products at float32's accuracy (HIGHEST: 3xTF32), by the argument and by JAX's context
-    _, *args = cases["mlp_loss_and_grad_float32"]
+    _, *args = programs["mlp_loss_and_grad_float32"]
     cases["mlp_loss_and_grad_float32_highest"] = (
         lambda *a: slax.nn.mlp_loss_and_grad(*a, precision="highest"),
         *args,
@@ -358,20 +392,7 @@ def main() -> None:
             network,
             rows,
         )
-    cases["mlp_apply_grad_with_input_float32"] = (
-        jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum(), (0, 1)),
-        *cases["mlp_apply_grad_float32"][1:],
-    )
-    report = {name: launches(function, *args) for name, (function, *args) in cases.items()}
-    with slax.config.override(tensor_cores=False):  # the tiled kernels every device runs
-        # traced afresh: the switch is read when mlp_loss_and_grad is traced, and JAX reuses the
-        # trace of a function it has seen
-        _, *args = cases["mlp_loss_and_grad_float32"]
-        report["mlp_loss_and_grad_float32_tiled"] = launches(lambda *a: slax.nn.mlp_loss_and_grad(*a), *args)
-    switch = route_switch(lambda v: poly(2.0, 8.0, -1.0, v), x)
-    value_and_grad = jax.value_and_grad(lambda v: poly(2.0, 8.0, -1.0, v).sum())
-    exported = export(value_and_grad, x)
-    json.dump({"launches": report, "route_switch": switch, "export": exported}, sys.stdout)
+    return cases
 
 
 def linear_layer_vjp() -> None:
@@ -397,4 +418,7 @@ def linear_layer_vjp() -> None:
 
 
 if __name__ == "__main__":
-    linear_layer_vjp() if sys.argv[1:] == ["linear_layer"] else main()
+    if sys.argv[1:] == ["linear_layer"]:
+        linear_layer_vjp()
+    else:
+        main(programs_only=sys.argv[1:] == ["programs"])
