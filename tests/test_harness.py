@@ -368,6 +368,29 @@ def test_bad_values_are_refused_by_argparse_naming_the_flag(script, flag, value,
     assert "loading JAX" not in result.stdout
 
 
+def _parse_with_device_defaults(*flags):
+    parser = argparse.ArgumentParser()
+    steps, batch = harness.DeviceDefault(cpu=300, gpu=2000), harness.DeviceDefault(cpu=512, gpu=4096)
+    harness.add_common_arguments(parser, steps=steps, batch=batch, chunk=100)
+    return parser.parse_args(list(flags))
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_a_device_default_gives_the_devices_value_and_a_given_flag_wins(on_gpu):
+    args = _parse_with_device_defaults("--batch", "64")
+    harness.resolve_device_defaults(args, on_gpu=on_gpu)
+    assert (args.steps, args.batch, args.chunk) == ((2000 if on_gpu else 300), 64, 100)
+
+
+def test_prepare_run_chooses_the_defaults_of_the_device_jax_runs_on(tmp_path):
+    """The values are chosen before the flags are checked, and metrics.json's config records them."""
+    args = _parse_with_device_defaults("--out", str(tmp_path))
+    harness.prepare_run("test", args)
+    expected = (2000, 4096) if harness.on_cuda() else (300, 512)
+    assert (args.steps, args.batch) == expected
+    assert (harness.run_config(args)["steps"], harness.run_config(args)["batch"]) == expected
+
+
 def test_checkpoint_interval_rounded_to_whole_chunks_says_so(tmp_path, capsys):
     harness.validate_arguments("test", _parse("--checkpoint-every", "15", "--chunk", "10"))
     assert "--checkpoint-every 15 is rounded up to 20" in capsys.readouterr().out
