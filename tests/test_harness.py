@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import textwrap
@@ -389,6 +390,18 @@ def test_prepare_run_chooses_the_defaults_of_the_device_jax_runs_on(tmp_path):
     expected = (2000, 4096) if harness.on_cuda() else (300, 512)
     assert (args.steps, args.batch) == expected
     assert (harness.run_config(args)["steps"], harness.run_config(args)["batch"]) == expected
+
+
+@pytest.mark.parametrize("script", ["sdf.py", "image.py"])
+def test_help_shows_each_device_default_for_both_devices(script):
+    """``--help`` answers before JAX is imported, so it cannot know the device: it shows both."""
+    result = run_python(f"experiments/{script}", "--help", timeout=120)
+    assert result.returncode == 0, result.stderr
+    help_text = " ".join(result.stdout.split())
+    shown = re.findall(r"\(default (\d+) on a CPU, (\d+) on a GPU\)", help_text)
+    assert len(shown) >= 2, help_text  # --steps and --batch at least
+    assert all(int(cpu) < int(gpu) for cpu, gpu in shown), shown
+    assert re.search(r"Run time of the defaults: .+ on a 2-core CPU .+ On a GPU", help_text), help_text
 
 
 def test_checkpoint_interval_rounded_to_whole_chunks_says_so(tmp_path, capsys):
