@@ -14,6 +14,7 @@ comes as one line per chunk, and plots are skipped with a note saying what to in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -118,8 +119,45 @@ finite_float = _flag_type(float, math.isfinite, "a finite number")
 """Targets a run is checked against: a NaN target is missed whatever the run does."""
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, batch: int, chunk: int) -> None:
-    """Flags every experiment takes; each script's docstring says how long its defaults take."""
+@dataclasses.dataclass(frozen=True)
+class DeviceDefault:
+    """A flag's default that depends on where JAX runs: ``cpu`` on the CPU, ``gpu`` on a CUDA GPU,
+    so that a run of the defaults ends in minutes on a laptop and runs the full-size task on a GPU.
+
+    argparse keeps it as the flag's value until :func:`prepare_run` knows the device (finding out
+    imports JAX, which ``--help`` must not wait for) and puts the chosen value in its place
+    (:func:`resolve_device_defaults`); a flag given on the command line is a plain value and stays.
+    ``--help`` shows both: ``(default 300 on a CPU, 2000 on a GPU)``."""
+
+    cpu: Any
+    gpu: Any
+
+    def __str__(self) -> str:
+        return f"{self.cpu} on a CPU, {self.gpu} on a GPU"
+
+
+def resolve_device_defaults(args: argparse.Namespace, *, on_gpu: bool | None = None) -> None:
+    """Replaces each :class:`DeviceDefault` among ``args`` by its value for the device: its ``gpu``
+    one where ``on_gpu`` (by default: where JAX runs on CUDA, :func:`on_cuda`), else its ``cpu``
+    one."""
+    defaults = {key: value for key, value in vars(args).items() if isinstance(value, DeviceDefault)}
+    if not defaults:
+        return
+    if on_gpu is None:
+        on_gpu = on_cuda()
+    for key, default in defaults.items():
+        setattr(args, key, default.gpu if on_gpu else default.cpu)
+
+
+def add_common_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    steps: int | DeviceDefault,
+    batch: int | DeviceDefault,
+    chunk: int | DeviceDefault,
+) -> None:
+    """Flags every experiment takes; each script's docstring says how long its defaults take (on a
+    CPU and on a GPU, where a :class:`DeviceDefault` sets them apart)."""
     parser.add_argument(
         "--steps", type=positive_int, default=steps, help="training steps (default %(default)s)"
     )
@@ -346,13 +384,15 @@ def run_directory(name: str, out: pathlib.Path | None) -> pathlib.Path:
 
 
 def prepare_run(name: str, args: argparse.Namespace) -> tuple[pathlib.Path, dict[str, Any]]:
-    """Checks the flags (:func:`validate_arguments`), applies --device and --launch, makes the output
-    dir; returns it and the run's devices as metrics.json records them: JAX's device, the SlangPy
-    device and the launch route that ran slax's kernels. Says them in one line, and on a CPU route
-    what CPU routes are for (:data:`CPU_ROUTE_NOTE`)."""
+    """Chooses the defaults for the device (:func:`resolve_device_defaults`), checks the flags
+    (:func:`validate_arguments`), applies --device and --launch, makes the output dir; returns it
+    and the run's devices as metrics.json records them: JAX's device, the SlangPy device and the
+    launch route that ran slax's kernels. Says them in one line, and on a CPU route what CPU routes
+    are for (:data:`CPU_ROUTE_NOTE`)."""
 
     import slax
 
+    resolve_device_defaults(args)
     validate_arguments(name, args)
     apply_launch(args)
     if args.device != "auto":

@@ -24,9 +24,12 @@ Writes metrics.json (per model the reconstruction's MSE against the photograph a
 every pixel centre), loss.png and image.png (the photograph, both fits and slax's error) to --out.
 With --target-psnr, exits 1 if slax's reconstruction ends below it.
 
-Run time of the defaults: about 8 minutes on a 2-core CPU (SlangPy's CPU device, kernels compiled
-afresh), most of it slax's steps (3 a second there). On a GPU: not timed at these defaults (an H100
-trained 2000 float16 steps of 65536 points in about a second: BENCHMARKS.md).
+The defaults depend on where JAX runs (``--help`` gives both): on a CPU 500 steps of 4096 points
+on a 256x256 photograph (about 23 dB: the portrait recognisable, blurred), on a GPU 1000 steps of
+16384 points on the 512x512 one. Run time of the defaults: about 2 minutes on a 2-core CPU
+(SlangPy's CPU device, kernels compiled afresh; timed while other work shared the machine), 70 s of
+it slax's steps (7 a second there). On a GPU: not timed at these defaults (an H100 trained 2000
+float16 steps of 65536 points in about a second: BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -46,11 +49,16 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=harness.HelpFormatter,
         epilog=harness.exit_status_help("slax's reconstruction ends below --target-psnr"),
     )
-    harness.add_common_arguments(parser, steps=1000, batch=16384, chunk=100)
+    harness.add_common_arguments(
+        parser,
+        steps=harness.DeviceDefault(cpu=500, gpu=1000),
+        batch=harness.DeviceDefault(cpu=4096, gpu=16384),
+        chunk=100,
+    )
     parser.add_argument(
         "--size",
         type=harness.positive_int,
-        default=512,
+        default=harness.DeviceDefault(cpu=256, gpu=512),
         help="image side, a divisor of 512 (default %(default)s)",
     )
     parser.add_argument(
@@ -72,7 +80,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="exit 1 if slax's reconstruction ends below this PSNR in dB (default: not checked)",
     )
     args = parser.parse_args(argv)
-    if 512 % args.size:
+    if isinstance(args.size, int) and 512 % args.size:  # given; both defaults divide it
         parser.error(f"--size must divide 512 (the photograph's crop); got {args.size}.")
     return args
 

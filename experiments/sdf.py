@@ -15,9 +15,12 @@ of the network); the whole loop runs in jitted lax.scan chunks. The same network
 Writes metrics.json, loss.png and slice.png (both fields and the true one on the plane y = 0) to
 --out. With --target-mse, exits 1 if slax's held-out squared distance error ends above it.
 
-Run time of the defaults: about 8 minutes on a 2-core CPU (SlangPy's CPU device, kernels compiled
-afresh), most of it slax's steps (5 a second there). On a GPU the steps take under two seconds (an
-H100's rows in BENCHMARKS.md); loading JAX and slax and compiling take the rest.
+The defaults depend on where JAX runs (``--help`` gives both): on a CPU 1500 steps of 512 points,
+enough for the torus's hole to open in the slice, on a GPU 2000 steps of 4096 points. Run time of
+the defaults: about 2.5 minutes on a 2-core CPU (SlangPy's CPU device, kernels compiled afresh;
+timed while other work shared the machine), 80 s of it slax's steps (19 a second there). On a
+GPU the steps take under two seconds (an H100's rows in BENCHMARKS.md); loading JAX and slax and
+compiling take the rest.
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=harness.HelpFormatter,
         epilog=harness.exit_status_help("slax's held-out squared distance error ends above --target-mse"),
     )
-    harness.add_common_arguments(parser, steps=2000, batch=4096, chunk=250)
+    harness.add_common_arguments(
+        parser,
+        steps=harness.DeviceDefault(cpu=1500, gpu=2000),
+        batch=harness.DeviceDefault(cpu=512, gpu=4096),
+        chunk=250,
+    )
     parser.add_argument(
         "--lr", type=harness.positive_float, default=3e-3, help="Adam learning rate, cosine-decayed"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import textwrap
@@ -366,6 +367,41 @@ def test_bad_values_are_refused_by_argparse_naming_the_flag(script, flag, value,
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"error: argument {flag}: must be {expected}; got {value!r}" in result.stderr, result.stderr
     assert "loading JAX" not in result.stdout
+
+
+def _parse_with_device_defaults(*flags):
+    parser = argparse.ArgumentParser()
+    steps, batch = harness.DeviceDefault(cpu=300, gpu=2000), harness.DeviceDefault(cpu=512, gpu=4096)
+    harness.add_common_arguments(parser, steps=steps, batch=batch, chunk=100)
+    return parser.parse_args(list(flags))
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_a_device_default_gives_the_devices_value_and_a_given_flag_wins(on_gpu):
+    args = _parse_with_device_defaults("--batch", "64")
+    harness.resolve_device_defaults(args, on_gpu=on_gpu)
+    assert (args.steps, args.batch, args.chunk) == ((2000 if on_gpu else 300), 64, 100)
+
+
+def test_prepare_run_chooses_the_defaults_of_the_device_jax_runs_on(tmp_path):
+    """The values are chosen before the flags are checked, and metrics.json's config records them."""
+    args = _parse_with_device_defaults("--out", str(tmp_path))
+    harness.prepare_run("test", args)
+    expected = (2000, 4096) if harness.on_cuda() else (300, 512)
+    assert (args.steps, args.batch) == expected
+    assert (harness.run_config(args)["steps"], harness.run_config(args)["batch"]) == expected
+
+
+@pytest.mark.parametrize("script", ["sdf.py", "image.py"])
+def test_help_shows_each_device_default_for_both_devices(script):
+    """``--help`` answers before JAX is imported, so it cannot know the device: it shows both."""
+    result = run_python(f"experiments/{script}", "--help", timeout=120)
+    assert result.returncode == 0, result.stderr
+    help_text = " ".join(result.stdout.split())
+    shown = re.findall(r"\(default (\d+) on a CPU, (\d+) on a GPU\)", help_text)
+    assert len(shown) >= 2, help_text  # --steps and --batch at least
+    assert all(int(cpu) < int(gpu) for cpu, gpu in shown), shown
+    assert re.search(r"Run time of the defaults: .+ on a 2-core CPU .+ On a GPU", help_text), help_text
 
 
 def test_checkpoint_interval_rounded_to_whole_chunks_says_so(tmp_path, capsys):
