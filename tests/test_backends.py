@@ -118,6 +118,7 @@ def test_a_forced_backend_runs_every_operation(sizes, backend, lowered):
     assert {key[1:] for key in lowered} == {("mlp_loss_grad", False)}
 
 
+@pytest.mark.one_device_kind  # refused when traced or described: no kernel runs
 @pytest.mark.parametrize(
     ("sizes", "dtype", "backend", "platform", "capability", "tensor_cores", "why"),
     [
@@ -181,6 +182,7 @@ def test_forcing_a_backend_that_does_not_fit_is_refused(
 # --- the choice ---------------------------------------------------------------------------------
 
 
+@pytest.mark.one_device_kind  # describe's rule, the same on every route: no kernel runs
 @pytest.mark.parametrize(
     ("sizes", "dtype", "platform", "capability", "tensor_cores", "apply", "loss_and_grad", "says"),
     [

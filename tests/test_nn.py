@@ -34,6 +34,10 @@ FLOAT32_ON_EVERY_JAX = pytest.param("float32", marks=pytest.mark.jax_version)
 which changes the kernels alone."""
 
 
+NO_KERNEL_RUNS = pytest.mark.one_device_kind
+"""For tests of slax.nn's Python that run no kernel: argument checks and their messages, what is
+refused when traced or lowered, the launch arithmetic, the twin: the same on every route."""
+
 JAX_VERSION_SIZES = SIZES[1]
 """The network of the size-parametrized tests CI runs on every JAX release: the rules are the same
 for every size and dtype, which choose the kernels alone."""
@@ -141,6 +145,7 @@ def test_depth_is_not_capped_by_push_constants():
     assert_float32_mlp_matches_reference((3, 6, 5, 6, 5, 6, 5, 6, 2), seed=11)
 
 
+@NO_KERNEL_RUNS
 def test_layers_too_wide_for_the_kernels_run_on_xla_and_forcing_a_kernel_is_refused(monkeypatch):
     """A wide network runs a tile of samples per thread group with every layer's activations in
     group-shared memory: when even one sample's do not fit (3-4000-4000: 12,263 floats in 8192),
@@ -167,6 +172,7 @@ def test_layers_too_wide_for_the_kernels_run_on_xla_and_forcing_a_kernel_is_refu
         jax.jit(jax.grad(lambda p: nn.mlp_apply(p, x).sum())).trace(shapes)
 
 
+@NO_KERNEL_RUNS
 @pytest.mark.jax_version
 def test_batches_past_uint_indices_are_refused_before_they_run(fused_kernels):
     """The kernels number threads and index samples' elements with 32-bit uints. A wide network
@@ -191,6 +197,7 @@ def test_batches_past_uint_indices_are_refused_before_they_run(fused_kernels):
         loss_and_grad.lower(narrow, too_many, too_many)
 
 
+@NO_KERNEL_RUNS
 def test_gradient_thread_groups_past_uint_sample_positions_are_refused():
     """A wide network's gradient kernels step through whole tiles: with one input and one output,
     2**32 - 1 samples fit every buffer, but the last thread group's tiles reach past sample 2**32,
@@ -226,6 +233,7 @@ def test_large_batch_gradients_are_race_free(sizes, batch, dtype, fused_kernels)
         assert np.array_equal(again, first), "the reduction is not deterministic"
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("threads_wanted", [1 << 15, 64, 1])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads_wanted):
@@ -250,6 +258,7 @@ def test_samples_per_thread_change_only_the_rounding(monkeypatch, dtype, threads
             assert relative_error(got[k], want) < RELATIVE_TOLERANCE[dtype]
 
 
+@NO_KERNEL_RUNS
 @pytest.mark.jax_version
 def test_an_empty_batch_launches_nothing_and_gives_zeros():
     """No samples: no kernel runs (a launch would read past the empty buffers), the output is empty,
@@ -264,6 +273,7 @@ def test_an_empty_batch_launches_nothing_and_gives_zeros():
         assert jacobian.shape == x.shape + x.shape
 
 
+@NO_KERNEL_RUNS
 @pytest.mark.parametrize("batch", [(0,), (3, 0)], ids=["empty", "empty-groups"])
 @pytest.mark.parametrize("loss", [nn.mlp_loss_and_grad, nn.mlp_loss_reference], ids=lambda f: f.__name__)
 def test_the_loss_of_an_empty_batch_is_refused(loss, batch):
@@ -279,6 +289,7 @@ def test_the_loss_of_an_empty_batch_is_refused(loss, batch):
             call(params, x, target)
 
 
+@NO_KERNEL_RUNS
 def test_samples_per_thread_follow_the_batch_and_the_group():
     """Narrow networks: one sample a thread until a launch would exceed THREADS_WANTED threads, then
     more, up to MAX_SAMPLES_PER_THREAD, but never more than a thread group needs for its vmapped
@@ -292,6 +303,7 @@ def test_samples_per_thread_follow_the_batch_and_the_group():
     assert per_thread(1 << 20, 200) == 4  # 200 samples: a thread group of 4 each
 
 
+@NO_KERNEL_RUNS
 def test_tiles_per_thread_group_follow_the_batch_and_the_group():
     """Wide networks: a tile (16 samples of the digits network) per thread group until a launch
     would exceed BLOCKS_WANTED thread groups, then more, but never more than a vmapped group has."""
@@ -404,6 +416,8 @@ def test_training_matches_pure_jax():
     np.testing.assert_allclose(losses, reference, rtol=1e-3)
 
 
+@pytest.mark.one_device_kind  # the layout and XLA's program (the kernels of 4-16-4 on each route:
+# test_apply_and_its_gradients_match_reference, test_training_matches_pure_jax)
 def test_ravelled_parameters_are_the_kernels_layout():
     """``ravel_pytree(params)`` is the kernels' parameter layout, so a training state kept as that
     vector (``_training.parameter_state``) packs nothing per step: compiled, a loss and gradient
@@ -450,6 +464,7 @@ def test_scan_over_apply():
     assert relative_error(jax.jit(lambda: iterate(nn.mlp_apply))(), iterate(nn.mlp_apply_reference)) < 1e-5
 
 
+@NO_KERNEL_RUNS
 def test_init_shapes_and_range():
     params = nn.mlp_init(jax.random.key(0), (3, 7, 5), jnp.float16)
     assert [(p["weight"].shape, p["bias"].shape) for p in params] == [((7, 3), (7,)), ((5, 7), (5,))]
@@ -458,6 +473,7 @@ def test_init_shapes_and_range():
     assert float(jnp.std(params[0]["weight"])) > 0.1
 
 
+@NO_KERNEL_RUNS
 def test_errors_are_specific():
     params = nn.mlp_init(jax.random.key(0), (3, 7, 5))
     with pytest.raises(ValueError, match=r"mlp_apply: x must have shape \(\.\.\., 3\); got \(4, 4\)"):
@@ -474,6 +490,7 @@ def test_errors_are_specific():
         nn.mlp_init(jax.random.key(0), (3, 4), jnp.int32)
 
 
+@NO_KERNEL_RUNS
 @pytest.mark.parametrize("sizes", [(4, 0, 3), (64, 64, 0), (0, 5)], ids=lambda s: "-".join(map(str, s)))
 def test_layers_of_no_width_are_refused(sizes):
     """mlp_init refuses a width below 1; parameters built by hand with one ran the per-sample
@@ -496,6 +513,7 @@ def test_layers_of_no_width_are_refused(sizes):
             call()
 
 
+@NO_KERNEL_RUNS
 @pytest.mark.parametrize("transform", [pytest.param("grad", marks=pytest.mark.jax_version), "jvp", "hessian"])
 def test_differentiating_loss_and_grad_points_to_mlp_apply(transform):
     params = nn.mlp_init(jax.random.key(0), (3, 4, 2))
@@ -513,6 +531,7 @@ def test_differentiating_loss_and_grad_points_to_mlp_apply(transform):
         differentiate()
 
 
+@NO_KERNEL_RUNS
 def test_reference_multiplies_at_the_requested_precision():
     """The twin is the reference: full float32 by default (not TF32, JAX's default on tensor-core
     GPUs); ``precision=None`` gives JAX's default, for benchmarks of plain JAX."""
@@ -557,6 +576,7 @@ def test_the_cpu_device_gives_the_vulkan_routes_results(dtype):
         assert relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
 
 
+@NO_KERNEL_RUNS
 @pytest.mark.jax_version
 def test_lists_are_refused_as_jax_numpy_refuses_them():
     """A list for x (or target) is refused naming the function and argument, as jax.numpy's
