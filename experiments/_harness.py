@@ -117,6 +117,8 @@ non_negative_float = _flag_type(
 )
 finite_float = _flag_type(float, math.isfinite, "a finite number")
 """Targets a run is checked against: a NaN target is missed whatever the run does."""
+log2_table_size = _flag_type(int, lambda value: 1 <= value <= 24, "an integer from 1 to 24")
+"""A hash encoding's log2 entries per level, up to the paper's largest table (2^24)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +219,26 @@ def add_wide_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--wide-input", type=positive_int, default=32, help="--network wide: input width")
     parser.add_argument("--wide-output", type=positive_int, default=16, help="--network wide: output width")
+
+
+def add_hash_encoding_arguments(
+    parser: argparse.ArgumentParser, *, default_levels: int, default_log2_table_size: int, default_lr: float
+) -> None:
+    """The flags of the hash-encoded models (ngp_image.py, ngp_sdf.py; ``_ngp.py``): the encoding's
+    levels and table size, and Adam's learning rate. The finest resolution is each script's own (an
+    image's pixels, a field's detail)."""
+    parser.add_argument(
+        "--levels", type=positive_int, default=default_levels, help="the encoding's levels (L)"
+    )
+    parser.add_argument(
+        "--log2-table-size",
+        type=log2_table_size,
+        default=default_log2_table_size,
+        help="log2 of the entries per level (T; the paper's 19 at full size)",
+    )
+    parser.add_argument(
+        "--lr", type=positive_float, default=default_lr, help="Adam learning rate, cosine-decayed"
+    )
 
 
 def wide_name(inputs: int, width: int, hidden_layers: int, outputs: int) -> str:

@@ -108,6 +108,21 @@ def training_step(
     return step
 
 
+def gradient_disagreement(
+    loss_and_grads: dict[str, LossAndGrad], params: Any, batch: Batch
+) -> dict[str, float]:
+    """How far slax's loss gradient is from plain JAX's at ``params`` on one ``batch``: the largest
+    absolute difference over every parameter, and that relative to plain JAX's largest entry.
+    ``loss_and_grads`` holds both models' ``(params, *batch) -> (loss, grads)`` by name, ``"slax"``
+    and ``"jax"``; each is jitted here."""
+    _, g_slax = jax.jit(loss_and_grads["slax"])(params, *batch)
+    _, g_jax = jax.jit(loss_and_grads["jax"])(params, *batch)
+    pairs = zip(jax.tree.leaves(g_slax), jax.tree.leaves(g_jax))
+    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in pairs)
+    scale = max(float(np.max(np.abs(np.asarray(g)))) for g in jax.tree.leaves(g_jax))
+    return {"max_abs_difference": worst, "max_difference_relative_to_largest": worst / scale}
+
+
 class _ChunkLines:
     """Progress as one printed line per chunk, where tqdm is not installed (tqdm's interface)."""
 

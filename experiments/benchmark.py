@@ -289,11 +289,14 @@ def loss_and_grad(network: str, model: str, dtype):
             return nn.mlp_apply(params, x)
         return nn.mlp_apply_reference(params, x, precision=precision)
 
+    def forward(p, x):  # the network in dtype, its output float32
+        return apply(*cast((p, x), dtype)).astype(jnp.float32)
+
     if network == "sdf":
-        return jax.value_and_grad(sdf.sdf_loss(apply, dtype))
+        return jax.value_and_grad(sdf.sdf_loss(forward))
 
     def cross_entropy(p, x, labels):
-        logits = apply(*cast((p, x), dtype)).astype(jnp.float32)
+        logits = forward(p, x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     return jax.value_and_grad(cross_entropy)

@@ -9,15 +9,21 @@ jitted lax.scan chunks. Beside it the same model in plain JAX (``slax.nn.hash_en
 gathers and XLA's scatter-add, and ``slax.nn.mlp_apply_reference``) trains from the same
 initialisation on the same points.
 
+--dtype float16 runs both MLPs in half precision, as instant-NGP does, with the tables float32: the
+encoding's output is cast to float16 for the MLP, which runs on a half copy of float32 parameters
+(experiments/_ngp.py says why), and the loss is float32's.
+
 The image is procedural, sharp at every scale: a checkerboard of 16 squares a side, each with a ring
 whose radius grows across the image, in three colours (--size pixels a side; 2048 is the issue's
 size on a GPU). The default, 128, suits the CPU routes.
 
-    python experiments/ngp_image.py --size 2048 --steps 2000 --batch 262144 --log2-table-size 19
+    python experiments/ngp_image.py --size 2048 --steps 2000 --batch 262144 --log2-table-size 19 \\
+        --dtype float16
 
 Writes metrics.json (per model the reconstruction's MSE and PSNR over every pixel centre, and its
-PSNR after every chunk), loss.png, psnr.png (PSNR against steps) and image.png (the image, both fits
-and slax's error) to --out. With --target-psnr, exits 1 if slax's reconstruction ends below it.
+PSNR after every chunk; the encoding and each part's dtype), loss.png, psnr.png (PSNR against
+steps) and image.png (the image, both fits and slax's error) to --out. With --target-psnr, exits 1
+if slax's reconstruction ends below it.
 
 Run time of the defaults: under 2 minutes on a 2-core CPU (SlangPy's CPU device, kernels compiled
 afresh). On a GPU: not timed.
@@ -30,9 +36,6 @@ import sys
 
 import _harness as harness
 
-HIDDEN = (64, 64)
-"""The MLP's hidden widths (the issue's 32-64-64-3 with the default 16 levels of 2 features)."""
-
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -44,15 +47,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--size", type=harness.positive_int, default=128, help="image side in pixels, at least 16"
     )
-    parser.add_argument("--levels", type=harness.positive_int, default=16, help="the encoding's levels (L)")
-    parser.add_argument(
-        "--log2-table-size",
-        type=harness.positive_int,
-        default=14,
-        help="log2 of the entries per level (T; the paper's 19 at full size)",
-    )
-    parser.add_argument(
-        "--lr", type=harness.positive_float, default=1e-2, help="Adam learning rate, cosine-decayed"
+    harness.add_hash_encoding_arguments(
+        parser, default_levels=16, default_log2_table_size=14, default_lr=1e-2
     )
     parser.add_argument(
         "--target-psnr",
@@ -61,14 +57,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="exit 1 if slax's reconstruction ends below this PSNR in dB (default: not checked)",
     )
     args = parser.parse_args(argv)
-    if args.dtype != "float32":
-        parser.error("--dtype float16: the hash encoding's tables are float32; use float32.")
     if args.size < 16:
         parser.error(f"--size must be at least 16 (the coarsest level's resolution); got {args.size}.")
-    if args.log2_table_size > 24:
-        parser.error(
-            f"--log2-table-size must be at most 24 (the paper's largest); got {args.log2_table_size}."
-        )
     return args
 
 
@@ -76,25 +66,14 @@ if __name__ == "__main__":
     harness.parse_first(parse_arguments, "ngp_image")
 
 # After the flags: JAX and slax take seconds to import.
+import _ngp as ngp
 import _plots as plots
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import texture
-from _training import fit, result_line
-
-from slax import nn
-
-
-def encoding_config(args: argparse.Namespace) -> nn.HashEncodingConfig:
-    return nn.HashEncodingConfig(
-        dimensions=2,
-        levels=args.levels,
-        log2_table_size=args.log2_table_size,
-        coarsest_resolution=16,
-        finest_resolution=args.size,
-    )
+from _training import fit, gradient_disagreement, result_line
 
 
 def procedural_image(size: int) -> np.ndarray:
@@ -113,21 +92,9 @@ def procedural_image(size: int) -> np.ndarray:
     return image.astype(np.float32)
 
 
-def model(name: str, config: nn.HashEncodingConfig):
-    """``(params, uv (N, 2)) -> RGB (N, 3)`` of ``"slax"`` or of plain ``"jax"``."""
-    encode, apply = (
-        (nn.hash_encode, nn.mlp_apply)
-        if name == "slax"
-        else (nn.hash_encode_reference, nn.mlp_apply_reference)
-    )
-
-    def predict(params, uv):
-        return apply(params["mlp"], encode(params["tables"], uv, config))
-
-    return predict
-
-
 def loss_and_grad(predict):
+    """``(params, uv, target) -> (loss, grads)``: the mean squared error of ``predict(params, uv)``
+    (:func:`_ngp.model`, float32)."""
     return jax.value_and_grad(lambda params, uv, target: jnp.mean((predict(params, uv) - target) ** 2))
 
 
@@ -145,17 +112,6 @@ def reconstruct(predict, params, size: int) -> np.ndarray:
 
     blocks = [np.asarray(block(float(first))) for first in range(0, size, rows_per_block)]
     return np.concatenate(blocks)[:size]
-
-
-def grad_disagreement(predictors, params, draw_batch, key) -> dict[str, float]:
-    """How far slax's gradient at the initial parameters is from plain JAX's on one batch."""
-    batch = draw_batch(key)
-    _, g_slax = jax.jit(loss_and_grad(predictors["slax"]))(params, *batch)
-    _, g_jax = jax.jit(loss_and_grad(predictors["jax"]))(params, *batch)
-    pairs = zip(jax.tree.leaves(g_slax), jax.tree.leaves(g_jax))
-    worst = max(float(jnp.max(jnp.abs(a - b))) for a, b in pairs)
-    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(g_jax))
-    return {"max_abs_difference": worst, "max_difference_relative_to_largest": worst / scale}
 
 
 def plot_psnr(path, evaluations: dict[str, list[tuple[int, float]]], title: str) -> None:
@@ -180,18 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         "on a first run) ...",
         flush=True,
     )
-    config = encoding_config(args)
+    config = ngp.encoding_config(args, dimensions=2, finest_resolution=args.size)
     image = jnp.asarray(procedural_image(args.size))
-    table_key, mlp_key, data_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
-    sizes = (config.output_features, *HIDDEN, 3)
-    params = {
-        "tables": nn.hash_encoding_init(table_key, config),
-        "mlp": nn.mlp_init(mlp_key, sizes, activation="relu"),
-    }
+    init_key, data_key, grad_key = jax.random.split(jax.random.key(args.seed), 3)
+    params = ngp.init_params(init_key, config, outputs=3)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01), eps=1e-15)
     draw_batch = texture.batch_drawer(texture.bilinear_reference, image, args.batch)
-    predictors = {name: model(name, config) for name in ("slax", "jax")}
-    disagreement = grad_disagreement(predictors, params, draw_batch, grad_key)
+    predictors = {name: ngp.model(name, config, jnp.dtype(args.dtype)) for name in ("slax", "jax")}
+    disagreement = gradient_disagreement(
+        {name: loss_and_grad(predict) for name, predict in predictors.items()}, params, draw_batch(grad_key)
+    )
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
         f"relative {disagreement['max_difference_relative_to_largest']:.3g}"
@@ -226,14 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = {
         "config": harness.run_config(args),
         "device": device,
-        "encoding": {
-            "levels": config.levels,
-            "features_per_level": config.features_per_level,
-            "log2_table_size": config.log2_table_size,
-            "resolutions": config.resolutions,
-            "dense_levels": config.dense_levels,
-        },
-        "sizes": sizes,
+        "encoding": ngp.encoding_metrics(config, args.dtype),
+        "sizes": ngp.mlp_sizes(config, 3),
         "step0_gradient_slax_vs_jax": disagreement,
         "slax_image_vs_jax_image_max_abs": float(np.max(np.abs(fitted["slax"] - fitted["jax"]))),
         **results,

@@ -48,6 +48,7 @@ if __name__ == "__main__":
 # After the flags: JAX and slax take seconds to import.
 import time
 
+import _ngp as ngp
 import jax
 import jax.numpy as jnp
 import ngp_image
@@ -76,11 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     config = nn.HashEncodingConfig(
         dimensions=2, levels=LEVELS, log2_table_size=LOG2_TABLE_SIZE, finest_resolution=FINEST
     )
-    table_key, mlp_key, point_key, value_key = jax.random.split(jax.random.key(0), 4)
-    params = {
-        "tables": nn.hash_encoding_init(table_key, config),
-        "mlp": nn.mlp_init(mlp_key, (config.output_features, 64, 64, 3), activation="relu"),
-    }
+    init_key, point_key, value_key = jax.random.split(jax.random.key(0), 3)
+    params = ngp.init_params(init_key, config, outputs=3)
     x = jax.random.uniform(point_key, (args.batch, 2))
     target = jax.random.uniform(value_key, (args.batch, 3))
 
@@ -110,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return optax.apply_updates(tables, updates), state
 
     def step(name):
-        gradient = ngp_image.loss_and_grad(ngp_image.model(name, config))
+        gradient = ngp_image.loss_and_grad(ngp.model(name, config, jnp.float32))
 
         def run(params, state):
             loss, grads = gradient(params, x, target)

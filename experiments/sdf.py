@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import _harness as harness
 
@@ -64,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _training import cast, fit, result_line
+from _training import cast, fit, gradient_disagreement, result_line
 
 from slax import nn
 
@@ -85,37 +87,41 @@ def sample(key: jax.Array, batch: int) -> tuple[jax.Array, jax.Array]:
     return points, torus_distance(points)[:, None]
 
 
-def sdf_loss(apply, dtype):
-    """``(params, points, distances) -> loss``: the squared distance error plus EIKONAL_WEIGHT times
-    the eikonal residual, the network ``apply(params, x)`` run in ``dtype`` on float32 master
-    parameters."""
+Field = Callable[[Any, jax.Array], jax.Array]
+"""A learnt field: ``(params, points (..., 3) float32) -> float32 distances (..., 1)``."""
+
+
+def network(name: str, dtype: Any) -> Field:
+    """The 3-64-64-64-1 MLP as a :data:`Field`, slax's (``"slax"``) or plain JAX's (``"jax"``), run
+    in ``dtype`` on float32 master parameters."""
+    apply = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
+
+    def field(params, points):
+        return apply(*cast((params, points), dtype)).astype(jnp.float32)
+
+    return field
+
+
+def sdf_loss(field: Field):
+    """``(params, points, distances) -> loss``: the squared distance error of ``field`` plus
+    EIKONAL_WEIGHT times the eikonal residual, ``(|grad_p field(params, p)| - 1)^2``."""
 
     def loss(params, points, distances):
-        params, points = cast((params, points), dtype)
-
-        def field(points):
-            return apply(params, points).astype(jnp.float32)
-
-        values, pullback = jax.vjp(field, points)
+        values, pullback = jax.vjp(lambda points: field(params, points), points)
         (gradient,) = pullback(jnp.ones_like(values))  # each point's own: the samples are independent
-        norm = jnp.linalg.norm(gradient.astype(jnp.float32), axis=-1)
+        norm = jnp.linalg.norm(gradient, axis=-1)
         fit = jnp.mean((values - distances) ** 2)
         return fit + EIKONAL_WEIGHT * jnp.mean((norm - 1.0) ** 2)
 
     return loss
 
 
-def model(name: str):
-    return nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
-
-
-def evaluate(apply, params, dtype, key, size=16384) -> dict[str, float]:
+def evaluate(field: Field, params, key, size=16384) -> dict[str, float]:
     """Held-out squared distance error, its mean within 0.1 of the surface, and the mean eikonal
     residual ``| |grad f| - 1 |``."""
     points, distances = sample(key, size)
-    params, points = cast((params, points), dtype)
-    values = apply(params, points).astype(jnp.float32)
-    gradient = jax.grad(lambda p: jnp.sum(apply(params, p).astype(jnp.float32)))(points).astype(jnp.float32)
+    values = field(params, points)
+    gradient = jax.grad(lambda p: jnp.sum(field(params, p)))(points)
     squared = (values - distances) ** 2
     near = jnp.abs(distances) < 0.1
     return {
@@ -125,27 +131,16 @@ def evaluate(apply, params, dtype, key, size=16384) -> dict[str, float]:
     }
 
 
-def grad_disagreement(fns, params, key, batch) -> dict[str, float]:
-    """How far slax's gradient of the loss (second derivatives of the network) at the initial
-    parameters is from plain JAX's, relative to JAX's largest entry."""
-    points, distances = sample(key, batch)
-    _, g_slax = fns["slax"](params, points, distances)
-    _, g_jax = fns["jax"](params, points, distances)
-    pairs = zip(jax.tree.leaves(g_slax), jax.tree.leaves(g_jax))
-    worst = max(float(jnp.max(jnp.abs(a - b))) for a, b in pairs)
-    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(g_jax))
-    return {"max_abs_difference": worst, "max_difference_relative_to_largest": worst / scale}
-
-
-def plot_slice(out, params_by_model, dtype, title) -> None:
-    """The plane y = 0: the true signed distance and each model's, on one colour scale, with their
-    zero level (the surface) drawn on each, and slax's absolute error."""
+def plot_slice(out, trained: dict[str, tuple[Field, Any]], title) -> None:
+    """The plane y = 0: the true signed distance and each model's (``trained``: its field and
+    parameters by name), on one colour scale, with their zero level (the surface) drawn on each,
+    and slax's absolute error."""
     grid = jnp.linspace(-1.0, 1.0, 128)
     x, z = jnp.meshgrid(grid, grid, indexing="xy")
     points = jnp.stack([x, jnp.zeros_like(x), z], axis=-1)
     fields = {"true distance": torus_distance(points)}
-    for name, params in params_by_model.items():
-        fields[f"{name} network"] = model(name)(*cast((params, points), dtype))[..., 0].astype(jnp.float32)
+    for name, (field, params) in trained.items():
+        fields[f"{name} network"] = field(params, points)[..., 0]
     fields["|slax - true|"] = jnp.abs(fields["slax network"] - fields["true distance"])
     low, high = float(fields["true distance"].min()), float(fields["true distance"].max())
     plt = plots.pyplot()
@@ -187,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     init_key, data_key, test_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
-    dtype = jnp.dtype(args.dtype)
-    fns = {name: jax.value_and_grad(sdf_loss(model(name), dtype)) for name in ("slax", "jax")}
-    disagreement = grad_disagreement(fns, params, grad_key, min(args.batch, 4096))
+    fields = {name: network(name, jnp.dtype(args.dtype)) for name in ("slax", "jax")}
+    fns = {name: jax.value_and_grad(sdf_loss(field)) for name, field in fields.items()}
+    disagreement = gradient_disagreement(fns, params, sample(grad_key, min(args.batch, 4096)))
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
         f"relative {disagreement['max_difference_relative_to_largest']:.3g}"
@@ -200,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         run, final = fit(
             name, params, fn, optimizer, lambda key: sample(key, args.batch), data_key, args, out
         )
-        trained[name], curves[name] = final, run.losses
-        results[name] = run.results(args.batch, evaluate(model(name), final, dtype, test_key))
+        trained[name], curves[name] = (fields[name], final), run.losses
+        results[name] = run.results(args.batch, evaluate(fields[name], final, test_key))
         quality = (
             f"held-out squared distance error {results[name]['test_mse']:.3e}, eikonal residual "
             f"{results[name]['eikonal_residual']:.3f}"
@@ -224,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         device,
         curves,
         "training loss (distance + 0.1 eikonal)",
-        {"slice.png": lambda title: plot_slice(out, trained, dtype, title)},
+        {"slice.png": lambda title: plot_slice(out, trained, title)},
     )
     harness.report_outputs(out)
     error = results["slax"]["test_mse"]

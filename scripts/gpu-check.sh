@@ -136,10 +136,17 @@ done
 # slax beside plain JAX.
 step image 300 "$PY" experiments/image.py --launch ptx --dtype float16 --steps 2000 --batch 65536 \
   --chunk 250 --target-psnr 20 --out "$out/image"
-# Issue 57: instant-NGP's image task at 2048x2048 (slax beside plain JAX, PSNR and steps/s), and
-# where its step's time goes against the memory-traffic floor.
+# Issue 57: instant-NGP's image task at 2048x2048 (slax beside plain JAX, PSNR and steps/s), with a
+# float32 MLP and a float16 one (float32 tables); its SDF task (3-D, resolutions 16 to 2048, the
+# eikonal term through the encoding) in float16; where the image step's time goes against the
+# memory-traffic floor.
 step ngp-image 300 "$PY" experiments/ngp_image.py --launch ptx --size 2048 --steps 400 --batch 262144 \
   --log2-table-size 19 --chunk 100 --out "$out/ngp-image"
+step ngp-image-float16 300 "$PY" experiments/ngp_image.py --launch ptx --size 2048 --steps 400 \
+  --batch 262144 --log2-table-size 19 --chunk 100 --dtype float16 --out "$out/ngp-image-float16"
+step ngp-sdf 300 "$PY" experiments/ngp_sdf.py --launch ptx --levels 16 --batch 262144 \
+  --log2-table-size 19 --finest-resolution 2048 --dtype float16 --steps 400 --chunk 100 \
+  --out "$out/ngp-sdf"
 step profile-encoding 300 "$PY" experiments/profile_encoding.py --launch ptx --json "$out/encoding-profile.json"
 step polynomial-mesh1 600 "$PY" experiments/polynomial.py --devices 1 --batch 65536 --steps 500 \
   --target-mse 1e-3 --out "$out/polynomial-mesh1"

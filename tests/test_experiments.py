@@ -72,7 +72,15 @@ def _assert_in_order(output: str, *starts: str) -> None:
 SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py") if not path.name.startswith("_"))
 """The scripts; experiments/_*.py are the modules they share."""
 
-TRAINING_SCRIPTS = {"polynomial.py", "digits.py", "texture.py", "sdf.py", "image.py", "ngp_image.py"}
+TRAINING_SCRIPTS = {
+    "polynomial.py",
+    "digits.py",
+    "texture.py",
+    "sdf.py",
+    "image.py",
+    "ngp_image.py",
+    "ngp_sdf.py",
+}
 """The scripts that train a model: each one's ``--help`` says how long its defaults take."""
 
 
@@ -200,6 +208,44 @@ def test_ngp_image_learns_a_small_image_and_writes_outputs(tmp_path):
     assert metrics["slax"]["image_psnr_db"] == pytest.approx(metrics["jax"]["image_psnr_db"], abs=0.1)
     assert [step for step, _ in metrics["slax"]["psnr_db_by_step"]] == [20, 40]
     for name in ("loss.png", "psnr.png", "image.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_ngp_image_in_float16_runs_both_mlps_in_half_precision(tmp_path):
+    """``--dtype float16``: float32 tables, both MLPs in float16 on the same casts, so slax's
+    gradient is plain JAX's at step 0 to half precision's rounding and both fits end alike."""
+    flags = ["--size", "32", "--levels", "4", "--log2-table-size", "8", "--batch", "512"]
+    flags += ["--steps", "20", "--chunk", "20", "--dtype", "float16"]
+    result = run_python("experiments/ngp_image.py", *flags, "--out", str(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["config"]["dtype"] == "float16"
+    assert (metrics["encoding"]["tables_dtype"], metrics["encoding"]["mlp_dtype"]) == ("float32", "float16")
+    half = float(np.finfo(np.float16).eps)
+    assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 10 * half
+    assert metrics["slax"]["image_psnr_db"] == pytest.approx(metrics["jax"]["image_psnr_db"], abs=0.2)
+
+
+@pytest.mark.slow
+def test_ngp_sdf_learns_the_torus_through_the_hash_encoding_and_writes_outputs(tmp_path):
+    """A 4-level 3-D hash encoding and the 64-wide MLP under the eikonal loss, 60 steps: slax's
+    second derivatives through encoding and MLP give plain JAX's loss gradient, both fields end
+    alike and well below the untrained error, and the outputs are written."""
+    flags = ["--levels", "4", "--log2-table-size", "16", "--finest-resolution", "32", "--batch", "256"]
+    flags += ["--steps", "60", "--chunk", "30", "--out", str(tmp_path)]
+    result = run_python("experiments/ngp_sdf.py", *flags, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"outputs in {tmp_path}: loss.png, metrics.json, slice.png" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["sizes"] == [8, 64, 64, 1]
+    assert metrics["encoding"]["resolutions"] == [16, 20, 25, 32]
+    assert metrics["step0_gradient_slax_vs_jax"]["max_difference_relative_to_largest"] < 1e-5
+    for key in ("test_mse", "test_mse_near_surface", "eikonal_residual"):
+        assert metrics["slax"][key] == pytest.approx(metrics["jax"][key], rel=1e-3)
+    assert metrics["slax"]["test_mse"] < metrics["untrained_test_mse"] / 4
+    assert metrics["slax"]["timed_steps"] == 60
+    for name in ("loss.png", "slice.png"):
         assert (tmp_path / name).stat().st_size > 10_000
 
 

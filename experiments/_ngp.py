@@ -1,0 +1,90 @@
+"""instant-NGP's model as ngp_image.py and ngp_sdf.py train it: the multiresolution hash encoding
+(``slax.nn.hash_encode``) feeding a ReLU MLP with two hidden layers of 64, slax's or its plain-JAX
+twin (``hash_encode_reference``, ``mlp_apply_reference``), and their parameters. Their flags are
+``_harness.add_hash_encoding_arguments``.
+
+Precision: the tables are float32 in both dtypes (``hash_encode`` reads and updates float32, as
+instant-NGP keeps its grid). With ``--dtype float16`` the encoding's features are cast to float16 and
+the MLP runs in float16 on a half copy (``_training.cast``) of float32 parameters, as sdf.py's and
+image.py's float16 runs do: Adam updates float32 numbers, whose small steps half precision would
+round away. The plain-JAX twin takes the same casts, so both models are the same computation. The
+model's output comes back as float32, so each loss is float32's.
+
+Imports JAX and slax: a script imports it after parsing its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from _training import cast
+
+from slax import nn
+
+HIDDEN = (64, 64)
+"""The MLP's hidden widths (the issue's 32-64-64-n with the default 16 levels of 2 features)."""
+COARSEST_RESOLUTION = 16
+"""The coarsest level's cells per axis (the paper's N_min)."""
+
+
+def encoding_config(
+    args: argparse.Namespace, dimensions: int, finest_resolution: int
+) -> nn.HashEncodingConfig:
+    """The encoding that ``--levels`` and ``--log2-table-size`` describe, in ``dimensions``, with
+    2 features a level and resolutions from :data:`COARSEST_RESOLUTION` to ``finest_resolution``."""
+    return nn.HashEncodingConfig(
+        dimensions=dimensions,
+        levels=args.levels,
+        log2_table_size=args.log2_table_size,
+        coarsest_resolution=COARSEST_RESOLUTION,
+        finest_resolution=finest_resolution,
+    )
+
+
+def mlp_sizes(config: nn.HashEncodingConfig, outputs: int) -> tuple[int, ...]:
+    """The MLP's widths: the encoding's features, :data:`HIDDEN`, ``outputs``."""
+    return (config.output_features, *HIDDEN, outputs)
+
+
+def init_params(key: jax.Array, config: nn.HashEncodingConfig, outputs: int) -> dict[str, Any]:
+    """``{"tables", "mlp"}``: the paper's initial tables and a ReLU MLP of :func:`mlp_sizes`, both
+    float32 whatever the run's dtype (the casts are :func:`model`'s)."""
+    table_key, mlp_key = jax.random.split(key)
+    return {
+        "tables": nn.hash_encoding_init(table_key, config),
+        "mlp": nn.mlp_init(mlp_key, mlp_sizes(config, outputs), activation="relu"),
+    }
+
+
+def model(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    """``(params, x (..., d) in [0, 1]^d) -> float32 (..., outputs)`` of ``"slax"`` or of plain
+    ``"jax"``: the encoding from the float32 tables, then the MLP in ``dtype`` (see the module's
+    docstring)."""
+    encode, apply = (
+        (nn.hash_encode, nn.mlp_apply)
+        if name == "slax"
+        else (nn.hash_encode_reference, nn.mlp_apply_reference)
+    )
+
+    def predict(params, x):
+        features = encode(params["tables"], x, config)
+        return apply(*cast((params["mlp"], features), dtype)).astype(jnp.float32)
+
+    return predict
+
+
+def encoding_metrics(config: nn.HashEncodingConfig, dtype: str) -> dict[str, Any]:
+    """The encoding and the precision of each part, as metrics.json records them."""
+    return {
+        "levels": config.levels,
+        "features_per_level": config.features_per_level,
+        "log2_table_size": config.log2_table_size,
+        "resolutions": config.resolutions,
+        "dense_levels": config.dense_levels,
+        "tables_dtype": "float32",
+        "mlp_dtype": dtype,
+    }
