@@ -34,9 +34,17 @@ WIDE = "wide"
 (widths 16-128, 2-8 hidden layers, inputs 16-64, outputs 1-16): ``--network wide`` stands for one
 architecture per ``--width`` and ``--hidden-layers`` (:func:`workloads`), each named as
 :func:`wide_name` names it."""
-WORKLOADS = (*NETWORKS, WIDE, "texture")
-"""What benchmark.py and profile_step.py time: the networks, the wide family, and texture.py's
-texture fit."""
+NGP_TASKS = {"ngp_image": (2, 3), "ngp_sdf": (3, 1)}
+"""instant-NGP's hash-encoded training steps, ngp_image.py's and ngp_sdf.py's, as (the points'
+dimensions, the model's outputs): in benchmark.py and profile_step.py ``--network ngp_image`` stands
+for the encoding of ``--levels`` and ``--log2-table-size`` (:func:`workloads`), named as
+:func:`ngp_name` names it, its resolutions 16 to :data:`NGP_FINEST_RESOLUTION`."""
+NGP_FINEST_RESOLUTION = 2048
+"""The finest level's cells a side in the timed hash-encoded steps: the issue's (ngp_image.py's
+--size, ngp_sdf.py's --finest-resolution)."""
+WORKLOADS = (*NETWORKS, WIDE, "texture", *NGP_TASKS)
+"""What benchmark.py and profile_step.py time: the networks, the wide family, texture.py's
+texture fit and the hash-encoded steps."""
 
 CUDA_LAUNCHES = ("slangpy", "ptx")
 """``slax.config.CUDA_LAUNCHES``, for flags parsed before slax is imported (tests pin the two equal)."""
@@ -241,6 +249,35 @@ def add_hash_encoding_arguments(
     )
 
 
+def add_ngp_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that size the encoding ``--network ngp_image`` and ``ngp_sdf`` stand for
+    (:func:`workloads`); their defaults are the issue's full size."""
+    parser.add_argument(
+        "--levels", type=positive_int, default=16, help="--network ngp_image, ngp_sdf: the encoding's levels"
+    )
+    parser.add_argument(
+        "--log2-table-size",
+        type=log2_table_size,
+        default=19,
+        help="--network ngp_image, ngp_sdf: log2 of the entries per level",
+    )
+
+
+def ngp_name(task: str, levels: int, log2_table_size: int) -> str:
+    """A hash-encoded step's workload name, ``"ngp_sdf-16x2^19"``: ngp_sdf.py's step with 16 levels
+    of 2^19 entries."""
+    return f"{task}-{levels}x2^{log2_table_size}"
+
+
+def ngp_architecture(workload: str) -> dict[str, Any] | None:
+    """``{"task", "levels", "log2_table_size"}`` of an :func:`ngp_name`; None for any other
+    workload."""
+    match = re.fullmatch(rf"({'|'.join(NGP_TASKS)})-(\d+)x2\^(\d+)", workload)
+    if match is None:
+        return None
+    return {"task": match[1], "levels": int(match[2]), "log2_table_size": int(match[3])}
+
+
 def wide_name(inputs: int, width: int, hidden_layers: int, outputs: int) -> str:
     """A wide architecture's workload name, ``"wide-32-64x4-16"``: 32 inputs, four hidden layers of
     64, 16 outputs (tiny-cuda-nn's ``n_neurons`` and ``n_hidden_layers``)."""
@@ -257,10 +294,19 @@ def wide_architecture(workload: str) -> dict[str, int] | None:
 
 
 def network_sizes(workload: str) -> tuple[int, ...] | None:
-    """A workload's layer widths, input first (:data:`NETWORKS`, or a :func:`wide_name`'s); None for
-    the texture fit, which has no network."""
+    """A workload's layer widths, input first (:data:`NETWORKS`, a :func:`wide_name`'s, or the MLP
+    of an :func:`ngp_name`'s model, after its encoding); None for the texture fit, which has no
+    network."""
     if workload in NETWORKS:
         return NETWORKS[workload]
+    ngp = ngp_architecture(workload)
+    if ngp is not None:
+        import _ngp  # imports JAX: asked only after a script's flags are parsed
+
+        dimensions, outputs = NGP_TASKS[ngp["task"]]
+        levels, log2_table_size = ngp["levels"], ngp["log2_table_size"]
+        config = _ngp.encoding_config(levels, log2_table_size, dimensions, NGP_FINEST_RESOLUTION)
+        return _ngp.mlp_sizes(config, outputs)
     wide = wide_architecture(workload)
     if wide is None:
         return None
@@ -269,9 +315,13 @@ def network_sizes(workload: str) -> tuple[int, ...] | None:
 
 def workloads(args: argparse.Namespace) -> list[str]:
     """``--network`` as the workloads to time: each name as given, ``wide`` as one
-    :func:`wide_name` per ``--width`` and ``--hidden-layers`` (widths outer)."""
+    :func:`wide_name` per ``--width`` and ``--hidden-layers`` (widths outer), ``ngp_image`` and
+    ``ngp_sdf`` as the :func:`ngp_name` of ``--levels`` and ``--log2-table-size``."""
     named = []
     for network in args.network:
+        if network in NGP_TASKS:
+            named.append(ngp_name(network, args.levels, args.log2_table_size))
+            continue
         if network != WIDE:
             named.append(network)
             continue

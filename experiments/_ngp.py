@@ -15,12 +15,12 @@ Imports JAX and slax: a script imports it after parsing its flags.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from _training import cast
 
 from slax import nn
@@ -32,14 +32,15 @@ COARSEST_RESOLUTION = 16
 
 
 def encoding_config(
-    args: argparse.Namespace, dimensions: int, finest_resolution: int
+    levels: int, log2_table_size: int, dimensions: int, finest_resolution: int
 ) -> nn.HashEncodingConfig:
-    """The encoding that ``--levels`` and ``--log2-table-size`` describe, in ``dimensions``, with
-    2 features a level and resolutions from :data:`COARSEST_RESOLUTION` to ``finest_resolution``."""
+    """The encoding of ``levels`` levels of 2 features, ``2^log2_table_size`` entries each (the
+    scripts' ``--levels`` and ``--log2-table-size``), in ``dimensions``, with resolutions from
+    :data:`COARSEST_RESOLUTION` to ``finest_resolution``."""
     return nn.HashEncodingConfig(
         dimensions=dimensions,
-        levels=args.levels,
-        log2_table_size=args.log2_table_size,
+        levels=levels,
+        log2_table_size=log2_table_size,
         coarsest_resolution=COARSEST_RESOLUTION,
         finest_resolution=finest_resolution,
     )
@@ -75,6 +76,12 @@ def model(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[[Any
         return apply(*cast((params["mlp"], features), dtype)).astype(jnp.float32)
 
     return predict
+
+
+def optimizer(lr: float, steps: int) -> optax.GradientTransformation:
+    """The scripts' Adam, on the tables and the MLP together: ``lr`` cosine-decayed over ``steps``
+    to a hundredth of it, with instant-NGP's epsilon, 1e-15."""
+    return optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.01), eps=1e-15)
 
 
 def encoding_metrics(config: nn.HashEncodingConfig, dtype: str) -> dict[str, Any]:

@@ -58,6 +58,18 @@ SlangPy ``IDiffTensor`` and adds its gradient with atomic adds, plain JAX's (row
 plain-JAX row: it has no matmuls and no layers) gathers and scatter-adds. Its floor counts no
 FLOPs: the batch (uv and targets) written and read, and Adam's pass over the texture.
 
+``--network ngp_image ngp_sdf`` times instant-NGP's hash-encoded steps, ngp_image.py's and
+ngp_sdf.py's, with their model, loss and Adam (the same functions; their tables and MLP kept as
+they are, not one vector, as the scripts train them): ``--levels`` levels of 2^``--log2-table-size``
+entries, resolutions 16 to 2048 (default: the issue's 16 levels of 2^19), then a 64-64 MLP to 3
+colours or 1 distance; the image a procedural 2048x2048 one, the SDF the torus under the eikonal
+loss. Rows name them ``ngp_sdf-16x2^19``; their one plain-JAX row is ``jax`` (the scripts' plain
+JAX). Their floor's bytes add Adam's pass over every parameter (the tables' dense gradient, the
+parameters and both moments read, the parameters and moments written), which bounds them:
+
+    python experiments/benchmark.py --network ngp_image ngp_sdf --batch 262144 --dtype float16 \
+        --launch ptx --json runs/bench-ngp.json
+
     python experiments/benchmark.py --batch 4096 65536 --dtype float32 float16 --json runs/bench.json
 """
 
@@ -85,10 +97,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         choices=harness.WORKLOADS,
         default=["polynomial", "digits"],
         help="networks to time (sdf: the eikonal step; wide: the architectures --width and "
-        "--hidden-layers name; texture: the texture fit, float32 only; default: the polynomial and "
-        "digits MLPs)",
+        "--hidden-layers name; texture: the texture fit, float32 only; ngp_image, ngp_sdf: the "
+        "hash-encoded steps of --levels and --log2-table-size; default: the polynomial and digits MLPs)",
     )
     harness.add_wide_arguments(parser)
+    harness.add_ngp_workload_arguments(parser)
     parser.add_argument(
         "--batch", nargs="+", type=harness.positive_int, default=[256, 4096], help="batch sizes to time"
     )
@@ -189,8 +202,11 @@ if __name__ == "__main__":
     harness.parse_first(parse_arguments, "benchmark")
 
 # After the flags: JAX and slax take seconds to import.
+import _ngp as ngp
 import jax
 import jax.numpy as jnp
+import ngp_image
+import ngp_sdf
 import optax
 import sdf
 import texture
@@ -222,7 +238,10 @@ def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
     """(FLOPs, bytes) a training step cannot do without: forward 2*B*n_in*n_out per layer, backward
     twice that except no input gradient for the first layer (sdf: the forward pass, the input
     gradient, and the backward pass of each, twice their products); the batch (inputs and targets
-    or int32 labels) written by the sampler and read by the model. The texture fit: no FLOPs to
+    or int32 labels) written by the sampler and read by the model. The hash-encoded steps: their
+    MLP's products as the others' (the first layer's input gradient too: the encoding's gradient
+    needs it), the float32 batch, and Adam's pass over every parameter (the tables' gradient is
+    dense), as the texture fit's. The texture fit: no FLOPs to
     speak of; its batch (uv and four-channel targets) written and read, and Adam's pass over the
     texture (its gradient, the texture and both moments read, the texture and both moments
     written)."""
@@ -233,6 +252,14 @@ def step_floor(network: str, dtype: str, batch: int) -> tuple[float, float]:
     sizes = harness.network_sizes(network)
     pairs = list(zip(sizes[:-1], sizes[1:]))
     products = batch * sum(a * b for a, b in pairs)
+    ngp_workload = harness.ngp_architecture(network)
+    if ngp_workload is not None:  # the encoding's gradient needs the first layer's input gradient
+        dimensions, outputs = harness.NGP_TASKS[ngp_workload["task"]]
+        second_order = ngp_workload["task"] == "ngp_sdf"
+        shapes = jax.eval_shape(lambda: _ngp_parameters(network))
+        parameters = sum(leaf.size for leaf in jax.tree.leaves(shapes))
+        batch_bytes = 2 * batch * (dimensions + outputs) * 4  # float32 points and targets
+        return float((12 if second_order else 6) * products), float(batch_bytes + 7 * parameters * 4)
     flops = 12 * products if network == "sdf" else 6 * products - 2 * batch * pairs[0][0] * pairs[0][1]
     item = jnp.dtype(dtype).itemsize
     target = 4 if network == "digits" else sizes[-1] * item
@@ -264,8 +291,41 @@ JAX_ROWS = (("jax", "jax", False), ("jax/flat", "jax", True), ("jax-f32", "jax-f
 """The plain-JAX rows of an MLP after slax's, as (row, model, parameters kept flat): the default
 precision with per-layer arrays and kept as one vector (each row's ratio is to the faster of these
 two), then full float32 with per-layer arrays."""
-TEXTURE_JAX_ROWS = (("jax", "jax", False),)
-"""The texture fit's plain-JAX row: its one array has no layers to keep flat, and no matmuls."""
+SINGLE_JAX_ROWS = (("jax", "jax", False),)
+"""The plain-JAX row of the texture fit (its one array has no layers to keep flat, and no matmuls)
+and of the hash-encoded steps (the scripts' plain JAX, its parameters as they train them)."""
+
+
+def _ngp_config(network: str) -> tuple[nn.HashEncodingConfig, int]:
+    """(encoding, outputs) of an :func:`_harness.ngp_name` workload."""
+    workload = harness.ngp_architecture(network)
+    dimensions, outputs = harness.NGP_TASKS[workload["task"]]
+    levels, log2_table_size = workload["levels"], workload["log2_table_size"]
+    config = ngp.encoding_config(levels, log2_table_size, dimensions, harness.NGP_FINEST_RESOLUTION)
+    return config, outputs
+
+
+def _ngp_parameters(network: str):
+    """The initial parameters of a hash-encoded step, ``{"tables", "mlp"}`` (:func:`_ngp.init_params`)."""
+    config, outputs = _ngp_config(network)
+    return ngp.init_params(jax.random.key(0), config, outputs)
+
+
+def _ngp_batch_drawer(network: str, batch: int):
+    """``key -> (points, targets)`` of a hash-encoded step, as its script draws them for both
+    models: sdf.py's points and distances, or ngp_image.py's image sampled bilinearly by plain JAX
+    (its procedural image at the finest resolution)."""
+    if harness.ngp_architecture(network)["task"] == "ngp_sdf":
+        return functools.partial(sdf.sample, batch=batch)
+    image = jnp.asarray(ngp_image.procedural_image(harness.NGP_FINEST_RESOLUTION))
+    return texture.batch_drawer(texture.bilinear_reference, image, batch)
+
+
+def trains_flat(network: str, model: str) -> bool:
+    """Whether ``model``'s parameters of ``network`` are trained as one vector: as the experiments
+    keep them (``_training.keeps_parameters_flat``), except the texture fit's one array and the
+    hash-encoded steps' tables and MLP, which ngp_image.py and ngp_sdf.py train as they are."""
+    return keeps_parameters_flat(model) and network != "texture" and not harness.ngp_architecture(network)
 
 
 def loss_and_grad(network: str, model: str, dtype):
@@ -276,6 +336,12 @@ def loss_and_grad(network: str, model: str, dtype):
         return functools.partial(harness_loss_and_grad, dtype=dtype)
     if network == "texture":
         return texture.loss_and_grad(texture.sampler(model))
+    ngp_workload = harness.ngp_architecture(network)
+    if ngp_workload is not None:
+        config, _ = _ngp_config(network)
+        if ngp_workload["task"] == "ngp_image":
+            return ngp_image.loss_and_grad(ngp.model(model, config, dtype))
+        return jax.value_and_grad(sdf.sdf_loss(ngp_sdf.field(model, config, dtype)))
     precision = JAX_PRECISIONS.get(model)
     if network == "polynomial" or harness.wide_architecture(network):  # squared error
         if model == "slax":
@@ -343,20 +409,23 @@ def training_run(
     step per key (sample a batch, forward, backward, Adam update), from the initial ``state``; with
     ``devices``, each batch is split over a mesh of that many devices (:func:`batch_sharding`).
     ``flat``: keep the parameters as one vector (``_training.parameter_state``; default:
-    ``_training.keeps_parameters_flat``; the texture fit keeps its one array). ``unroll``: steps per
-    iteration of the scan's loop (``lax.scan(unroll=)``)."""
+    :func:`trains_flat`). ``unroll``: steps per iteration of the scan's loop
+    (``lax.scan(unroll=)``)."""
     if network == "texture":
         # The image the targets are sampled from is random: a step's cost does not depend on the
         # texels' values (experiments/texture.py fits a photograph).
         params = jax.random.uniform(jax.random.key(0), TEXTURE_SHAPE)
         image = jax.random.uniform(jax.random.key(2), TEXTURE_SHAPE)
         draw_batch = texture.batch_drawer(texture.sampler("slax" if model == "slax" else "jax"), image, batch)
-        flat = False  # one array already
+        optimizer = optax.adam(1e-3)
+    elif harness.ngp_architecture(network):  # the scripts' Adam (its schedule's length costs nothing)
+        params, optimizer = _ngp_parameters(network), ngp.optimizer(1e-2, steps=2000)
+        draw_batch = _ngp_batch_drawer(network, batch)
     else:
         params = nn.mlp_init(jax.random.key(0), harness.network_sizes(network))
         draw_batch = functools.partial(make_batch, network, batch=batch)
-    optimizer = optax.adam(1e-3)
-    flat = keeps_parameters_flat(model) if flat is None else flat
+        optimizer = optax.adam(1e-3)
+    flat = trains_flat(network, model) if flat is None else flat
     stored, fn, _ = parameter_state(params, loss_and_grad(network, model, jnp.dtype(dtype)), flat)
     sharding = batch_sharding(devices)
     step = training_step(fn, optimizer, draw_batch, sharding)
@@ -456,10 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         network: str, precision: str | None
     ) -> list[tuple[str, str, bool, str, bool, str | None, str]]:
         table = [
-            (row, "slax", keeps_parameters_flat("slax"), launch, cores, device, name)
+            (row, "slax", trains_flat(network, "slax"), launch, cores, device, name)
             for row, launch, cores, device, name in slax_rows
         ]
-        jax_rows = TEXTURE_JAX_ROWS if network == "texture" else JAX_ROWS
+        single = network == "texture" or harness.ngp_architecture(network)
+        jax_rows = SINGLE_JAX_ROWS if single else JAX_ROWS
         if precision == "highest":  # jax-f32 is jax
             jax_rows = tuple(row for row in jax_rows if row[1] != "jax-f32")
         table += [
@@ -526,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                 "network": network,
                 "sizes": harness.network_sizes(network),
                 **(harness.wide_architecture(network) or {}),
+                **(harness.ngp_architecture(network) or {}),
                 "dtype": dtype,
                 "precision": precision,
                 "batch": batch,

@@ -71,7 +71,6 @@ import _plots as plots
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import texture
 from _training import fit, gradient_disagreement, result_line
 
@@ -136,11 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         "on a first run) ...",
         flush=True,
     )
-    config = ngp.encoding_config(args, dimensions=2, finest_resolution=args.size)
+    config = ngp.encoding_config(args.levels, args.log2_table_size, 2, args.size)
     image = jnp.asarray(procedural_image(args.size))
     init_key, data_key, grad_key = jax.random.split(jax.random.key(args.seed), 3)
     params = ngp.init_params(init_key, config, outputs=3)
-    optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01), eps=1e-15)
+    optimizer = ngp.optimizer(args.lr, args.steps)
     draw_batch = texture.batch_drawer(texture.bilinear_reference, image, args.batch)
     predictors = {name: ngp.model(name, config, jnp.dtype(args.dtype)) for name in ("slax", "jax")}
     disagreement = gradient_disagreement(

@@ -77,7 +77,6 @@ import _ngp as ngp
 import _plots as plots
 import jax
 import jax.numpy as jnp
-import optax
 import sdf
 from _training import fit, gradient_disagreement, result_line
 
@@ -98,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         "on a first run) ...",
         flush=True,
     )
-    config = ngp.encoding_config(args, dimensions=3, finest_resolution=args.finest_resolution)
+    config = ngp.encoding_config(args.levels, args.log2_table_size, 3, args.finest_resolution)
     init_key, data_key, test_key, grad_key = jax.random.split(jax.random.key(args.seed), 4)
     params = ngp.init_params(init_key, config, outputs=1)
-    optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01), eps=1e-15)
+    optimizer = ngp.optimizer(args.lr, args.steps)
     fields = {name: field(name, config, jnp.dtype(args.dtype)) for name in ("slax", "jax")}
     fns = {name: jax.value_and_grad(sdf.sdf_loss(f)) for name, f in fields.items()}
     disagreement = gradient_disagreement(fns, params, sdf.sample(grad_key, min(args.batch, 4096)))

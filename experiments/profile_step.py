@@ -11,6 +11,16 @@ latency, the loop's host round trips, Python callbacks).
     python experiments/profile_step.py --network wide --width 64 --hidden-layers 4 --dtype float16 \
         --batch 262144 --json runs/profile-wide.json
 
+``--network ngp_image ngp_sdf`` profiles instant-NGP's hash-encoded steps as benchmark.py times
+them (ngp_image.py's and ngp_sdf.py's model, loss and Adam; by default the issue's 16 levels of
+2^19 entries, resolutions 16 to 2048):
+
+    python experiments/profile_step.py --network ngp_image ngp_sdf --batch 262144 --dtype float16 \
+        --launch ptx --json runs/profile-ngp.json
+
+Each table lists the kernels by their time, longest first, with each one's share of the step's
+kernel time and the running total of those shares: the few kernels that make most of the step.
+
 With ``--devices N`` the batch is split over N GPUs: each kernel is listed per GPU, with the streams
 each GPU's kernels ran on (each GPU running its own shard, on its own stream).
 
@@ -38,9 +48,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         choices=harness.WORKLOADS,
         default=["polynomial"],
         help="networks (wide: the architectures --width and --hidden-layers name, as in benchmark.py; "
-        "texture: the texture fit)",
+        "texture: the texture fit; ngp_image, ngp_sdf: the hash-encoded steps of --levels and "
+        "--log2-table-size)",
     )
     harness.add_wide_arguments(parser)
+    harness.add_ngp_workload_arguments(parser)
     parser.add_argument(
         "--batch", nargs="+", type=harness.positive_int, default=[4096, 1048576], help="batch sizes"
     )
@@ -139,6 +151,21 @@ def kernel_times(
     return dict(times), (max(ends) - min(starts)) / 1e3 / steps, dict(streams), dict(idle)
 
 
+def kernel_table(kernels: dict[str, list[float]]) -> list[str]:
+    """The table of :func:`kernel_times`'s kernels (name -> [launches, microseconds] per step),
+    longest first, each with its share of the step's kernel time and the running total of the
+    shares (``cumul.``): the rows above 90% are the few kernels that make the step. Names as the
+    profiler gives them (slax's ``slax_primal_level_corners_3d``, XLA's ``loop_fusion_12``)."""
+    total = sum(us for _, us in kernels.values()) or 1.0
+    lines = [f"  {'launches':>8} {'us/step':>9} {'share':>6} {'cumul.':>6}  kernel"]
+    running = 0.0
+    for kernel, (launches, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
+        running += us
+        share = f"{us / total:>6.1%} {running / total:>6.1%}"
+        lines.append(f"  {launches:>8.2f} {us:>9.2f} {share}  {kernel[:100]}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     problem = harness.device_count_problem(args.devices)
@@ -170,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         for gpu, names in streams.items():
                             print(f"  {gpu}: kernels on {', '.join(names)}")
-                        print(f"  {'launches':>8} {'us/step':>9}  kernel")
-                        for kernel, (launches, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
-                            print(f"  {launches:>8.2f} {us:>9.2f}  {kernel[:100]}")
+                        print("\n".join(kernel_table(kernels)))
                         print(
                             f"  GPU idle before a kernel, us/step ({sum(idle.values()):.1f} in all; largest):"
                         )

@@ -7,9 +7,11 @@ import json
 import re
 import subprocess
 
+import _harness as harness
 import benchmark
 import jax
 import numpy as np
+import profile_step
 import pytest
 from _helpers import ROOT, run_python
 
@@ -432,6 +434,61 @@ def test_benchmark_times_the_sdf_step_beside_plain_jax(tmp_path):
     assert rows[0]["flops"] == 12 * 64 * (3 * 64 + 64 * 64 + 64 * 64 + 64)
     assert rows[0]["bytes"] == 2 * 64 * (3 + 1) * 4
     assert all(r["steps_per_s"] > 0 for r in rows)
+
+
+def test_benchmark_times_the_hash_encoded_steps_beside_plain_jax(tmp_path):
+    """``--network ngp_image``: ngp_image.py's step with the encoding of ``--levels`` and
+    ``--log2-table-size`` (here 2 levels of 2^10 entries) named in its rows, slax's row and the
+    script's one plain-JAX row, the tables and MLP trained as the script keeps them (not one vector);
+    the floor counts the MLP's products (twice over for ngp_sdf's second derivatives), the float32
+    batch, and Adam's pass over every parameter. (ngp_sdf's step runs in the profile_step test.)"""
+    arguments = ["--network", "ngp_image", "--levels", "2", "--log2-table-size", "10"]
+    arguments += ["--batch", "64", "--dtype", "float16", "--steps", "2", "--repeats", "1"]
+    arguments += ["--peak-tflops", "1", "--peak-gbps", "10", "--json", str(tmp_path / "bench.json")]
+    assert benchmark.main(arguments) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [(r["network"], r["task"], r["levels"], r["model"]) for r in rows] == [
+        ("ngp_image-2x2^10", "ngp_image", 2, model) for model in (f"slax/{slax.launch_route()}", "jax")
+    ]
+    assert [tuple(r["sizes"]) for r in rows] == [(4, 64, 64, 3)] * 2
+    assert not any(r["flat_parameters"] for r in rows)
+    parameters = 2 * 2**10 * 2 + (4 * 64 + 64) + (64 * 64 + 64)
+    assert rows[0]["flops"] == 6 * 64 * (4 * 64 + 64 * 64 + 64 * 3)
+    assert rows[0]["bytes"] == 2 * 64 * (2 + 3) * 4 + 7 * (parameters + 64 * 3 + 3) * 4
+    assert benchmark.step_floor("ngp_sdf-2x2^10", "float16", 64) == (
+        12 * 64 * (4 * 64 + 64 * 64 + 64 * 1),
+        2 * 64 * (3 + 1) * 4 + 7 * (parameters + 64 * 1 + 1) * 4,
+    )
+    assert rows[1]["speedup_vs_jax"] == pytest.approx(1.0)
+    assert all(r["steps_per_s"] > 0 for r in rows)
+
+
+def test_profile_step_traces_the_hash_encoded_step_and_finds_no_gpu_kernels_on_a_cpu():
+    """profile_step.py's trace of a hash-encoded step (``--network ngp_sdf``, its eikonal term's
+    second derivatives through slax's encoding): built and run by benchmark.py's training_run, and
+    on a CPU, where the profiler sees no GPU kernels, refused saying so and naming what it saw."""
+    args = profile_step.parse_arguments(["--network", "ngp_sdf", "--levels", "2", "--log2-table-size", "10"])
+    (network,) = harness.workloads(args)
+    config = dict(network=network, model="slax", dtype="float16", batch=64, steps=2, devices=None)
+    with pytest.raises(SystemExit, match="the trace holds no GPU kernels; its planes"):
+        profile_step.kernel_times(config)
+
+
+def test_profile_step_table_sorts_kernels_by_time_with_their_share_of_the_step():
+    """The profile's table: kernels longest first, names as the profiler gives them, each with its
+    share of the step's kernel time and the running total."""
+    kernels = {
+        "loop_fusion_12": [2.0, 10.0],
+        "slax_cotangent_blend_tables_3d": [1.0, 60.0],
+        "mlp_backward": [1.0, 30.0],
+    }
+    lines = profile_step.kernel_table(kernels)
+    assert lines[0].split() == ["launches", "us/step", "share", "cumul.", "kernel"]
+    assert [line.split() for line in lines[1:]] == [
+        ["1.00", "60.00", "60.0%", "60.0%", "slax_cotangent_blend_tables_3d"],
+        ["1.00", "30.00", "30.0%", "90.0%", "mlp_backward"],
+        ["2.00", "10.00", "10.0%", "100.0%", "loop_fusion_12"],
+    ]
 
 
 def test_benchmark_times_a_wide_network_beside_plain_jax(tmp_path):
