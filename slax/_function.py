@@ -27,6 +27,7 @@ from slax._signature import (
     Leaf,
     Signature,
     Value,
+    argument_type,
     exact_number,
     generic_names,
     read_signature,
@@ -241,7 +242,7 @@ class SlangFunction:
     def _specialize(self, generic: dict[str, str]) -> spy.FunctionReflection:
         layout = self.module._reflection.layout
         names = [substitute_generics(p.type.full_name, generic) for p in self._reflection.parameters]
-        types = [layout.find_type_by_name(name) for name in names]
+        types = [layout.find_type_by_name(argument_type(name)) for name in names]
         specialized = None
         if all(t is not None for t in types):
             specialized = self._reflection.specialize_with_arg_types(types)

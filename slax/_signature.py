@@ -248,6 +248,24 @@ def substitute_generics(type_name: str, chosen: dict[str, str]) -> str:
     return _IDENTIFIER_NOT_GENERIC_HEAD.sub(lambda m: chosen.get(m.group(0), m.group(0)), type_name)
 
 
+_IMPLEMENTING_TENSORS = {
+    "ITensor": "Tensor",
+    "IWTensor": "WTensor",
+    "IDiffTensor": "DiffTensor",
+    "IWDiffTensor": "WDiffTensor",
+}
+"""SlangPy's struct implementing each tensor interface, for specialising a generic function."""
+
+
+def argument_type(type_name: str) -> str:
+    """The type of an argument Slang can specialise a parameter of ``type_name`` with: the name
+    itself, but for a tensor interface SlangPy's struct implementing it (``"IDiffTensor<half, 2>"``
+    -> ``"DiffTensor<half, 2>"``). Slang infers no generic argument from an interface-typed
+    argument; the specialised parameter keeps its interface type."""
+    head, _, rest = type_name.partition("<")
+    return f"{_IMPLEMENTING_TENSORS[head]}<{rest}" if rest and head in _IMPLEMENTING_TENSORS else type_name
+
+
 def _read_value(
     name: str,
     slang_type: spy.TypeReflection,

@@ -1,8 +1,10 @@
 """slax.nn's multiresolution hash encoding (slax/nn/_hash_encoding.py, slax/nn/_blend.py) against its
 plain-JAX twin (slax/nn/_hash_reference.py): values and derivatives to second order in the tables
 and the points, with dense and hashed levels, in 2-D and 3-D; points on the grid's faces; jit and
-vmap; an eikonal loss's gradient; training behind an MLP with optax. The configuration's rules
-(the paper's resolutions, dense levels) and the errors are checked against numbers written out here.
+vmap; an eikonal loss's gradient; training behind an MLP with optax; float16 tables (values, both
+gradients and an eikonal gradient against the twin at float16's tolerance, and training). The
+configuration's rules (the paper's resolutions, dense levels) and the errors are checked against
+numbers written out here.
 
 Only the derivative checks depend on the route (they run the Slang kernels' numerics); the rest
 run on one device kind."""
@@ -26,6 +28,7 @@ from slax import nn
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 TOLERANCE = RELATIVE_TOLERANCE["float32"]
+HALF_TOLERANCE = RELATIVE_TOLERANCE["float16"]
 
 
 def small_config(dimensions: int) -> nn.HashEncodingConfig:
@@ -124,11 +127,31 @@ def test_hash_encode_refuses_arguments_that_do_not_fit():
 
 
 @pytest.mark.one_device_kind
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, jnp.bfloat16], ids=["float64", "int32", "bfloat16"])
+def test_tables_of_other_dtypes_are_refused(dtype):
+    config = small_config(2)
+    tables, x = tables_and_points(config, 0)
+    given = np.dtype(dtype).name
+    for encode in (nn.hash_encode, nn.hash_encode_reference):
+        with pytest.raises(
+            TypeError, match=rf"{encode.__name__}: tables must be float32 or float16, got {given}"
+        ):
+            encode(np.asarray(tables).astype(dtype), x, config)
+    with pytest.raises(
+        TypeError, match=rf"hash_encoding_init: dtype must be float32 or float16, got {given}"
+    ):
+        nn.hash_encoding_init(jax.random.key(0), config, dtype)
+
+
+@pytest.mark.one_device_kind
 def test_init_is_the_papers():
     config = small_config(3)
     tables = nn.hash_encoding_init(jax.random.key(0), config)
     assert tables.shape == config.table_shape and tables.dtype == jnp.float32
     assert 0 < float(jnp.max(jnp.abs(tables))) <= 1e-4
+    half = nn.hash_encoding_init(jax.random.key(0), config, jnp.float16)
+    assert half.dtype == jnp.float16
+    np.testing.assert_array_equal(half, tables.astype(jnp.float16))
 
 
 # --- values and derivatives ----------------------------------------------------------------------
@@ -138,6 +161,27 @@ def test_init_is_the_papers():
 @pytest.mark.parametrize("dimensions", [pytest.param(2, marks=pytest.mark.jax_version), 3], ids=["2d", "3d"])
 def test_derivatives_to_second_order_match_the_twin(dimensions):
     assert_matches_the_twin(small_config(dimensions), dimensions, order=2)
+
+
+def test_float16_tables_match_the_twin():
+    """float16 tables: the features (float16), and the gradients in the tables (float16) and in the
+    points (float32) of a random float16 cotangent, against the twin, which reads them alike
+    (gathered, summed in float32, rounded once), at float16's tolerance. The points crowd a few
+    cells and the cotangent is positive, as a loss's often is, so that a coarse entry's gradient
+    sums about a thousand shares: added in float16, the tables' gradient would be ~5% off."""
+    config = small_config(2)
+    tables, x = tables_and_points(config, 7, points=4096)
+    tables, x = tables.astype(jnp.float16), 0.3 * x
+    shape = (x.shape[0], config.output_features)
+    cotangent = jax.random.uniform(jax.random.key(8), shape, jnp.float16, minval=0.5, maxval=1.0)
+    got, pullback = jax.vjp(functools.partial(nn.hash_encode, config=config), tables, x)
+    want, pullback_reference = jax.vjp(functools.partial(nn.hash_encode_reference, config=config), tables, x)
+    assert got.dtype == jnp.float16
+    assert relative_error(got.astype(jnp.float32), want.astype(jnp.float32)) < HALF_TOLERANCE
+    grads, grads_reference = pullback(cotangent), pullback_reference(cotangent)
+    for got_grad, want_grad, dtype in zip(grads, grads_reference, (jnp.float16, jnp.float32), strict=True):
+        assert got_grad.dtype == dtype
+        assert relative_error(got_grad.astype(jnp.float32), want_grad.astype(jnp.float32)) < HALF_TOLERANCE
 
 
 @pytest.mark.one_device_kind
@@ -233,6 +277,33 @@ def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
 
 @pytest.mark.slow
 @pytest.mark.one_device_kind
+def test_float16_eikonal_gradients_match_the_twin():
+    """An eikonal loss's gradient (reverse over reverse) in float16 tables and in a float32 MLP fed
+    their features, against the twin."""
+    config = small_config(2)
+    tables, x = tables_and_points(config, 12)
+    tables = tables.astype(jnp.float16)
+    params = nn.mlp_init(jax.random.key(13), (config.output_features, 16, 1), activation="tanh")
+
+    def eikonal(encode, apply):
+        def loss(params, tables):
+            def distance(x):
+                return jnp.sum(apply(params, encode(tables, x, config).astype(jnp.float32)))
+
+            norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
+            return jnp.mean((norm - 1.0) ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))
+
+    got = jax.jit(eikonal(nn.hash_encode, nn.mlp_apply))(params, tables)
+    want = eikonal(nn.hash_encode_reference, nn.mlp_apply_reference)(params, tables)
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert got_leaf.dtype == want_leaf.dtype
+        assert relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.one_device_kind
 def test_batch_sharded_steps_match_one_device(cpu_path):
     """Plain jax.jit over points split across two host devices, tables and MLP replicated: the loss,
     its gradient, and an eikonal loss's gradient equal one device's (tests/scripts/hash_sharded.py)."""
@@ -245,6 +316,10 @@ def test_batch_sharded_steps_match_one_device(cpu_path):
 
 @pytest.mark.one_device_kind
 def test_trains_behind_an_mlp_with_adam_in_a_scan():
+    """float32 tables, then float16 ones (a float32 copy that Adam updates, cast in the step, as
+    tiny-cuda-nn keeps its optimizers' weights), behind a float32 MLP: the loss falls alike. Adam on
+    float16 parameters themselves fails in plain JAX too (optax's eps of 1e-8 is 0 in float16: an
+    entry not read yet divides 0 by 0)."""
     config = nn.HashEncodingConfig(
         dimensions=2, levels=4, log2_table_size=8, coarsest_resolution=4, finest_resolution=32
     )
@@ -258,19 +333,24 @@ def test_trains_behind_an_mlp_with_adam_in_a_scan():
     def target(x):
         return jnp.sin(12.0 * x[:, :1]) * jnp.cos(9.0 * x[:, 1:])
 
-    def loss(params, x):
-        prediction = nn.mlp_apply(params["mlp"], nn.hash_encode(params["tables"], x, config))
+    def loss(params, x, dtype):
+        features = nn.hash_encode(params["tables"].astype(dtype), x, config)
+        prediction = nn.mlp_apply(params["mlp"], features.astype(jnp.float32))
         return jnp.mean((prediction - target(x)) ** 2)
 
-    @jax.jit
-    def train(params, state, keys):
+    @functools.partial(jax.jit, static_argnums=3)
+    def train(params, state, keys, dtype):
         def step(carry, key):
             params, state = carry
-            value, grads = jax.value_and_grad(loss)(params, jax.random.uniform(key, (256, 2)))
+            value, grads = jax.value_and_grad(loss)(params, jax.random.uniform(key, (256, 2)), dtype)
             updates, state = optimizer.update(grads, state, params)
             return (optax.apply_updates(params, updates), state), value
 
         return jax.lax.scan(step, (params, state), keys)
 
-    (_, _), losses = train(params, optimizer.init(params), jax.random.split(data_key, 60))
-    assert float(jnp.mean(losses[-10:])) < 0.5 * float(jnp.mean(losses[:5]))
+    final = {}
+    for dtype in (jnp.float32, jnp.float16):
+        (_, _), losses = train(params, optimizer.init(params), jax.random.split(data_key, 60), dtype)
+        final[dtype] = float(jnp.mean(losses[-10:]))
+        assert final[dtype] < 0.5 * float(jnp.mean(losses[:5]))
+    assert final[jnp.float16] < 1.2 * final[jnp.float32]

@@ -15,6 +15,10 @@ of a loss that holds a gradient (an eikonal term) is another of them, and never 
 of a Slang function that reads a tensor (which slax refuses: docs/functions.md, "Tensors"). Each
 runs ``blend_tables_2d``/``_3d`` or ``blend_weights_2d``/``_3d`` of
 ``shaders/nn/hash_encoding.slang`` through slax's functions: its value, or its ``jax.vjp``.
+
+The table may be float32 or float16 (one generic Slang source, summing in float): ``blend`` and
+``scatter`` return the table's dtype, ``corner_products`` the weights' float32; ``scatter`` adds in
+float32 on every route (:func:`_scatter_impl` says why).
 """
 
 from __future__ import annotations
@@ -80,14 +84,24 @@ def _blend_impl(rows, table, weights, *, spread):
 
 
 def _scatter_impl(rows, values, weights, *, table_rows, spread):
-    zero = jnp.zeros((table_rows, values.shape[-1]), values.dtype)
+    """Adds in float32 whatever the values' dtype (the float ``blend_tables``'s bwd_diff, into a
+    float32 table), the copies too, and rounds each row's sum to the values' dtype once.
+
+    The float16 ``blend_tables``'s bwd_diff would add each point's share into a float16 buffer (in
+    place on the CPU device; a half atomic add on Vulkan, which lavapipe runs, and on CUDA): an
+    entry of a coarse level takes thousands of shares a batch, and a share below half an ulp of the
+    running sum (from a sum of 16 on, any below 2^-7) is lost, so the gradients of the entries most
+    points read would come back short (~5% in tests/test_hash_encoding.py's float16 check).
+    tiny-cuda-nn adds in float too where each add is of one value, as here (one call per feature),
+    and in half only for pairs (``atomicAdd(__half2)``)."""
+    zero = jnp.zeros((table_rows, values.shape[-1]), jnp.float32)
     moved = _spread_rows(rows, spread)
     _, pullback = jax.vjp(lambda table: _slang_blend("tables", moved, table, weights), zero)
-    return _sum_copies(pullback(values)[0], spread)
+    return _sum_copies(pullback(values.astype(jnp.float32))[0], spread).astype(values.dtype)
 
 
 def _corner_products_impl(rows, table, values, *, spread):
-    zero = jnp.zeros(rows.shape, table.dtype)
+    zero = jnp.zeros(rows.shape, jnp.float32)
     _, pullback = jax.vjp(lambda weights: _slang_blend("weights", rows, table, weights), zero)
     return pullback(values)[0]
 
@@ -101,7 +115,7 @@ def _scatter_abstract(rows, values, weights, *, table_rows, spread):
 
 
 def _corner_products_abstract(rows, table, values, *, spread):
-    return result_aval(rows.shape, table.dtype, [rows, table, values])
+    return result_aval(rows.shape, jnp.float32, [rows, table, values])
 
 
 def _bilinear_jvp(primitive, primals, tangents, **params):
@@ -219,7 +233,10 @@ for _primitive in (blend_p, scatter_p, corner_products_p):
 
 def blend(rows: jax.Array, table: jax.Array, weights: jax.Array, spread: Spread = ()) -> jax.Array:
     """``sum_c weights[..., c] * table[rows[..., c]]``: ``rows`` int32 ``(..., corners)`` (4 or 8
-    corners) into ``table`` ``(table_rows, features)``, ``weights`` float32 ``(..., corners)``;
-    returns ``(..., features)``. Differentiable to any order in ``table`` and ``weights``; the
-    gradients in the table add ``spread``'s rows through copies (:data:`Spread`)."""
+    corners) into ``table`` ``(table_rows, features)``, float32 or float16, ``weights`` float32
+    ``(..., corners)``; returns ``(..., features)`` of the table's dtype, summed in float32 and
+    rounded once. Differentiable to any order in ``table`` and ``weights``: the gradient in the
+    table is of its dtype, added in float32 and rounded once (:func:`_scatter_impl`), that in the
+    weights float32; the gradients in the table add ``spread``'s rows through copies
+    (:data:`Spread`)."""
     return blend_p.bind(rows, table, weights, spread=spread)

@@ -4,10 +4,10 @@ A point ``x`` in [0, 1]^d (d = 2 or 3) is looked up in ``levels`` grids, from ``
 to ``finest_resolution`` cells per axis in a geometric progression: level l has
 ``floor(N_min * b^l)`` cells, ``b = exp((ln N_max - ln N_min) / (levels - 1))``. Each level's
 (resolution + 1)^d vertices index its own table of ``2^log2_table_size`` entries of
-``features_per_level`` floats: row-major where the grid fits in the table (dense), else by the
-paper's spatial hash, the XOR of the vertex's coordinates times (1, 2654435761, 805459861) modulo
-the table's size. The encoding is the (bi/tri)linear interpolation of the 2^d corners' entries, per
-level, concatenated: ``(..., levels * features_per_level)``.
+``features_per_level`` values (float32 or float16): row-major where the grid fits in the table
+(dense), else by the paper's spatial hash, the XOR of the vertex's coordinates times (1,
+2654435761, 805459861) modulo the table's size. The encoding is the (bi/tri)linear interpolation of
+the 2^d corners' entries, per level, concatenated: ``(..., levels * features_per_level)``.
 
 In Slang (``shaders/nn/hash_encoding.slang``): ``level_corners_2d/3d`` gives each level's corner
 rows and weights, [Differentiable] in ``x`` (first and second derivatives from Slang's autodiff,
@@ -15,12 +15,17 @@ through slax's rules for functions without tensors); :func:`slax.nn._blend.blend
 the tables they name (slax/nn/_blend.py: bilinear primitives, so that every derivative in the
 tables, to any order, is a blend or its transpose). :func:`hash_encode_reference`
 (slax/nn/_hash_reference.py) is the same encoding in plain JAX.
+
+float16 tables, as tiny-cuda-nn keeps its grids: half the memory and half the bytes each corner's
+read moves; the sums are float32's, rounded once to float16 (the features, and the gradient in the
+tables, which is added in float32: slax/nn/_blend.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +33,9 @@ import numpy as np
 
 import slax
 from slax.nn._blend import blend
+
+TABLE_DTYPES = ("float32", "float16")
+"""The tables' dtypes :func:`hash_encode` takes."""
 
 TABLE_INIT_SCALE = 1e-4
 """Tables start uniform in ±1e-4, as the paper's."""
@@ -49,7 +57,7 @@ class HashEncodingConfig:
     Attributes:
       dimensions: d, the inputs' dimension: 2 (images) or 3 (SDFs, NeRFs).
       levels: L, the number of grids.
-      features_per_level: F, floats per table entry.
+      features_per_level: F, values per table entry.
       log2_table_size: log2 T, entries per level's table (the paper: 14 to 24; 19 by default).
       coarsest_resolution: N_min, cells per axis of the coarsest grid.
       finest_resolution: N_max, cells per axis of the finest grid (the paper: 512 to 524288).
@@ -137,22 +145,30 @@ class HashEncodingConfig:
         return (self.levels, self.table_size, self.features_per_level)
 
 
-def hash_encoding_init(key: jax.Array, config: HashEncodingConfig) -> jax.Array:
+def hash_encoding_init(key: jax.Array, config: HashEncodingConfig, dtype: Any = jnp.float32) -> jax.Array:
     """The encoding's tables, uniform in ±1e-4 (the paper's initialisation).
+
+    The dtype is an argument here, as :func:`slax.nn.mlp_init`'s, and not a field of the config:
+    it belongs to the parameters, which :func:`hash_encode` reads it from, so one config encodes
+    with tables of either dtype (a float32 copy of float16 tables, say) and nothing can disagree.
 
     Args:
       key: a JAX PRNG key.
       config: the encoding's :class:`HashEncodingConfig`.
+      dtype: ``jnp.float32``, or ``jnp.float16`` for half the memory and table traffic (drawn in
+        float32 and rounded).
 
     Returns:
-      float32 ``(levels, 2^log2_table_size, features_per_level)``. A dense level uses the first
-      (resolution + 1)^d entries of its table; the rest stay unread (their gradient is zero).
+      ``(levels, 2^log2_table_size, features_per_level)`` of ``dtype``. A dense level uses the
+      first (resolution + 1)^d entries of its table; the rest stay unread (their gradient is zero).
 
     Raises:
-      TypeError: ``config`` not a :class:`HashEncodingConfig`.
+      TypeError: ``config`` not a :class:`HashEncodingConfig`, or ``dtype`` not float32 or float16.
     """
     _require_config("hash_encoding_init", config)
-    return jax.random.uniform(key, config.table_shape, jnp.float32, -TABLE_INIT_SCALE, TABLE_INIT_SCALE)
+    _require_table_dtype("hash_encoding_init", "dtype", dtype)
+    tables = jax.random.uniform(key, config.table_shape, jnp.float32, -TABLE_INIT_SCALE, TABLE_INIT_SCALE)
+    return tables.astype(dtype)
 
 
 def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> jax.Array:
@@ -164,18 +180,25 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> 
     composes with ``jit``, ``vmap`` (also over a stack of tables) and ``lax.scan``. The derivative in
     ``x`` is that of the interpolation within the cell holding ``x``: it jumps across cell faces.
 
+    float16 tables give float16 features, as JAX's functions keep their operands' dtype and as
+    :func:`slax.nn.mlp_apply` of a float16 network takes them (``.astype(jnp.float32)`` for a
+    float32 one). Each feature is summed in float32 from the float16 entries and rounded once, and
+    the gradient in float16 tables is added in float32 and rounded once (slax/nn/_blend.py), so it
+    keeps the small shares of the many points that read a coarse level's entry.
+
     Args:
-      tables: float32 ``(levels, 2^log2_table_size, features_per_level)``, from
+      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)``, from
         :func:`hash_encoding_init`.
       x: float32 ``(..., d)``, points in [0, 1]^d. A coordinate of exactly 1 lies in the last cell;
         points outside [0, 1]^d extrapolate the border cells linearly.
       config: the encoding's :class:`HashEncodingConfig`.
 
     Returns:
-      float32 ``(..., levels * features_per_level)``.
+      ``(..., levels * features_per_level)`` of the tables' dtype.
 
     Raises:
-      TypeError: ``config`` not a :class:`HashEncodingConfig`, or an argument not float32.
+      TypeError: ``config`` not a :class:`HashEncodingConfig`, ``tables`` not float32 or float16, or
+        ``x`` not float32.
       ValueError: ``tables`` not of ``config.table_shape``, or ``x`` not ending in ``config.dimensions``.
     """
     _require_config("hash_encode", config)
@@ -216,15 +239,26 @@ def _require_config(function: str, config) -> None:
         )
 
 
+def _require_table_dtype(function: str, name: str, dtype) -> None:
+    if str(np.dtype(dtype)) not in TABLE_DTYPES:
+        raise TypeError(
+            f"slax.nn.{function}: {name} must be float32 or float16, got {np.dtype(dtype)}; "
+            "the tables are read in that dtype and summed in float32 (cast them with .astype)."
+        )
+
+
 def _require_arguments(function: str, tables, x, config: HashEncodingConfig) -> None:
-    """Raises where ``tables`` or ``x`` do not fit ``config``, naming the argument and both shapes."""
+    """Raises where ``tables`` or ``x`` do not fit ``config``, naming the argument, what it takes
+    and what it got."""
     for name, value in (("tables", tables), ("x", x)):
-        dtype = getattr(value, "dtype", None)
-        if dtype is None or np.dtype(dtype) != np.float32:
-            raise TypeError(
-                f"slax.nn.{function}: {name} must be a float32 array, got "
-                f"{dtype if dtype is not None else type(value).__name__}."
-            )
+        if getattr(value, "dtype", None) is None:
+            raise TypeError(f"slax.nn.{function}: {name} must be a JAX array, got {type(value).__name__}.")
+    _require_table_dtype(function, "tables", tables.dtype)
+    if np.dtype(x.dtype) != np.float32:
+        raise TypeError(
+            f"slax.nn.{function}: x must be a float32 array, got {x.dtype}; the corner weights are "
+            "float32 whatever the tables' dtype (x.astype(jnp.float32))."
+        )
     if tuple(tables.shape) != config.table_shape:
         raise ValueError(
             f"slax.nn.{function}: tables must have shape (levels, 2^log2_table_size, features_per_level) "

@@ -3,7 +3,9 @@
 
 The same grids, cells, hash and weights as ``shaders/nn/hash_encoding.slang``, written with
 gathers (``tables[level, entry]``); JAX differentiates them, the tables' gradient being XLA's
-scatter-add.
+scatter-add. float16 tables are read as slax reads them: gathered in float32, summed in float32
+and rounded to float16 once per feature; the tables are cast to float32 before the gathers, so
+that the gradient's scatter-add is float32's too, rounded to float16 once (the cast's transpose).
 """
 
 from __future__ import annotations
@@ -23,24 +25,26 @@ def hash_encode_reference(tables: jax.Array, x: jax.Array, config: HashEncodingC
     """:func:`slax.nn.hash_encode` in plain JAX: the same arguments, result and conventions.
 
     Args:
-      tables: float32 ``(levels, 2^log2_table_size, features_per_level)``.
+      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)``.
       x: float32 ``(..., d)``, points in [0, 1]^d.
       config: the encoding's :class:`HashEncodingConfig`.
 
     Returns:
-      float32 ``(..., levels * features_per_level)``.
+      ``(..., levels * features_per_level)`` of the tables' dtype.
 
     Raises:
-      TypeError: ``config`` not a :class:`HashEncodingConfig`, or an argument not float32.
+      TypeError: ``config`` not a :class:`HashEncodingConfig`, ``tables`` not float32 or float16, or
+        ``x`` not float32.
       ValueError: ``tables`` not of ``config.table_shape``, or ``x`` not ending in ``config.dimensions``.
     """
     _require_config("hash_encode_reference", config)
     _require_arguments("hash_encode_reference", tables, x, config)
+    wide = tables.astype(jnp.float32)
     features = [
-        _level(tables[level], x, resolution, dense, config)
+        _level(wide[level], x, resolution, dense, config)
         for level, (resolution, dense) in enumerate(zip(config.resolutions, config.dense_levels))
     ]
-    return jnp.concatenate(features, axis=-1)
+    return jnp.concatenate(features, axis=-1).astype(tables.dtype)
 
 
 def _level(table: jax.Array, x: jax.Array, resolution: int, dense: bool, config: HashEncodingConfig):
