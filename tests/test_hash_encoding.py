@@ -239,6 +239,20 @@ def test_jit_and_vmap_over_points_and_over_tables():
     assert relative_error(got, want) < TOLERANCE
 
 
+def eikonal_gradient(encode, apply, config, x):
+    """``(params, tables) -> gradients`` of an eikonal loss on the float32 MLP ``apply`` behind the
+    encoding ``encode`` at points ``x``: reverse over reverse, through the MLP and the encoding."""
+
+    def loss(params, tables):
+        def distance(x):
+            return jnp.sum(apply(params, encode(tables, x, config).astype(jnp.float32)))
+
+        norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
+        return jnp.mean((norm - 1.0) ** 2)
+
+    return jax.grad(loss, argnums=(0, 1))
+
+
 @pytest.mark.slow
 @pytest.mark.one_device_kind
 def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
@@ -259,18 +273,8 @@ def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
     got = jax.jit(directional(nn.hash_encode))(tables)
     assert relative_error(got, directional(nn.hash_encode_reference)(tables)) < TOLERANCE
 
-    def eikonal(encode, apply):
-        def loss(params, tables):
-            def distance(x):
-                return jnp.sum(apply(params, encode(tables, x, config)))
-
-            norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
-            return jnp.mean((norm - 1.0) ** 2)
-
-        return jax.grad(loss, argnums=(0, 1))
-
-    got = jax.jit(eikonal(nn.hash_encode, nn.mlp_apply))(params, tables)
-    want = eikonal(nn.hash_encode_reference, nn.mlp_apply_reference)(params, tables)
+    got = jax.jit(eikonal_gradient(nn.hash_encode, nn.mlp_apply, config, x))(params, tables)
+    want = eikonal_gradient(nn.hash_encode_reference, nn.mlp_apply_reference, config, x)(params, tables)
     for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert relative_error(got_leaf, want_leaf) < TOLERANCE
 
@@ -285,18 +289,8 @@ def test_float16_eikonal_gradients_match_the_twin():
     tables = tables.astype(jnp.float16)
     params = nn.mlp_init(jax.random.key(13), (config.output_features, 16, 1), activation="tanh")
 
-    def eikonal(encode, apply):
-        def loss(params, tables):
-            def distance(x):
-                return jnp.sum(apply(params, encode(tables, x, config).astype(jnp.float32)))
-
-            norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
-            return jnp.mean((norm - 1.0) ** 2)
-
-        return jax.grad(loss, argnums=(0, 1))
-
-    got = jax.jit(eikonal(nn.hash_encode, nn.mlp_apply))(params, tables)
-    want = eikonal(nn.hash_encode_reference, nn.mlp_apply_reference)(params, tables)
+    got = jax.jit(eikonal_gradient(nn.hash_encode, nn.mlp_apply, config, x))(params, tables)
+    want = eikonal_gradient(nn.hash_encode_reference, nn.mlp_apply_reference, config, x)(params, tables)
     for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert got_leaf.dtype == want_leaf.dtype
         assert relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
