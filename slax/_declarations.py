@@ -104,6 +104,19 @@ def generic_constraints(texts: Iterable[str], name: str) -> dict[str, str]:
     return constraints
 
 
+def generic_values(texts: Iterable[str], name: str) -> list[str]:
+    """The generic value parameters of function ``name`` (``f<T, let N : int>`` -> ``["N"]``),
+    which no array's dtype can decide: a call binds them with ``specialize(N=4)``."""
+    values: list[str] = []
+    for text in texts:
+        for params in re.findall(rf"\b{re.escape(name)}\s*<([^;()]*)>\s*\(", _module_scope(text)):
+            for param in _split_top_level(params):
+                found = re.fullmatch(r"\s*let\s+(\w+)\s*:.*", param, re.DOTALL)
+                if found and found.group(1) not in values:
+                    values.append(found.group(1))
+    return values
+
+
 def _module_scope(text: str) -> str:
     """``text`` without comments and with every ``{...}`` body replaced by ``;``: what is left
     are module-scope declarations, each ending in ``;``, with their attributes."""

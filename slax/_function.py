@@ -18,7 +18,7 @@ import slangpy as spy
 
 from slax._codegen import Mode, result_leaves
 from slax._config import config, current_routes
-from slax._declarations import derivative_modes, generic_constraints
+from slax._declarations import derivative_modes, generic_constraints, generic_values
 from slax._function_primitives import FunctionSpec, check_bounds, slang_call_p
 from slax._primitive import check_finite, vary_alike
 from slax._sharding import across_devices
@@ -70,27 +70,42 @@ class SlangFunction:
         self._generic = any(names for names, _ in self._generic_uses)
         self._param_names = [p.name for p in reflection.parameters]
         self._modes = derivative_modes(texts(module.content), name)
+        self._values = generic_values(texts(module.content), name)
         self._chosen: dict[str, str] = {}
         self._signatures: dict[tuple[tuple[str, str], ...], Signature] = {}
         self.__doc__ = f"Slang function {name!r} from {module.path}."
 
-    def specialize(self, **types: str) -> SlangFunction:
-        """This function with its generic type parameters bound to the named Slang types, e.g.
-        ``mod.f.specialize(T="Foo")`` for ``f<T : IFoo>(T t)``, whose argument ``t`` is then a dict
-        of ``Foo``'s fields. Parameters left out specialise by dtype, as in a direct call.
+    def specialize(self, **types: str | int) -> SlangFunction:
+        """This function with its generic parameters bound: type parameters to the named Slang
+        types, e.g. ``mod.f.specialize(T="Foo")`` for ``f<T : IFoo>(T t)``, whose argument ``t`` is
+        then a dict of ``Foo``'s fields; value parameters to ints, e.g. ``specialize(N=4)`` for
+        ``f<let N : int>(vector<float, N> v)``, which no dtype can decide. Type parameters left
+        out specialise by dtype, as in a direct call.
 
         Args:
-          **types: a Slang type's name for each generic type parameter bound.
+          **types: a Slang type's name for each generic type parameter bound, an int for each
+            value parameter.
 
         Returns:
           The function with those parameters bound, a new :class:`SlangFunction`.
 
         Raises:
-          TypeError: a name is not a generic parameter of the function, or no such type exists.
+          TypeError: a name is not a generic parameter of the function, no such type exists, or a
+            value parameter is given anything but an int (or a type parameter an int).
         """
         parameters = sorted({name for names, _ in self._generic_uses for name in names})
         layout = self.module._reflection.layout
+        bound = {}
         for parameter, type_name in types.items():
+            if parameter in self._values:
+                if isinstance(type_name, bool) or not isinstance(type_name, (int, np.integer)):
+                    raise TypeError(
+                        f"slax: {self.name}.specialize({parameter}={type_name!r}): {parameter} is a "
+                        f"generic value parameter (let {parameter}); pass an int."
+                    )
+                bound[parameter] = str(int(type_name))
+                continue
+            bound[parameter] = type_name
             if parameter not in parameters:
                 raise TypeError(
                     f"slax: {self.name}.specialize() got {parameter}={type_name!r}, but {self.name}'s "
@@ -102,7 +117,7 @@ class SlangFunction:
                     "has no such type; pass a Slang type's name as a string, e.g. a struct it declares."
                 )
         specialized = SlangFunction(self.module, self.name, self._reflection)
-        specialized._chosen = {**self._chosen, **types}
+        specialized._chosen = {**self._chosen, **bound}
         return specialized
 
     def __repr__(self) -> str:
@@ -229,6 +244,13 @@ class SlangFunction:
         Those chosen by :meth:`specialize` stay as chosen.
         """
         chosen: dict[str, str] = dict(self._chosen)
+        unbound = [name for name in self._values if name not in chosen]
+        if unbound:
+            example = ", ".join(f"{name}=4" for name in unbound)
+            raise TypeError(
+                f"slax: {self.name}() has generic value parameter(s) {', '.join(unbound)}, which no "
+                f"array dtype decides; bind them first: mod.{self.name}.specialize({example})(...)."
+            )
         for names, param in self._generic_uses:
             dtype = _array_dtype(bound.get(param))
             for name in names:

@@ -550,3 +550,18 @@ def test_generic_over_an_interface_specialises_to_the_struct_named(declared, rng
         declared.scaled_area.specialize(U="Rectangle")
     with pytest.raises(TypeError, match=r"specialize\(T='Circle'\).*has no such type"):
         declared.scaled_area.specialize(T="Circle")
+
+
+def test_generic_value_parameter_is_bound_by_specialize(declared, rng):
+    """``scaled_vector<T, let N : int>``: no dtype decides N, so a call without ``specialize(N=...)``
+    is refused (naming the remedy) and one with it runs and differentiates; the dtype still
+    decides T."""
+    v, scale = _uniform(rng, 5, 3), _uniform(rng, 5)
+    with pytest.raises(TypeError, match=r"value parameter\(s\) N.*scaled_vector\.specialize\(N=4\)"):
+        declared.scaled_vector(v, scale)
+    with pytest.raises(TypeError, match=r"specialize\(N='3'\): N is a generic value parameter"):
+        declared.scaled_vector.specialize(N="3")
+    three = declared.scaled_vector.specialize(N=3)
+    check_grads(three, lambda v, s: v * s[:, None], v, scale, raises=True)
+    half = three(v.astype(jnp.float16), scale.astype(jnp.float16))
+    assert half.dtype == jnp.float16
