@@ -55,7 +55,7 @@ import ngp_image
 import optax
 
 from slax import nn
-from slax.nn import _blend, _hash_encoding
+from slax.nn import _blend, _fused_encoding, _hash_encoding
 
 LEVELS, LOG2_TABLE_SIZE, FINEST = 16, 19, 2048
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     target = jax.random.uniform(value_key, (args.batch, 3))
 
     def find_corners(x):
-        return _hash_encoding._level_corners(x, config)
+        return _fused_encoding.level_corners(x, config)
 
     rows, weights = jax.jit(find_corners)(x)
     table = params["tables"].reshape(-1, config.features_per_level)

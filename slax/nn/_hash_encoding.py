@@ -32,15 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import slax
-from slax.nn._blend import blend
+from slax.nn._fused_encoding import encode
 
 TABLE_DTYPES = ("float32", "float16")
 """The tables' dtypes :func:`hash_encode` takes."""
 
 TABLE_INIT_SCALE = 1e-4
 """Tables start uniform in ±1e-4, as the paper's."""
-
-_CORNERS_FUNCTIONS = {2: "level_corners_2d", 3: "level_corners_3d"}
 
 CONTENDED_ENTRIES = 8192
 """A dense level of at most this many entries takes its gradient through copies (:func:`_spread`)."""
@@ -203,20 +201,9 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> 
     """
     _require_config("hash_encode", config)
     _require_arguments("hash_encode", tables, x, config)
-    rows, weights = _level_corners(x, config)
     table = tables.reshape(-1, config.features_per_level)
-    features = blend(rows, table, weights, _spread(config))
+    features = encode(x, table, config, _spread(config))
     return features.reshape(*x.shape[:-1], config.output_features)
-
-
-def _level_corners(x: jax.Array, config: HashEncodingConfig) -> tuple[jax.Array, jax.Array]:
-    """Each level's cell corners for points ``x (..., d)``: int32 rows of the flattened tables and
-    float32 weights, both ``(..., levels, 2^d)`` (Slang's ``level_corners_2d/3d``)."""
-    levels = jnp.arange(config.levels, dtype=jnp.int32)
-    resolutions = jnp.asarray(config.resolutions, jnp.int32)
-    dense = jnp.asarray(config.dense_levels, jnp.int32)
-    corners = slax.load_module("nn/hash_encoding")[_CORNERS_FUNCTIONS[config.dimensions]]
-    return corners(x[..., None, :], levels, resolutions, dense, config.table_size)
 
 
 def _spread(config: HashEncodingConfig):
