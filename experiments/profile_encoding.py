@@ -4,10 +4,13 @@ The step is ngp_image.py's (instant-NGP's 2-D grid, 16 levels of 2 features, 2^1
 16 to 2048 cells a side; a 32-64-64-3 ReLU MLP; optax Adam on tables and MLP). Each part is jitted
 alone on the same inputs and timed as the mean of --repeats calls after one warm call:
 
-- corners: where --batch points fall in each level (rows and weights; Slang's ``level_corners_2d``);
-- blend: the tables' rows summed with those weights (slax: Slang; plain JAX: a gather and a sum);
-- scatter: the gradient in the tables (slax: Slang's atomic adds; plain JAX: XLA's scatter-add),
-  and the same over the four coarsest or the four finest levels alone;
+- encode: the encoding of --batch points (slax: the fused kernel, cells, rows and weights in
+  registers; plain JAX: ``hash_encode_reference``'s gathers and sums);
+- scatter: the gradient in the tables (slax: the fused kernel's atomic adds; plain JAX: XLA's
+  scatter-add of the same shares);
+- the rows/weights path slax keeps for second derivatives in the points: corners (Slang's
+  ``level_corners_2d``), their blend, and their scatter over all levels and over the four
+  coarsest or the four finest levels alone (the coarse dense levels' contention);
 - the MLP's value and gradient (``slax.nn.mlp_apply``, plain JAX ``mlp_apply_reference``);
 - Adam over the tables, and the whole step of each model.
 
@@ -122,7 +125,16 @@ def main(argv: list[str] | None = None) -> int:
 
     coarse, fine = slice(0, 4), slice(LEVELS - 4, LEVELS)
     tables_adam = (params["tables"], optimizer.init(params["tables"]), params["tables"])
+
+    def fused_scatter(v):
+        return _fused_encoding.scatter_p.bind(
+            x, v, config=config, stacked=0, spread=spread, table_rows=table.shape[0]
+        )
+
     parts = [
+        ("encode (fused)", lambda t: _fused_encoding.encode(x, t, config), (table,),
+         lambda t: nn.hash_encode_reference(t.reshape(config.table_shape), x, config)),
+        ("scatter (fused), 16 levels", fused_scatter, (values,), xla_scatter),
         ("corners (Slang)", find_corners, (x,), None),
         ("blend", lambda t: _blend.blend(rows, t, weights), (table,),
          lambda t: jnp.einsum("blc,blcf->blf", weights, t[rows])),

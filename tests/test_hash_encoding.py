@@ -1,7 +1,10 @@
-"""slax.nn's multiresolution hash encoding (slax/nn/_hash_encoding.py, slax/nn/_blend.py) against its
-plain-JAX twin (slax/nn/_hash_reference.py): values and derivatives to second order in the tables
-and the points, with dense and hashed levels, in 2-D and 3-D; points on the grid's faces; jit and
-vmap; an eikonal loss's gradient; training behind an MLP with optax; float16 tables (values, both
+"""slax.nn's multiresolution hash encoding (slax/nn/_hash_encoding.py, its fused kernels in
+slax/nn/_fused_encoding.py, the rows/weights path of slax/nn/_blend.py) against its plain-JAX twin
+(slax/nn/_hash_reference.py): values and derivatives to second order in the tables and the points,
+with dense and hashed levels, in 2-D and 3-D, with 1 to 8 features a level; points on the grid's
+faces; jit and vmap (over points, over a stack of tables, of directional derivatives too); an
+eikonal loss's gradient, which binds the fused primitives alone; training behind an MLP with
+optax; float16 tables (values, both
 gradients and an eikonal gradient against the twin at float16's tolerance, and training). The
 configuration's rules (the paper's resolutions, dense levels) and the errors are checked against
 numbers written out here.
@@ -187,8 +190,8 @@ def test_float16_tables_match_the_twin():
 @pytest.mark.one_device_kind
 @pytest.mark.parametrize("features", [1, 3, 4, 8])
 def test_every_feature_count_matches_the_twin(features):
-    """Feature counts other than the default 2 (each a call per feature, blended and scattered
-    alike): value and first derivatives in the tables and points against the twin."""
+    """Feature counts other than the default 2 (a corner's features read as one Slang vector, and
+    8 as two of 4): value and first derivatives in the tables and points against the twin."""
     assert_matches_the_twin(
         dataclasses.replace(small_config(2), features_per_level=features), features, order=1
     )
@@ -277,6 +280,65 @@ def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
     want = eikonal_gradient(nn.hash_encode_reference, nn.mlp_apply_reference, config, x)(params, tables)
     for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert relative_error(got_leaf, want_leaf) < TOLERANCE
+
+
+def primitive_names(jaxpr) -> set[str]:
+    """The primitives a closed jaxpr binds, inside nested jaxprs (jit, custom_jvp) too."""
+    names = set()
+    for equation in jaxpr.eqns:
+        names.add(equation.primitive.name)
+        for param in equation.params.values():
+            inner = getattr(param, "jaxpr", None)
+            if inner is not None:
+                names |= primitive_names(getattr(inner, "jaxpr", inner))
+    return names
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_an_eikonal_steps_gradient_runs_on_fused_kernels_alone(dtype):
+    """The SDF step's gradient (a distance term and an eikonal term, in the tables and the MLP)
+    binds the fused primitives only: no corner rows or weights through memory (Slang's
+    ``level_corners``, slax/nn/_blend.py's primitives), which only second derivatives in x use."""
+    config = small_config(3)
+    tables, x = tables_and_points(config, 14)
+    params = nn.mlp_init(jax.random.key(15), (config.output_features, 16, 1), activation="relu")
+
+    def loss(params, tables):
+        def distance(x):
+            return jnp.sum(nn.mlp_apply(params, nn.hash_encode(tables, x, config).astype(jnp.float32)))
+
+        norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
+        return jnp.mean((norm - 1.0) ** 2) + distance(x) ** 2
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, tables.astype(dtype))
+    encoding = {name for name in primitive_names(jaxpr.jaxpr) if "hash" in name or "blend" in name}
+    assert encoding == {"slax_hash_encode", "slax_hash_scatter", "slax_hash_point_gradient"}
+    assert not any("level_corners" in name for name in primitive_names(jaxpr.jaxpr))
+
+
+@pytest.mark.slow
+@pytest.mark.one_device_kind
+def test_directional_gradients_over_a_stack_of_tables_match_the_twin():
+    """Per-example gradients in a stack of tables of a loss on the encoding's derivative along a
+    direction in x, and of its gradient in x: the slope kernels (``encode_slopes``,
+    ``scatter_slopes``, ``point_gradient``) reading and adding into each example's own table."""
+    config = small_config(2)
+    tables, x = tables_and_points(config, 16, points=8)
+    stack = jnp.stack([tables, -0.5 * tables[::-1]])
+    direction = jax.random.normal(jax.random.key(17), x.shape)
+
+    def loss(encode):
+        def per_table(tables):
+            _, slope = jax.jvp(lambda x: encode(tables, x, config), (x,), (direction,))
+            gradient = jax.grad(lambda x: jnp.sum(jnp.sin(encode(tables, x, config))))(x)
+            return jnp.sum(slope**2) + jnp.sum(gradient * direction)
+
+        return per_table
+
+    got = jax.jit(jax.vmap(jax.grad(loss(nn.hash_encode))))(stack)
+    want = jnp.stack([jax.grad(loss(nn.hash_encode_reference))(t) for t in stack])
+    assert relative_error(got, want) < TOLERANCE
 
 
 @pytest.mark.slow

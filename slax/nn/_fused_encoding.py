@@ -286,9 +286,7 @@ def _batch_scatter(primitive, args, dims, *, config, stacked, spread, table_rows
     them, added as one stack of ``size * table_rows`` rows (no rows spread)."""
     size = next(value.shape[dim] for value, dim in zip(args, dims) if dim is not None)
     args = [_move(value, dim, size, 0) for value, dim in zip(args, dims)]
-    out = primitive.bind(
-        *args, config=config, stacked=stacked + 1, spread=(), table_rows=size * table_rows
-    )
+    out = primitive.bind(*args, config=config, stacked=stacked + 1, spread=(), table_rows=size * table_rows)
     return out.reshape(size, table_rows, out.shape[-1]), 0
 
 

@@ -9,16 +9,18 @@ to ``finest_resolution`` cells per axis in a geometric progression: level l has
 2654435761, 805459861) modulo the table's size. The encoding is the (bi/tri)linear interpolation of
 the 2^d corners' entries, per level, concatenated: ``(..., levels * features_per_level)``.
 
-In Slang (``shaders/nn/hash_encoding.slang``): ``level_corners_2d/3d`` gives each level's corner
-rows and weights, [Differentiable] in ``x`` (first and second derivatives from Slang's autodiff,
-through slax's rules for functions without tensors); :func:`slax.nn._blend.blend` sums the rows of
-the tables they name (slax/nn/_blend.py: bilinear primitives, so that every derivative in the
-tables, to any order, is a blend or its transpose). :func:`hash_encode_reference`
-(slax/nn/_hash_reference.py) is the same encoding in plain JAX.
+In Slang (``shaders/nn/fused_encoding.slang``), one call per point and level finds the point's
+cell, its corners' rows and weights in registers and reads (or, for the gradient in the tables,
+adds into) each corner's features as one vector; slax/nn/_fused_encoding.py declares the encoding,
+its scatter into the tables and its gradient in the points as primitives that close under JAX's
+derivatives, so that the gradient of an eikonal loss runs on them alone. Second derivatives in the
+points (``jax.hessian``) go through the corners' rows and weights in memory
+(``shaders/nn/hash_encoding.slang``'s ``level_corners``, slax/nn/_blend.py's primitives).
+:func:`hash_encode_reference` (slax/nn/_hash_reference.py) is the same encoding in plain JAX.
 
 float16 tables, as tiny-cuda-nn keeps its grids: half the memory and half the bytes each corner's
 read moves; the sums are float32's, rounded once to float16 (the features, and the gradient in the
-tables, which is added in float32: slax/nn/_blend.py).
+tables, which is added in float32: slax/nn/_fused_encoding.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import slax
 from slax.nn._fused_encoding import encode
 
 TABLE_DTYPES = ("float32", "float16")
@@ -181,7 +182,7 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> 
     float16 tables give float16 features, as JAX's functions keep their operands' dtype and as
     :func:`slax.nn.mlp_apply` of a float16 network takes them (``.astype(jnp.float32)`` for a
     float32 one). Each feature is summed in float32 from the float16 entries and rounded once, and
-    the gradient in float16 tables is added in float32 and rounded once (slax/nn/_blend.py), so it
+    the gradient in float16 tables is added in float32 and rounded once (slax/nn/_fused_encoding.py), so it
     keeps the small shares of the many points that read a coarse level's entry.
 
     Args:
