@@ -95,7 +95,7 @@ class SlangFunction:
         """
         parameters = sorted({name for names, _ in self._generic_uses for name in names})
         layout = self.module._reflection.layout
-        bound = {}
+        bound: dict[str, str] = {}
         for parameter, type_name in types.items():
             if parameter in self._values:
                 if isinstance(type_name, bool) or not isinstance(type_name, (int, np.integer)):
@@ -105,7 +105,6 @@ class SlangFunction:
                     )
                 bound[parameter] = str(int(type_name))
                 continue
-            bound[parameter] = type_name
             if parameter not in parameters:
                 raise TypeError(
                     f"slax: {self.name}.specialize() got {parameter}={type_name!r}, but {self.name}'s "
@@ -116,6 +115,7 @@ class SlangFunction:
                     f"slax: {self.name}.specialize({parameter}={type_name!r}): module {self.module.path!r} "
                     "has no such type; pass a Slang type's name as a string, e.g. a struct it declares."
                 )
+            bound[parameter] = type_name
         specialized = SlangFunction(self.module, self.name, self._reflection)
         specialized._chosen = {**self._chosen, **bound}
         return specialized
