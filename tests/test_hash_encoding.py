@@ -161,8 +161,14 @@ def test_init_is_the_papers():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dimensions", [pytest.param(2, marks=pytest.mark.jax_version), 3], ids=["2d", "3d"])
+@pytest.mark.parametrize(
+    "dimensions",
+    [pytest.param(2, marks=pytest.mark.jax_version), pytest.param(3, marks=pytest.mark.one_device_kind)],
+    ids=["2d", "3d"],
+)
 def test_derivatives_to_second_order_match_the_twin(dimensions):
+    """Both routes compile each kernel in 2-D; 3-D's are the same Slang with one more axis, checked
+    on one route."""
     assert_matches_the_twin(small_config(dimensions), dimensions, order=2)
 
 
@@ -188,10 +194,11 @@ def test_float16_tables_match_the_twin():
 
 
 @pytest.mark.one_device_kind
-@pytest.mark.parametrize("features", [1, 3, 4, 8])
+@pytest.mark.parametrize("features", [1, 3, 8])
 def test_every_feature_count_matches_the_twin(features):
     """Feature counts other than the default 2 (a corner's features read as one Slang vector, and
-    8 as two of 4): value and first derivatives in the tables and points against the twin."""
+    8 as two of 4, which covers a whole vector of 4): value and first derivatives in the tables and
+    points against the twin. Each count compiles every kernel again, so three stand for the rest."""
     assert_matches_the_twin(
         dataclasses.replace(small_config(2), features_per_level=features), features, order=1
     )
