@@ -3,7 +3,7 @@
 #
 #   bash scripts/test.sh           # what CI's first leg runs: every test, those whose result depends
 #                                  # on the route on each CPU route here (tests/conftest.py), in
-#                                  # parallel (pytest-xdist); ~40 min on a 2-core machine
+#                                  # parallel (pytest-xdist); ~60 min on a 2-core machine
 #   bash scripts/test.sh --quick   # the tests not marked slow, on one route: ~25 min on 2 cores
 #   bash scripts/test.sh ARGS...   # ARGS go to pytest as they are (add -n 2 for parallel workers)
 #
@@ -37,7 +37,7 @@ workers=$((cores < 4 ? cores : 4))
 if [ $# -eq 0 ]; then
   echo "test: the whole suite (CI's first leg) under JAX $jax_version, in $workers parallel processes:"
   echo "test: every test once, and each test whose result depends on the route on every CPU route this"
-  echo "test: machine has; ~40 minutes on 2 cores (bash scripts/test.sh --quick: ~25 minutes)."
+  echo "test: machine has; ~60 minutes on 2 cores (bash scripts/test.sh --quick: ~25 minutes)."
   set -- -n "$workers"
 elif [ "$*" = "--quick" ]; then
   echo "test: the quick run under JAX $jax_version, in $workers parallel processes: the tests not marked"
