@@ -160,16 +160,19 @@ def _unfused(primitive, x, operands, params):
     JVP in ``x`` that the fused kernels do not have: the weights' second derivatives)."""
     config, stacked, spread = params["config"], params["stacked"], params["spread"]
 
-    def weights(x):
-        return level_corners(x, config, stacked)[1]
+    def weights_and_rows(x):
+        rows, weights = level_corners(x, config, stacked)
+        return weights, rows
 
-    rows, values = level_corners(x, config, stacked)
     if primitive is point_gradient_p:
         tables, cotangent = operands
+        _, pullback, rows = jax.vjp(weights_and_rows, x, has_aux=True)
         products = _blend.corner_products_p.bind(rows, tables, cotangent, spread=spread)
-        return jax.vjp(weights, x)[1](products)[0]
-    if len(operands) == 2:
-        _, values = jax.jvp(weights, (x,), (operands[1],))
+        return pullback(products)[0]
+    if len(operands) == 2:  # with a direction: the weights' derivative along it
+        _, values, rows = jax.jvp(weights_and_rows, (x,), (operands[1],), has_aux=True)
+    else:
+        values, rows = weights_and_rows(x)
     if primitive is encode_p:
         return _blend.blend_p.bind(rows, operands[0], values, spread=spread)
     return _blend.scatter_p.bind(rows, operands[0], values, table_rows=params["table_rows"], spread=spread)
