@@ -8,7 +8,7 @@
 # cannot run SlangPy), which SLAX_DEVICE=vulkan chooses: CI does, to test both CPU routes.
 # Idempotent; the other scripts source it and run Python from $venv.
 #
-# Another interpreter or JAX release (CI checks the GPU machine's Python 3.12 and JAX 0.11.2 this way):
+# Another interpreter or JAX release (CI checks Python 3.12 and the newest JAX this way):
 #   SLAX_PYTHON=python3.12 SLAX_VENV=.venv-312 SLAX_JAX_VERSION=0.11.2 bash scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

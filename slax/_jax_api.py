@@ -27,8 +27,8 @@ from typing import Any
 import jax
 
 SUPPORTED_JAX = "0.10.2 to 0.12.x"
-"""The JAX releases slax is tested with (``pyproject.toml``'s range; CI runs the oldest, the GPU
-machine's 0.11.2 and the newest)."""
+"""The JAX releases slax is tested with (``pyproject.toml``'s range; CI runs the oldest and the
+newest, the GPU sessions the GPU machine's 0.11.2)."""
 
 PRIVATE_API: dict[str, str] = {
     "Primitive": "jax.extend.core.Primitive",
