@@ -21,7 +21,7 @@ import pytest
 from _helpers import run_python
 
 import slax
-from slax._device import cpp_compiler, get_device
+from slax._device import cache_dir, cpp_compiler, get_device
 
 PRECISION_ENV_VAR = "JAX_DEFAULT_MATMUL_PRECISION"
 # The suite holds float32 results to float32's accuracy (1e-5 relative): JAX's products at HIGHEST,
@@ -65,6 +65,37 @@ def pytest_configure(config):
     if _quick:
         chosen = config.option.markexpr
         config.option.markexpr = f"({chosen}) and not slow" if chosen else "not slow"
+    _compile_plain_jax_quickly()
+
+
+PLAIN_JAX_COMPILES = {
+    "jax_disable_most_optimizations": True,
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+}
+"""How the suite's processes compile on a machine without a GPU, where XLA's compiles took about
+half of a test's time: the plain-JAX twins, data and initial parameters of each test, and in each
+Python process a test starts (the experiments), those of every step and ``mlp_init`` again.
+XLA's CPU back end runs without LLVM's optimisations (``jax_disable_most_optimizations``: about a
+fifth less CPU time over a test file here; the same IEEE arithmetic, more slowly on the suite's
+small arrays), and every program is kept in JAX's persistent compilation cache, which the other
+processes of the run (pytest-xdist's workers, the processes tests start) read instead of compiling
+it again. JAX keeps no program holding slax's kernels there (their launches are host callbacks,
+which it never writes), so only plain JAX's programs are shared. GPU sessions compile as users do."""
+
+
+def _compile_plain_jax_quickly() -> None:
+    """Applies :data:`PLAIN_JAX_COMPILES` and the cache's directory (``jax-tests`` in slax's cache
+    directory) to this process, and through the environment to the processes it starts; a setting
+    already in the environment is left as it is."""
+    if any(device.platform == "gpu" for device in jax.devices()):
+        return
+    settings = {**PLAIN_JAX_COMPILES, "jax_compilation_cache_dir": str(cache_dir() / "jax-tests")}
+    for name, value in settings.items():
+        variable = name.upper()
+        if variable not in os.environ:
+            os.environ[variable] = str(int(value) if isinstance(value, bool) else value)
+            jax.config.update(name, value)
 
 
 @pytest.hookimpl(trylast=True)
