@@ -139,7 +139,7 @@ def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, tab
     size = _chunk_size(config.features_per_level)
     zero = jnp.zeros((table_rows * config.features_per_level // size, size), jnp.float32)
     sums, pullback = jax.vjp(gather, zero)
-    added = pullback(jnp.ones_like(sums))[0]
+    added = pullback(jnp.ones(sums.shape, sums.dtype))[0]
     added = added.reshape(table_rows, config.features_per_level)
     return _sum_copies(added, spread).astype(cotangent.dtype)
 

@@ -16,6 +16,9 @@ its scatter into the tables and its gradient in the points as primitives that cl
 derivatives, so that the gradient of an eikonal loss runs on them alone. Second derivatives in the
 points (``jax.hessian``) go through the corners' rows and weights in memory
 (``shaders/nn/hash_encoding.slang``'s ``level_corners``, slax/nn/_blend.py's primitives).
+:func:`hash_encode_with_jacobian` reads the encoding with its Jacobian in the points, for a field
+whose gradient in the point a loss holds: that loss's gradient in the tables is then one scatter
+(slax/nn/_jacobian_encoding.py).
 :func:`hash_encode_reference` (slax/nn/_hash_reference.py) is the same encoding in plain JAX.
 
 float16 tables, as tiny-cuda-nn keeps its grids: half the memory and half the bytes each corner's
