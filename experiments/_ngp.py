@@ -61,19 +61,26 @@ def init_params(key: jax.Array, config: nn.HashEncodingConfig, outputs: int) -> 
     }
 
 
+def network(name: str, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    """``(mlp params, features) -> float32 (..., outputs)``: slax's (``"slax"``) or plain JAX's
+    (``"jax"``) MLP, run in ``dtype`` on a cast of its float32 parameters and of the features (see
+    the module's docstring)."""
+    apply = nn.mlp_apply if name == "slax" else nn.mlp_apply_reference
+
+    def run(params, features):
+        return apply(*cast((params, features), dtype)).astype(jnp.float32)
+
+    return run
+
+
 def model(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
     """``(params, x (..., d) in [0, 1]^d) -> float32 (..., outputs)`` of ``"slax"`` or of plain
-    ``"jax"``: the encoding from the float32 tables, then the MLP in ``dtype`` (see the module's
-    docstring)."""
-    encode, apply = (
-        (nn.hash_encode, nn.mlp_apply)
-        if name == "slax"
-        else (nn.hash_encode_reference, nn.mlp_apply_reference)
-    )
+    ``"jax"``: the encoding from the float32 tables, then :func:`network`."""
+    encode = nn.hash_encode if name == "slax" else nn.hash_encode_reference
+    run = network(name, dtype)
 
     def predict(params, x):
-        features = encode(params["tables"], x, config)
-        return apply(*cast((params["mlp"], features), dtype)).astype(jnp.float32)
+        return run(params["mlp"], encode(params["tables"], x, config))
 
     return predict
 

@@ -341,7 +341,7 @@ def loss_and_grad(network: str, model: str, dtype):
         config, _ = _ngp_config(network)
         if ngp_workload["task"] == "ngp_image":
             return ngp_image.loss_and_grad(ngp.model(model, config, dtype))
-        return jax.value_and_grad(sdf.sdf_loss(ngp_sdf.field(model, config, dtype)))
+        return jax.value_and_grad(sdf.sdf_loss(ngp_sdf.field_with_gradient(model, config, dtype)))
     precision = JAX_PRECISIONS.get(model)
     if network == "polynomial" or harness.wide_architecture(network):  # squared error
         if model == "slax":
@@ -359,7 +359,7 @@ def loss_and_grad(network: str, model: str, dtype):
         return apply(*cast((p, x), dtype)).astype(jnp.float32)
 
     if network == "sdf":
-        return jax.value_and_grad(sdf.sdf_loss(forward))
+        return jax.value_and_grad(sdf.sdf_loss(sdf.with_gradient(forward)))
 
     def cross_entropy(p, x, labels):
         logits = forward(p, x)

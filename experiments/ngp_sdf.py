@@ -9,10 +9,12 @@ ReLU layers of 64, one affine output). Each step samples fresh points uniform in
 
     mean((f(p) - sdf(p))^2) + 0.1 * mean((|grad_p f(p)| - 1)^2),
 
-whose parameter gradient differentiates ``jax.grad`` of the whole model in p: second derivatives of
-the MLP and of the encoding, in the tables and the points. The loop runs in jitted lax.scan chunks.
-Beside it the same model in plain JAX (``slax.nn.hash_encode_reference``, ``mlp_apply_reference``)
-trains from the same initialisation on the same points.
+whose parameter gradient differentiates the model's gradient in p: second derivatives of the MLP
+and of the encoding, in the tables and the points. slax's model takes that gradient from the
+encoding's Jacobian in p (``slax.nn.hash_encode_with_jacobian``) times the MLP's input gradient,
+so that the gradient in the tables is one scatter. The loop runs in jitted lax.scan chunks. Beside
+it the same model in plain JAX (``slax.nn.hash_encode_reference``, ``mlp_apply_reference``, the
+gradient in p by ``jax.vjp``) trains from the same initialisation on the same points.
 
 --dtype float16 runs both MLPs in half precision with the tables float32, as ngp_image.py does
 (experiments/_ngp.py says why); the losses are float32's. The defaults (4 levels from 16 to 32
@@ -89,6 +91,25 @@ def field(name: str, config: nn.HashEncodingConfig, dtype) -> sdf.Field:
     return lambda params, points: predict(params, (points + 1.0) / 2.0)
 
 
+def field_with_gradient(name: str, config: nn.HashEncodingConfig, dtype) -> sdf.FieldWithGradient:
+    """:func:`field` and its gradient in the points, which the eikonal loss holds. Plain JAX's is
+    ``jax.vjp`` of the field (``sdf.with_gradient``). slax's reads the encoding and its Jacobian
+    in the point together (``nn.hash_encode_with_jacobian``) and multiplies the Jacobian by the
+    MLP's input gradient, so that the loss's gradient in the tables is one scatter (times 1/2:
+    the encoding's [0, 1]^3 is half as wide as the cube)."""
+    if name != "slax":
+        return sdf.with_gradient(field(name, config, dtype))
+    network = ngp.network(name, dtype)
+
+    def both(params, points):
+        features, jacobian = nn.hash_encode_with_jacobian(params["tables"], (points + 1.0) / 2.0, config)
+        values, pullback = jax.vjp(lambda features: network(params["mlp"], features), features)
+        (slopes,) = pullback(jnp.ones_like(values))  # each point's own: the samples are independent
+        return values, 0.5 * jnp.sum(jacobian * slopes[..., None], axis=-2)
+
+    return both
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     out, device = harness.prepare_run("ngp_sdf", args)
@@ -102,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     params = ngp.init_params(init_key, config, outputs=1)
     optimizer = ngp.optimizer(args.lr, args.steps)
     fields = {name: field(name, config, jnp.dtype(args.dtype)) for name in ("slax", "jax")}
-    fns = {name: jax.value_and_grad(sdf.sdf_loss(f)) for name, f in fields.items()}
+    fns = {
+        name: jax.value_and_grad(sdf.sdf_loss(field_with_gradient(name, config, jnp.dtype(args.dtype))))
+        for name in fields
+    }
     disagreement = gradient_disagreement(fns, params, sdf.sample(grad_key, min(args.batch, 4096)))
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "

@@ -102,13 +102,28 @@ def network(name: str, dtype: Any) -> Field:
     return field
 
 
-def sdf_loss(field: Field):
+FieldWithGradient = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
+"""A field and its gradient in the points: ``(params, points (..., 3)) -> (distances (..., 1),
+gradients (..., 3))``, both float32."""
+
+
+def with_gradient(field: Field) -> FieldWithGradient:
+    """``field`` and its gradient in the points, by ``jax.vjp``."""
+
+    def both(params, points):
+        values, pullback = jax.vjp(lambda points: field(params, points), points)
+        (gradient,) = pullback(jnp.ones_like(values))  # each point's own: the samples are independent
+        return values, gradient
+
+    return both
+
+
+def sdf_loss(field: FieldWithGradient):
     """``(params, points, distances) -> loss``: the squared distance error of ``field`` plus
     EIKONAL_WEIGHT times the eikonal residual, ``(|grad_p field(params, p)| - 1)^2``."""
 
     def loss(params, points, distances):
-        values, pullback = jax.vjp(lambda points: field(params, points), points)
-        (gradient,) = pullback(jnp.ones_like(values))  # each point's own: the samples are independent
+        values, gradient = field(params, points)
         norm = jnp.linalg.norm(gradient, axis=-1)
         fit = jnp.mean((values - distances) ** 2)
         return fit + EIKONAL_WEIGHT * jnp.mean((norm - 1.0) ** 2)
@@ -183,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     params = nn.mlp_init(init_key, SIZES, jnp.float32)
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps, alpha=0.01))
     fields = {name: network(name, jnp.dtype(args.dtype)) for name in ("slax", "jax")}
-    fns = {name: jax.value_and_grad(sdf_loss(field)) for name, field in fields.items()}
+    fns = {name: jax.value_and_grad(sdf_loss(with_gradient(field))) for name, field in fields.items()}
     disagreement = gradient_disagreement(fns, params, sample(grad_key, min(args.batch, 4096)))
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "

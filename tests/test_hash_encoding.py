@@ -3,9 +3,10 @@ slax/nn/_fused_encoding.py, the rows/weights path of slax/nn/_blend.py) against 
 (slax/nn/_hash_reference.py): values and derivatives to second order in the tables and the points,
 with dense and hashed levels, in 2-D and 3-D, with 1 to 8 features a level; points on the grid's
 faces; jit and vmap (over points, over a stack of tables, of directional derivatives too); an
-eikonal loss's gradient, which binds the fused primitives alone; training behind an MLP with
-optax; float16 tables (values, both
-gradients and an eikonal gradient against the twin at float16's tolerance, and training). The
+eikonal loss's gradient, which binds the fused primitives alone, its gradient in the points by
+``jax.grad`` of ``hash_encode`` and from ``hash_encode_with_jacobian`` (one read of the corners and
+one scatter); training behind an MLP with optax; float16 tables (values, both gradients and an
+eikonal gradient against the twin at float16's tolerance, and training). The
 configuration's rules (the paper's resolutions, dense levels) and the errors are checked against
 numbers written out here.
 
@@ -14,6 +15,7 @@ run on one device kind."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -127,6 +129,18 @@ def test_hash_encode_refuses_arguments_that_do_not_fit():
         nn.hash_encode(tables, x.astype(jnp.float16), config)
     with pytest.raises(TypeError, match="config must be a slax.nn.HashEncodingConfig, got dict"):
         nn.hash_encode(tables, x, {"dimensions": 2})
+    with pytest.raises(
+        ValueError, match=r"hash_encode_with_jacobian: x must have shape \(\.\.\., 2\) .* got \(16, 3\)"
+    ):
+        nn.hash_encode_with_jacobian(tables, jnp.zeros((16, 3)), config)
+
+    def jacobian_sum(x):
+        return jnp.sum(nn.hash_encode_with_jacobian(tables, x, config)[1])
+
+    with pytest.raises(
+        NotImplementedError, match="hash_encode_with_jacobian: argument 'x' is not differentiable here"
+    ):
+        jax.make_jaxpr(jax.grad(jacobian_sum))(x)
 
 
 @pytest.mark.one_device_kind
@@ -135,7 +149,7 @@ def test_tables_of_other_dtypes_are_refused(dtype):
     config = small_config(2)
     tables, x = tables_and_points(config, 0)
     given = np.dtype(dtype).name
-    for encode in (nn.hash_encode, nn.hash_encode_reference):
+    for encode in (nn.hash_encode, nn.hash_encode_reference, nn.hash_encode_with_jacobian):
         with pytest.raises(
             TypeError, match=rf"{encode.__name__}: tables must be float32 or float16, got {given}"
         ):
@@ -249,25 +263,65 @@ def test_jit_and_vmap_over_points_and_over_tables():
     assert relative_error(got, want) < TOLERANCE
 
 
-def eikonal_gradient(encode, apply, config, x):
-    """``(params, tables) -> gradients`` of an eikonal loss on the float32 MLP ``apply`` behind the
-    encoding ``encode`` at points ``x``: reverse over reverse, through the MLP and the encoding."""
+def through_grad(encode, apply, config):
+    """``(params, tables, x) -> (values, gradients in x)`` of the field ``apply(params,
+    encode(tables, x))`` (a float32 MLP), its gradient by ``jax.vjp`` in x: differentiated again,
+    reverse over reverse through the MLP and the encoding."""
+
+    def field(params, tables, x):
+        values, pullback = jax.vjp(lambda x: apply(params, encode(tables, x, config).astype(jnp.float32)), x)
+        return values, pullback(jnp.ones_like(values))[0]
+
+    return field
+
+
+def through_jacobian(apply, config):
+    """The same field from ``nn.hash_encode_with_jacobian``: the Jacobian times the MLP's input
+    gradient, whose gradient in the tables is one scatter."""
+
+    def field(params, tables, x):
+        features, jacobian = nn.hash_encode_with_jacobian(tables, x, config)
+        values, pullback = jax.vjp(lambda features: apply(params, features.astype(jnp.float32)), features)
+        slopes = pullback(jnp.ones_like(values))[0].astype(jnp.float32)
+        return values, jnp.sum(jacobian.astype(jnp.float32) * slopes[..., None], axis=-2)
+
+    return field
+
+
+def eikonal_gradient(field, x):
+    """``(params, tables) -> gradients`` of an eikonal loss plus a distance term on ``field`` (one
+    of the two above) at points ``x``."""
 
     def loss(params, tables):
-        def distance(x):
-            return jnp.sum(apply(params, encode(tables, x, config).astype(jnp.float32)))
-
-        norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
-        return jnp.mean((norm - 1.0) ** 2)
+        values, gradient = field(params, tables, x)
+        norm = jnp.linalg.norm(gradient, axis=-1)
+        return jnp.mean((norm - 1.0) ** 2) + jnp.mean(values**2)
 
     return jax.grad(loss, argnums=(0, 1))
+
+
+def assert_fields_match_the_twin(fields, config, params, tables, x, tolerance) -> None:
+    """Each of ``fields``' values, gradients in x and eikonal gradients in the MLP and the tables
+    (jitted) against the plain-JAX twin's, relative to the largest of each."""
+
+    def outputs(field):
+        return lambda params, tables: (field(params, tables, x), eikonal_gradient(field, x)(params, tables))
+
+    want = outputs(through_grad(nn.hash_encode_reference, nn.mlp_apply_reference, config))(params, tables)
+    for field in fields:
+        got = jax.jit(outputs(field))(params, tables)
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert got_leaf.dtype == want_leaf.dtype
+            assert relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < tolerance
 
 
 @pytest.mark.slow
 @pytest.mark.one_device_kind
 def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
     """The gradient in the tables of a loss on the encoding's derivative along a direction in x
-    (forward over reverse), and of an eikonal loss on an MLP behind it (reverse over reverse)."""
+    (forward over reverse), and of an eikonal loss on an MLP behind it, its gradient in x by
+    ``jax.grad`` (reverse over reverse) and by ``hash_encode_with_jacobian``: values, gradients in
+    x, and the loss's gradients in the MLP and the tables."""
     config = small_config(3)
     tables, x = tables_and_points(config, 3)
     direction = jax.random.normal(jax.random.key(4), x.shape)
@@ -283,45 +337,52 @@ def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
     got = jax.jit(directional(nn.hash_encode))(tables)
     assert relative_error(got, directional(nn.hash_encode_reference)(tables)) < TOLERANCE
 
-    got = jax.jit(eikonal_gradient(nn.hash_encode, nn.mlp_apply, config, x))(params, tables)
-    want = eikonal_gradient(nn.hash_encode_reference, nn.mlp_apply_reference, config, x)(params, tables)
-    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert relative_error(got_leaf, want_leaf) < TOLERANCE
+    fields = (through_grad(nn.hash_encode, nn.mlp_apply, config), through_jacobian(nn.mlp_apply, config))
+    assert_fields_match_the_twin(fields, config, params, tables, x, TOLERANCE)
 
 
-def primitive_names(jaxpr) -> set[str]:
-    """The primitives a closed jaxpr binds, inside nested jaxprs (jit, custom_jvp) too."""
-    names = set()
+def primitive_counts(jaxpr) -> collections.Counter:
+    """How many equations bind each primitive in a closed jaxpr, nested jaxprs (jit, custom_jvp)
+    included."""
+    counts: collections.Counter = collections.Counter()
     for equation in jaxpr.eqns:
-        names.add(equation.primitive.name)
+        counts[equation.primitive.name] += 1
         for param in equation.params.values():
             inner = getattr(param, "jaxpr", None)
             if inner is not None:
-                names |= primitive_names(getattr(inner, "jaxpr", inner))
-    return names
+                counts += primitive_counts(getattr(inner, "jaxpr", inner))
+    return counts
 
 
 @pytest.mark.one_device_kind
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_an_eikonal_steps_gradient_runs_on_fused_kernels_alone(dtype):
+@pytest.mark.parametrize(
+    ("route", "primitives"),
+    [
+        ("grad", {"slax_hash_encode": 2, "slax_hash_scatter": 2, "slax_hash_point_gradient": 1}),
+        ("jacobian", {"slax_hash_encode_jacobian": 1, "slax_hash_scatter_jacobian": 1}),
+    ],
+)
+def test_an_eikonal_steps_gradient_runs_on_fused_kernels_alone(dtype, route, primitives):
     """The SDF step's gradient (a distance term and an eikonal term, in the tables and the MLP)
     binds the fused primitives only: no corner rows or weights through memory (Slang's
-    ``level_corners``, slax/nn/_blend.py's primitives), which only second derivatives in x use."""
+    ``level_corners``, slax/nn/_blend.py's primitives), which only second derivatives in x use.
+    With the gradient in x by ``jax.grad``, the tables' gradient takes two scatters (the
+    encoding's and its gradient's transposes) beside three reads (the encoding, its slope, its
+    gradient in x): five passes over the corners; by ``hash_encode_with_jacobian``, one read and
+    one scatter."""
     config = small_config(3)
     tables, x = tables_and_points(config, 14)
     params = nn.mlp_init(jax.random.key(15), (config.output_features, 16, 1), activation="relu")
+    if route == "grad":
+        field = through_grad(nn.hash_encode, nn.mlp_apply, config)
+    else:
+        field = through_jacobian(nn.mlp_apply, config)
 
-    def loss(params, tables):
-        def distance(x):
-            return jnp.sum(nn.mlp_apply(params, nn.hash_encode(tables, x, config).astype(jnp.float32)))
-
-        norm = jnp.linalg.norm(jax.grad(distance)(x), axis=-1)
-        return jnp.mean((norm - 1.0) ** 2) + distance(x) ** 2
-
-    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, tables.astype(dtype))
-    encoding = {name for name in primitive_names(jaxpr.jaxpr) if "hash" in name or "blend" in name}
-    assert encoding == {"slax_hash_encode", "slax_hash_scatter", "slax_hash_point_gradient"}
-    assert not any("level_corners" in name for name in primitive_names(jaxpr.jaxpr))
+    jaxpr = jax.make_jaxpr(eikonal_gradient(field, x))(params, tables.astype(dtype))
+    counts = primitive_counts(jaxpr.jaxpr)
+    assert {name: count for name, count in counts.items() if "hash" in name or "blend" in name} == primitives
+    assert not any("level_corners" in name for name in counts)
 
 
 @pytest.mark.slow
@@ -351,18 +412,21 @@ def test_directional_gradients_over_a_stack_of_tables_match_the_twin():
 @pytest.mark.slow
 @pytest.mark.one_device_kind
 def test_float16_eikonal_gradients_match_the_twin():
-    """An eikonal loss's gradient (reverse over reverse) in float16 tables and in a float32 MLP fed
-    their features, against the twin."""
+    """An eikonal loss's gradient in float16 tables and in a float32 MLP fed their features, its
+    gradient in x by ``jax.grad`` and by ``hash_encode_with_jacobian`` (also under ``vmap`` over
+    the points), against the twin."""
     config = small_config(2)
     tables, x = tables_and_points(config, 12)
     tables = tables.astype(jnp.float16)
     params = nn.mlp_init(jax.random.key(13), (config.output_features, 16, 1), activation="tanh")
+    jacobian = through_jacobian(nn.mlp_apply, config)
 
-    got = jax.jit(eikonal_gradient(nn.hash_encode, nn.mlp_apply, config, x))(params, tables)
-    want = eikonal_gradient(nn.hash_encode_reference, nn.mlp_apply_reference, config, x)(params, tables)
-    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert got_leaf.dtype == want_leaf.dtype
-        assert relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
+    def vmapped(params, tables, x):
+        both = jax.vmap(jacobian, in_axes=(None, None, 0))(params, tables, x.reshape(2, -1, x.shape[-1]))
+        return [value.reshape(-1, value.shape[-1]) for value in both]
+
+    fields = (through_grad(nn.hash_encode, nn.mlp_apply, config), jacobian, vmapped)
+    assert_fields_match_the_twin(fields, config, params, tables, x, HALF_TOLERANCE)
 
 
 @pytest.mark.slow

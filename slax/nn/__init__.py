@@ -1,7 +1,12 @@
 """Slang MLP layers as JAX primitives (see slax/nn/_mlp.py and shaders/nn/mlp.slang), and instant-NGP's
 multiresolution hash encoding (slax/nn/_hash_encoding.py and shaders/nn/hash_encoding.slang)."""
 
-from slax.nn._hash_encoding import HashEncodingConfig, hash_encode, hash_encoding_init
+from slax.nn._hash_encoding import (
+    HashEncodingConfig,
+    hash_encode,
+    hash_encode_with_jacobian,
+    hash_encoding_init,
+)
 from slax.nn._hash_reference import hash_encode_reference
 from slax.nn._mlp import Params, describe, mlp_apply, mlp_init, mlp_loss_and_grad
 from slax.nn._params import MLPParams
@@ -14,6 +19,7 @@ __all__ = [
     "describe",
     "hash_encode",
     "hash_encode_reference",
+    "hash_encode_with_jacobian",
     "hash_encoding_init",
     "mlp_apply",
     "mlp_apply_reference",

@@ -55,7 +55,8 @@ def _chunk_size(features: int) -> int:
 def _slang(name: str, config):
     """The fused Slang function ``name`` for the config's dimension and chunk of features."""
     function = slax.load_module("nn/fused_encoding")[name]
-    return function.specialize(D=config.dimensions, F=_chunk_size(config.features_per_level))
+    sums = {"K": config.dimensions + 1} if name == "scatter_jacobian" else {}
+    return function.specialize(D=config.dimensions, F=_chunk_size(config.features_per_level), **sums)
 
 
 def _grid_levels(config, spread: Spread) -> dict:
@@ -113,21 +114,32 @@ def _encode_impl(x, tables, *direction, config, stacked, spread):
 
 
 def _scatter_impl(x, cotangent, *direction, config, stacked, spread, table_rows):
-    """Adds in float32 whatever the cotangent's dtype, into a float32 table, and rounds each row's
-    sum to the cotangent's dtype once (slax/nn/_blend.py's ``_scatter_impl`` says why). A point's
-    share in a level of ``spread`` goes into copy ``point mod copies`` of the level's entries,
-    summed back after."""
     name = "scatter_slopes" if direction else "scatter_values"
+    per_point = [_per_call(value) for value in direction]
+    grid = (config, stacked, spread, table_rows)
+    return _add_into_tables(name, x, _chunked(cotangent, config), per_point, *grid)
+
+
+def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, table_rows):
+    """The scatter of Slang's ``name`` (``bwd_diff`` of a gather from a float32 gradient table),
+    ``cotangent`` that of each call ``(..., levels, chunks, ...)``, ``per_point`` its operands
+    between the point and the grid: a ``(table_rows, F)`` gradient of the cotangent's dtype.
+
+    Adds in float32 whatever the cotangent's dtype, into a float32 table, and rounds each row's sum
+    to the cotangent's dtype once (slax/nn/_blend.py's ``_scatter_impl`` says why). A point's share
+    in a level of ``spread`` goes into copy ``point mod copies`` of the level's entries, summed
+    back after."""
     points = jnp.arange(math.prod(x.shape[:-1]), dtype=jnp.int32).reshape(*x.shape[:-1], 1, 1)
     grid = _grid(x, config, stacked, spread)
+    wide = cotangent.astype(jnp.float32)
 
     def gather(gradient):
-        return _slang(name, config)(gradient, _per_call(x), *map(_per_call, direction), *grid, points)
+        return _slang(name, config)(gradient, _per_call(x), *per_point, wide, *grid, points)
 
     size = _chunk_size(config.features_per_level)
     zero = jnp.zeros((table_rows * config.features_per_level // size, size), jnp.float32)
-    _, pullback = jax.vjp(gather, zero)
-    added = pullback(_chunked(cotangent.astype(jnp.float32), config))[0]
+    sums, pullback = jax.vjp(gather, zero)
+    added = pullback(jnp.ones(sums.shape, sums.dtype))[0]
     added = added.reshape(table_rows, config.features_per_level)
     return _sum_copies(added, spread).astype(cotangent.dtype)
 

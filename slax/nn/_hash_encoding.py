@@ -16,6 +16,9 @@ its scatter into the tables and its gradient in the points as primitives that cl
 derivatives, so that the gradient of an eikonal loss runs on them alone. Second derivatives in the
 points (``jax.hessian``) go through the corners' rows and weights in memory
 (``shaders/nn/hash_encoding.slang``'s ``level_corners``, slax/nn/_blend.py's primitives).
+:func:`hash_encode_with_jacobian` reads the encoding with its Jacobian in the points, for a field
+whose gradient in the point a loss holds: that loss's gradient in the tables is then one scatter
+(slax/nn/_jacobian_encoding.py).
 :func:`hash_encode_reference` (slax/nn/_hash_reference.py) is the same encoding in plain JAX.
 
 float16 tables, as tiny-cuda-nn keeps its grids: half the memory and half the bytes each corner's
@@ -34,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from slax.nn._fused_encoding import encode
+from slax.nn._jacobian_encoding import encode_jacobian
 
 TABLE_DTYPES = ("float32", "float16")
 """The tables' dtypes :func:`hash_encode` takes."""
@@ -205,6 +209,53 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> 
     table = tables.reshape(-1, config.features_per_level)
     features = encode(x, table, config, _spread(config))
     return features.reshape(*x.shape[:-1], config.output_features)
+
+
+def hash_encode_with_jacobian(
+    tables: jax.Array, x: jax.Array, config: HashEncodingConfig
+) -> tuple[jax.Array, jax.Array]:
+    """The encoding of points ``x`` (:func:`hash_encode`'s) and its Jacobian in ``x``, read in one
+    pass over the tables, for a model that needs its gradient in the point (an SDF's eikonal loss).
+
+    With ``features, jacobian = hash_encode_with_jacobian(tables, x, config)``, a field
+    ``f(x) = network(features)`` has the gradient ``jacobian^T grad network``, a product in plain
+    JAX, so the gradient in the tables of a loss on the field and its gradient adds both terms in
+    one scatter, and the network's second derivative reads the Jacobian, not the tables again:
+    two passes over the tables' corners a step, against five through :func:`hash_encode` and
+    ``jax.grad`` in ``x``::
+
+        features, jacobian = nn.hash_encode_with_jacobian(tables, x, config)
+        values, pullback = jax.vjp(lambda h: nn.mlp_apply(params, h), features)
+        (slopes,) = pullback(jnp.ones_like(values))              # each point's own
+        gradient = jnp.sum(jacobian * slopes[..., None], axis=-2)  # (..., d), d values / d x
+
+    Differentiable in ``tables`` to every order (reverse and forward); composes with ``jit`` and
+    ``vmap`` (also over a stack of tables). Not differentiable in ``x``: that needs the encoding's
+    second derivatives in ``x``, which :func:`hash_encode` takes.
+
+    Args:
+      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)``, from
+        :func:`hash_encoding_init`.
+      x: float32 ``(..., d)``, points in [0, 1]^d (as :func:`hash_encode`'s).
+      config: the encoding's :class:`HashEncodingConfig`.
+
+    Returns:
+      ``features`` ``(..., levels * features_per_level)`` and ``jacobian`` ``(..., levels *
+      features_per_level, d)`` (``jacobian[..., k, i]``: feature k's derivative in ``x[..., i]``,
+      as ``jax.jacfwd`` lays it out), both of the tables' dtype, each summed in float32 and
+      rounded once.
+
+    Raises:
+      TypeError, ValueError: as :func:`hash_encode`.
+      NotImplementedError: when differentiated in ``x``.
+    """
+    _require_config("hash_encode_with_jacobian", config)
+    _require_arguments("hash_encode_with_jacobian", tables, x, config)
+    table = tables.reshape(-1, config.features_per_level)
+    both = encode_jacobian(x, table, config, _spread(config))  # (..., levels, 1 + d, F)
+    features = both[..., 0, :].reshape(*x.shape[:-1], config.output_features)
+    jacobian = jnp.swapaxes(both[..., 1:, :], -1, -2)
+    return features, jacobian.reshape(*x.shape[:-1], config.output_features, config.dimensions)
 
 
 def _spread(config: HashEncodingConfig):
