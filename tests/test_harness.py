@@ -162,7 +162,8 @@ def test_fresh_run_refuses_existing_checkpoints(tmp_path):
     save_checkpoint(tmp_path / "checkpoint-slax.npz", _state(1), 1, jax.random.key(0), np.zeros(1))
     flags = ["--steps", "10", "--chunk", "5", "--checkpoint-every", "5", "--out", str(tmp_path)]
     result = run_python("experiments/polynomial.py", *flags, timeout=300)
-    assert result.returncode != 0 and "pass --resume" in result.stderr
+    assert result.returncode == 2 and "pass --resume" in result.stderr, result.stdout + result.stderr
+    assert "slax: compiling" not in result.stdout  # refused with the flags, before any kernel compiles
 
 
 # --- damaged checkpoints: an error naming the file, and the previous one kept ------------------------
