@@ -34,18 +34,14 @@ def previous_checkpoint(path: pathlib.Path) -> pathlib.Path:
 
 
 def checkpoint_path(out: pathlib.Path, args: argparse.Namespace, model: str) -> pathlib.Path | None:
-    """Where ``model``'s checkpoint lives, if this run checkpoints or resumes; a fresh run that
-    checkpoints into a directory holding old checkpoints refuses rather than silently resuming.
-    A fresh run records its flags there, for --resume to compare, and so does a --resume that
-    finds none recorded (into an empty --out, as a launcher of preemptible jobs passes it every
-    time): the run it starts is defined by its flags as a fresh run's are."""
+    """Where ``model``'s checkpoint lives, if this run checkpoints or resumes (a fresh run into a
+    directory holding checkpoints was refused with its flags: :func:`check_fresh`). A fresh run
+    records its flags there, for --resume to compare, and so does a --resume that finds none
+    recorded (into an empty --out, as a launcher of preemptible jobs passes it every time): the run
+    it starts is defined by its flags as a fresh run's are."""
     if not (args.checkpoint_every or args.resume):
         return None
     path = out / f"checkpoint-{model}.npz"
-    if not args.resume:
-        for existing in (path, previous_checkpoint(path)):
-            if existing.exists():
-                raise SystemExit(f"{existing} exists: pass --resume to continue that run, or another --out.")
     if not args.resume or not _flags_path(out).exists():
         _write_run_flags(out, args)
     return path
@@ -174,6 +170,15 @@ def run_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def _flags_path(out: pathlib.Path) -> pathlib.Path:
     return out / "checkpoint-flags.json"
+
+
+def check_fresh(name: str, args: argparse.Namespace) -> None:
+    """Refuses a fresh run that checkpoints into an ``--out`` holding checkpoints, as bad flags
+    (exit status 2), before anything is compiled: it would overwrite another run's progress, which
+    ``--resume`` continues."""
+    existing = sorted(args.out.glob("checkpoint-*.npz")) if args.checkpoint_every else []
+    if existing:
+        refuse_flags(name, f"{existing[0]} exists: pass --resume to continue that run, or another --out.")
 
 
 def check_resume(name: str, args: argparse.Namespace) -> None:

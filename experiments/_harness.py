@@ -484,7 +484,8 @@ def validate_arguments(name: str, args: argparse.Namespace) -> None:
     """Refuses flags that together cannot make a run (each flag's own values are its type's to
     refuse, when the flags are parsed), in one line naming the flags, with exit status 2 as
     argparse's refusals, before anything is created; says how --checkpoint-every is rounded to
-    whole chunks; with --resume, checks the checkpoints (:func:`check_resume`)."""
+    whole chunks; checks the checkpoints in --out: with --resume, that they continue the run
+    (:func:`check_resume`), else that there are none to overwrite (:func:`check_fresh`)."""
     problem = device_count_problem(args.devices)
     if problem:
         refuse_flags(name, problem)
@@ -493,10 +494,10 @@ def validate_arguments(name: str, args: argparse.Namespace) -> None:
     if args.resume and args.out is None:
         refuse_flags(name, "--resume needs --out, the directory of the run to continue.")
     _check_checkpoint_interval(name, args)
-    if args.resume and args.out is not None:
-        from _checkpoints import check_resume
+    if args.out is not None:
+        from _checkpoints import check_fresh, check_resume
 
-        check_resume(name, args)
+        (check_resume if args.resume else check_fresh)(name, args)
 
 
 def refuse_flags(name: str, problem: str) -> NoReturn:

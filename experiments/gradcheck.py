@@ -10,9 +10,10 @@ parameters and inputs together (the Hessian-vector products an eikonal loss's gr
 the fused mlp_loss_and_grad, on samples away from LeakyReLU's kink (slax.testing.away_from_kinks).
 float32 and float16. Prints one table and writes it to the run
 directory (--out, default runs/gradcheck/<time>) as gradcheck.txt and gradcheck.json; exits 1 if
-any check fails.
+any check fails. --only checks some of the functions and networks (each compiles its own kernels:
+seconds apiece on a CPU), on the inputs the whole run draws for them.
 
-    python experiments/gradcheck.py [--dtype float32 float16] [--seed 0] [--out DIR]
+    python experiments/gradcheck.py [--dtype float32 float16] [--only wave mlp-4-16-4] [--seed 0] [--out DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +26,25 @@ import pathlib
 import sys
 
 import _harness as harness
+
+FUNCTIONS = (
+    "wave",
+    "twist",
+    "energy",
+    "matvec",
+    "softplus",
+    "power_of",
+    "to_polar",
+    "accumulate",
+    "polynomial",
+    "bilinear",
+)
+"""The functions checked, in order: shaders/examples.slang's (``slax.examples.EXAMPLES``), the
+tutorial's polynomial and shaders/tensor_examples.slang's (``slax.examples.TENSOR_EXAMPLES``),
+named here for --only, which is parsed before slax is imported (a test pins them to slax's)."""
+MLP_SIZES = ((4, 16, 4), (64, 128, 64, 10))
+NETWORKS = tuple("mlp-" + "-".join(map(str, sizes)) for sizes in MLP_SIZES)
+"""The MLPs checked, as --only names them (their rows' label is ``mlp 4-16-4``)."""
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,6 +59,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("float32", "float16"),
         default=["float32", "float16"],
         help="precisions to check",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=(*FUNCTIONS, *NETWORKS),
+        default=None,
+        metavar="NAME",
+        help="check only these functions and networks, of %(choices)s (default: every one)",
     )
     parser.add_argument("--seed", type=harness.seed, default=0, help="seed of the random inputs")
     parser.add_argument(
@@ -61,28 +89,37 @@ import slax
 from slax import examples, nn
 from slax.testing import RELATIVE_TOLERANCE, away_from_kinks, check_grads, compare
 
-MLP_SIZES = ((4, 16, 4), (64, 128, 64, 10))
+
+def polynomial_twin(a, b, c, x):
+    """shaders/poly.slang's polynomial in plain JAX."""
+    return a * x * x + b * x + c
 
 
-def function_rows(dtype: str, rng: np.random.Generator):
-    module = slax.load_module(examples.MODULE)
+def function_rows(dtype: str, rng: np.random.Generator, only: set[str]):
+    """The rows of each function in ``only``. Every function's inputs are drawn, checked or not, so
+    that a function checks the same inputs in a run of some as in a run of all."""
+    load = functools.cache(slax.load_module)  # a module compiles once, and only if checked
     for example in examples.EXAMPLES:
         args = example.draw(rng, jnp.dtype(dtype))
-        order = 2 if example.second_order else 1
-        yield example.name, check_grads(getattr(module, example.name), example.twin, *args, order=order).rows
-    poly = slax.load_module("poly").polynomial
+        if example.name in only:
+            function = getattr(load(examples.MODULE), example.name)
+            order = 2 if example.second_order else 1
+            yield example.name, check_grads(function, example.twin, *args, order=order).rows
     if dtype == "float32":  # polynomial is declared for float only
         args = tuple(jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(), (), (), (3, 4)])
-        yield "polynomial", check_grads(poly, lambda a, b, c, x: a * x * x + b * x + c, *args, order=2).rows
-        tensors = slax.load_module(examples.TENSOR_MODULE)
+        if "polynomial" in only:
+            yield "polynomial", check_grads(load("poly").polynomial, polynomial_twin, *args, order=2).rows
         for example in examples.TENSOR_EXAMPLES:  # float only; first order (tensors' limit)
             args = example.draw(rng, jnp.float32)
-            report = check_grads(getattr(tensors, example.name), example.twin, *args)
-            yield example.name, report.rows
+            if example.name in only:
+                function = getattr(load(examples.TENSOR_MODULE), example.name)
+                yield example.name, check_grads(function, example.twin, *args).rows
 
 
-def network_rows(dtype: str, seed: int):
-    for sizes in MLP_SIZES:
+def network_rows(dtype: str, seed: int, only: set[str]):
+    for sizes, name in zip(MLP_SIZES, NETWORKS):
+        if name not in only:
+            continue
         keys = jax.random.split(jax.random.key(seed), 3)
         params = nn.mlp_init(keys[0], sizes, dtype)
         x = jax.random.uniform(keys[1], (512, sizes[0]), minval=-1, maxval=1).astype(dtype)
@@ -146,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     text = [table_line(name for name, _ in COLUMNS), table_line("-" * width for _, width in COLUMNS)]
     print("\n".join(text), flush=True)
     table = []
+    only = set(args.only or (*FUNCTIONS, *NETWORKS))
     for dtype in args.dtype:
         rng = np.random.default_rng(args.seed)
-        for function, rows in itertools.chain(function_rows(dtype, rng), network_rows(dtype, args.seed)):
+        checks = itertools.chain(function_rows(dtype, rng, only), network_rows(dtype, args.seed, only))
+        for function, rows in checks:
             for row in rows:
                 table.append((function, dtype, row))
                 text.append(row_line(function, dtype, row))

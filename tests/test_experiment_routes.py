@@ -17,6 +17,7 @@ import sdf
 from _helpers import ROOT, run_python
 
 import slax
+from slax import examples
 from slax.testing import compare
 
 ROUTES = {"cpu": "host-pointer", "vulkan": "host-copy"}
@@ -69,6 +70,8 @@ def test_flags_parsed_before_slax_is_imported_match_slax():
     assert harness.CUDA_LAUNCHES == slax.config.CUDA_LAUNCHES
     assert harness.MLP_BACKENDS == slax._config.MLP_BACKENDS
     assert harness.NETWORKS == {"polynomial": polynomial.SIZES, "digits": digits.SIZES, "sdf": sdf.SIZES}
+    functions = [example.name for example in (*examples.EXAMPLES, *examples.TENSOR_EXAMPLES)]
+    assert sorted(gradcheck.FUNCTIONS) == sorted([*functions, "polynomial"])
 
 
 SCRIPTS = sorted(path.name for path in (ROOT / "experiments").glob("*.py") if not path.name.startswith("_"))

@@ -9,6 +9,7 @@ import subprocess
 
 import _harness as harness
 import benchmark
+import gradcheck
 import jax
 import numpy as np
 import profile_step
@@ -287,13 +288,24 @@ def test_digits_without_scikit_learn_says_what_to_install(tmp_path):
     assert "digits: the data set comes with scikit-learn, which is not installed" in result.stderr
 
 
+GRADCHECK_SAMPLE = ("wave", "polynomial", "bilinear", "mlp-4-16-4")
+"""The checks of gradcheck.py the test runs (``--only``; all of them take three times as long): the
+first function, whose rows come before the next one's kernels compile; the polynomial, whose
+rows name its Slang parameters; a function with a tensor parameter; and the smaller MLP, to second
+order and through the fused loss. The others compile kernels of their own, which the unit tests
+check on every route (tests/test_function.py, test_tensors.py; the 64-128-64-10 MLP's apply and
+fused loss in test_nn.py, its tiled kernels to second order in test_nn_second_order.py), and the
+GPU sessions run them all (scripts/gpu-check.sh)."""
+
+
 @pytest.mark.slow
-def test_gradcheck_passes_everything(tmp_path):
-    """gradcheck.py's float32 rows (its float16 ones compile every kernel again in halves, which the
-    unit tests check; the GPU sessions run both: scripts/gpu-check.sh)."""
-    result = run_python("experiments/gradcheck.py", "--dtype", "float32", "--out", str(tmp_path), timeout=900)
+def test_gradcheck_passes_everything_it_checks(tmp_path):
+    """gradcheck.py's float32 rows of :data:`GRADCHECK_SAMPLE` (its float16 ones compile every
+    kernel again in halves, which the unit tests check)."""
+    flags = ["--dtype", "float32", "--only", *GRADCHECK_SAMPLE, "--out", str(tmp_path)]
+    result = run_python("experiments/gradcheck.py", *flags, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert " 0 failed" in result.stdout and "mlp 64-128-64-10 fused" in result.stdout
+    assert " 0 failed" in result.stdout and "mlp 4-16-4 fused" in result.stdout
     table = json.loads((tmp_path / "gradcheck.json").read_text())
     device = table["device"]
     assert f"gradcheck: JAX on {device['jax']}, Slang kernels on {device['slang']}" in result.stdout
@@ -301,18 +313,37 @@ def test_gradcheck_passes_everything(tmp_path):
         assert "ptx" not in result.stdout and table["config"]["launch"] is None
     # Each row is printed as its check finishes: slax compiles later functions' kernels after it.
     _assert_in_order(result.stdout, "function ", "wave ", "slax: compiling", "mlp 4-16-4 ")
-    assert table["failed"] == 0 and table["passed"] == len(table["rows"]) > 100
+    assert table["failed"] == 0 and table["passed"] == len(table["rows"])
+    checked = {r["function"] for r in table["rows"]}
+    assert checked == {"wave", "polynomial", "bilinear", "mlp 4-16-4", "mlp 4-16-4 fused"}
+    # Values, both modes and both second-order products of each function but the tensor one (its
+    # parameters take first order only).
+    for function in ("wave", "polynomial", "bilinear"):
+        checks = {r["check"] for r in table["rows"] if r["function"] == function}
+        first_order = {"value", "rev", "fwd"}
+        assert checks == (first_order if function == "bilinear" else first_order | {"hvp fwd", "hvp rev"})
     polynomial = [
         r["argument"] for r in table["rows"] if r["function"] == "polynomial" and r["check"] == "rev"
     ]
     assert polynomial == ["a", "b", "c", "x"]  # rows name Slang parameters
     tensors = [r["argument"] for r in table["rows"] if r["function"] == "bilinear" and r["check"] == "rev"]
     assert tensors == ["texture", "uv"]  # a function with a tensor parameter, in reverse mode
-    # The MLP's second order: Hessian-vector products in its parameters and inputs, both networks.
+    # The MLP's second order: Hessian-vector products in its parameters and inputs.
     second_order = {(r["function"], r["dtype"], r["check"]) for r in table["rows"] if "hvp" in r["check"]}
-    for network in ("mlp 4-16-4", "mlp 64-128-64-10"):
-        assert {(network, "float32", "hvp fwd"), (network, "float32", "hvp rev")} <= second_order
+    assert {("mlp 4-16-4", "float32", "hvp fwd"), ("mlp 4-16-4", "float32", "hvp rev")} <= second_order
     assert (tmp_path / "gradcheck.txt").read_text().rstrip().endswith(f"{table['passed']} passed, 0 failed")
+
+
+def test_gradcheck_only_names_what_it_can_check(capsys):
+    """``--only`` takes the functions and networks gradcheck.py checks, and argparse's error for
+    another name lists them."""
+    assert gradcheck.parse_arguments(["--only", "wave", "mlp-4-16-4"]).only == ["wave", "mlp-4-16-4"]
+    with pytest.raises(SystemExit) as raised:
+        gradcheck.parse_arguments(["--only", "waves"])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert "argument --only: invalid choice: 'waves'" in error
+    assert all(name in error for name in (*gradcheck.FUNCTIONS, *gradcheck.NETWORKS)), error
 
 
 def test_bridge_check_runs(device_kind, tmp_path):
@@ -365,14 +396,13 @@ def test_benchmark_rounds_time_every_configuration_again_without_compiling_it_ag
     training_run = benchmark.training_run
     monkeypatch.setattr(benchmark, "training_run", counted)
     benchmark._compiled_run.cache_clear()
-    arguments = ["--network", "polynomial", "--batch", "64", "--dtype", "float32", "float16"]
+    arguments = ["--network", "polynomial", "--batch", "64", "--dtype", "float32"]
     arguments += ["--steps", "2", "--repeats", "1", "--rounds", "2", "--json", str(tmp_path / "bench.json")]
     assert benchmark.main(arguments) == 0
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
-    models = (f"slax/{slax.launch_route()}", "jax", "jax/flat", "jax-f32")
-    configurations = [(dtype, model) for dtype in ("float32", "float16") for model in models]
-    assert [(r["round"], r["dtype"], r["model"]) for r in rows] == [
-        (round_index, *configuration) for round_index in (1, 2) for configuration in configurations
+    configurations = (f"slax/{slax.launch_route()}", "jax", "jax/flat", "jax-f32")  # each model's
+    assert [(r["round"], r["model"]) for r in rows] == [
+        (round_index, model) for round_index in (1, 2) for model in configurations
     ]
     assert len(built) == len(configurations)  # built and compiled in round 1, timed again in round 2
     assert "round network" in capsys.readouterr().out  # the printed table names the round

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -26,7 +27,7 @@ from _checkpoints import (
     previous_checkpoint,
     save_checkpoint,
 )
-from _helpers import ROOT, run_python
+from _helpers import ROOT, once_per_run, run_python
 from _training import TrainingRun, fit, result_line, train_in_chunks
 
 # The experiments' harness (chunks, checkpoints, flags) does not depend on the route.
@@ -123,46 +124,12 @@ SIGKILL right after the first checkpoint it saves at step 200 or later."""
 
 
 @pytest.mark.slow
-def test_resume_after_kill_is_bit_identical(tmp_path):
-    args = [
-        "experiments/polynomial.py",
-        "--steps",
-        "600",
-        "--chunk",
-        "100",
-        "--checkpoint-every",
-        "200",
-        "--target-mse",
-        "1",
-    ]
-    whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
-    # XLA on GPUs sums some reductions with atomics, in a different order each run, unless asked not
-    # to (slax's kernels sum in a fixed order): the same bits twice need its deterministic ops.
-    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()
-    env = {**os.environ, "XLA_FLAGS": flags}
-    finished = run_python(*args, "--out", str(whole), env=env)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    # Killed (SIGKILL, no chance to clean up) right after its first checkpoint at step >= 200: at the
-    # same point on every machine, however fast it trains (a GPU finishes 600 steps before a poll).
-    killed = run_python("-c", _KILLED_AFTER_A_CHECKPOINT, *args, "--out", str(interrupted), env=env)
-    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    checkpoint = interrupted / "checkpoint-slax.npz"
-    assert 200 <= int(np.load(checkpoint)["step"]) < 600, "the run was not interrupted mid-way"
-    resumed = run_python(*args, "--out", str(interrupted), "--resume", env=env)
-    assert resumed.returncode == 0 and "resuming from step" in resumed.stdout, resumed.stdout + resumed.stderr
-    for model in ("slax", "jax"):
-        a, b = np.load(whole / f"checkpoint-{model}.npz"), np.load(interrupted / f"checkpoint-{model}.npz")
-        assert int(a["step"]) == int(b["step"]) == 600
-        for name in a.files:
-            assert np.array_equal(a[name], b[name]), f"{model} {name} differs after resuming"
-
-
-@pytest.mark.slow
 def test_fresh_run_refuses_existing_checkpoints(tmp_path):
     save_checkpoint(tmp_path / "checkpoint-slax.npz", _state(1), 1, jax.random.key(0), np.zeros(1))
     flags = ["--steps", "10", "--chunk", "5", "--checkpoint-every", "5", "--out", str(tmp_path)]
     result = run_python("experiments/polynomial.py", *flags, timeout=300)
-    assert result.returncode != 0 and "pass --resume" in result.stderr
+    assert result.returncode == 2 and "pass --resume" in result.stderr, result.stdout + result.stderr
+    assert "slax: compiling" not in result.stdout  # refused with the flags, before any kernel compiles
 
 
 # --- damaged checkpoints: an error naming the file, and the previous one kept ------------------------
@@ -223,73 +190,123 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
 
 # --- resuming: refused where it would not continue the run ------------------------------------------
 
-RUN = ["--steps", "4", "--chunk", "2", "--batch", "16", "--checkpoint-every", "2", "--target-mse", "10"]
+LONG_RUN = ["experiments/polynomial.py", "--steps", "600", "--chunk", "100", "--checkpoint-every", "200"]
+LONG_RUN += ["--batch", "256", "--target-mse", "1"]
+"""A run long enough to be killed mid-way: checkpoints at steps 200, 400 and 600."""
+
+
+def _deterministic_env() -> dict[str, str]:
+    """This environment, XLA asked for the same bits on every run: on GPUs XLA sums some reductions
+    with atomics, in a different order each run, unless asked not to (slax's kernels sum in a fixed
+    order)."""
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()
+    return {**os.environ, "XLA_FLAGS": flags}
 
 
 @pytest.fixture(scope="module")
-def checkpointed_run(tmp_path_factory):
-    """A finished short polynomial run with checkpoints at steps 2 and 4."""
-    out = tmp_path_factory.mktemp("run")
-    result = run_python("experiments/polynomial.py", *RUN, "--out", str(out))
-    assert result.returncode == 0, result.stdout + result.stderr
-    return out
+def finished_run(request, tmp_path_factory):
+    """A fresh :data:`LONG_RUN`, finished: its latest checkpoints at step 600, the previous ones at
+    400, and its flags recorded. Made once for all pytest-xdist workers; tests that change it copy
+    it."""
+
+    def make() -> str:
+        out = tmp_path_factory.mktemp("finished") / "run"
+        result = run_python(*LONG_RUN, "--out", str(out), env=_deterministic_env())
+        assert result.returncode == 0, result.stdout + result.stderr
+        return str(out)
+
+    return pathlib.Path(once_per_run(request, "finished_run.txt", make))
 
 
-def _resume(out, *flags):
-    return run_python("experiments/polynomial.py", *RUN, *flags, "--out", str(out), "--resume", timeout=300)
+@pytest.fixture(scope="module")
+def killed_run(request, tmp_path_factory):
+    """A :data:`LONG_RUN` started with ``--resume`` into an empty ``--out`` (as a launcher of
+    preemptible jobs passes it every time), killed (SIGKILL, no chance to clean up) right after its
+    first checkpoint at step >= 200: at the same point on every machine, however fast it trains (a
+    GPU finishes 600 steps before a poll). Made once for all pytest-xdist workers; tests copy its
+    directory before they resume it."""
+
+    def make() -> str:
+        out = tmp_path_factory.mktemp("killed") / "run"
+        flags = [*LONG_RUN, "--out", str(out), "--resume"]
+        killed = run_python("-c", _KILLED_AFTER_A_CHECKPOINT, *flags, env=_deterministic_env())
+        assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+        step = int(np.load(out / "checkpoint-slax.npz")["step"])
+        assert 200 <= step < 600, f"the run was not interrupted mid-way: its checkpoint is at step {step}"
+        return str(out)
+
+    return pathlib.Path(once_per_run(request, "killed_run.txt", make))
+
+
+def _resume(out, *flags, env=None):
+    """:data:`LONG_RUN` with ``flags`` (a repeated flag takes the later value) resumed in ``out``."""
+    return run_python(*LONG_RUN, *flags, "--out", str(out), "--resume", env=env, timeout=300)
 
 
 @pytest.mark.slow
-def test_resume_with_flags_that_change_the_run_is_refused(checkpointed_run):
-    result = _resume(checkpointed_run, "--batch", "32", "--lr", "0.5", "--dtype", "float16")
-    assert result.returncode != 0
-    for difference in (
-        "--batch 16 (the run's) vs 32 (now)",
-        "--lr 0.01 (the run's) vs 0.5 (now)",
-        "--dtype float32 (the run's) vs float16 (now)",
-    ):
+def test_resume_after_kill_is_bit_identical(killed_run, finished_run, tmp_path):
+    """The killed run, resumed with its flags, ends with the uninterrupted run's bits."""
+    interrupted = tmp_path / "interrupted"
+    shutil.copytree(killed_run, interrupted)
+    resumed = _resume(interrupted, env=_deterministic_env())
+    assert resumed.returncode == 0 and "resuming from step" in resumed.stdout, resumed.stdout + resumed.stderr
+    for model in ("slax", "jax"):
+        a = np.load(finished_run / f"checkpoint-{model}.npz")
+        b = np.load(interrupted / f"checkpoint-{model}.npz")
+        assert int(a["step"]) == int(b["step"]) == 600
+        for name in a.files:
+            assert np.array_equal(a[name], b[name]), f"{model} {name} differs after resuming"
+
+
+CHANGED_FLAGS = ["--batch", "32", "--lr", "0.5", "--dtype", "float16"]
+CHANGES = (
+    "--batch 256 (the run's) vs 32 (now)",
+    "--lr 0.01 (the run's) vs 0.5 (now)",
+    "--dtype float32 (the run's) vs float16 (now)",
+)
+"""Flags that change :data:`LONG_RUN`, and how a refused ``--resume`` names each change."""
+
+
+@pytest.mark.slow
+def test_resume_with_flags_that_change_the_run_is_refused(finished_run):
+    result = _resume(finished_run, *CHANGED_FLAGS, "--chunk", "50", "--target-mse", "2")
+    assert result.returncode == 2, result.stdout + result.stderr
+    for difference in CHANGES:
         assert difference in result.stderr, result.stderr
     assert "--chunk" not in result.stderr and "--target-mse" not in result.stderr
 
 
 @pytest.mark.slow
-def test_a_resume_that_starts_the_run_records_its_flags(tmp_path):
+def test_a_resume_that_starts_the_run_records_its_flags(killed_run):
     """``--resume`` into an empty ``--out`` (as a launcher of preemptible jobs passes it every time)
     trained and checkpointed but recorded no flags, so a later ``--resume`` with another --lr,
     --batch or --dtype was accepted and mixed two runs. The run it starts records its flags as a
-    fresh run does, and a resume that would change them is refused."""
-    out = tmp_path / "run"
-    started = run_python("experiments/polynomial.py", *RUN, "--out", str(out), "--resume", timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
-    assert (out / "checkpoint-flags.json").exists()
-    result = _resume(out, "--batch", "32", "--lr", "0.5", "--dtype", "float16")
+    fresh run does, and a resume that would change them is refused (one with its flags continues
+    it: test_resume_after_kill_is_bit_identical)."""
+    assert (killed_run / "checkpoint-flags.json").exists()
+    result = _resume(killed_run, *CHANGED_FLAGS)
     assert result.returncode == 2, result.stdout + result.stderr
-    for difference in (
-        "--batch 16 (the run's) vs 32 (now)",
-        "--lr 0.01 (the run's) vs 0.5 (now)",
-        "--dtype float32 (the run's) vs float16 (now)",
-    ):
+    for difference in CHANGES:
         assert difference in result.stderr, result.stderr
-    assert _resume(out).returncode == 0
 
 
-def test_resume_with_steps_below_the_checkpoint_is_refused(checkpointed_run):
-    result = _resume(checkpointed_run, "--steps", "2")
+def test_resume_with_steps_below_the_checkpoint_is_refused(finished_run):
+    result = _resume(finished_run, "--steps", "400")
     assert result.returncode != 0
-    assert "--steps 2 is below step 4" in result.stderr and "checkpoint-" in result.stderr
+    assert "--steps 400 is below step 600" in result.stderr and "checkpoint-" in result.stderr
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
-def test_resume_from_a_damaged_checkpoint_names_it_and_what_to_do(checkpointed_run, tmp_path, damage):
+def test_resume_from_a_damaged_checkpoint_names_it_and_what_to_do(finished_run, tmp_path, damage):
     out = tmp_path / "run"
-    shutil.copytree(checkpointed_run, out)
+    shutil.copytree(finished_run, out)
     path = out / "checkpoint-slax.npz"
     path.write_bytes(DAMAGE[damage](path.read_bytes()))
     result = _resume(out)
     assert result.returncode != 0
     assert f"checkpoint {path} cannot be read" in result.stderr, result.stderr
-    assert f"cp {previous_checkpoint(path)} {path}" in result.stderr and "(step 2)" in result.stderr
-    assert (out / "metrics.json").read_text() == (checkpointed_run / "metrics.json").read_text()
+    assert f"cp {previous_checkpoint(path)} {path}" in result.stderr and "(step 400)" in result.stderr
+    assert (out / "metrics.json").read_text() == (finished_run / "metrics.json").read_text()
 
 
 # --- flags: refused before anything is created ------------------------------------------------------
