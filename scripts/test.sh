@@ -8,7 +8,8 @@
 #   bash scripts/test.sh ARGS...   # ARGS go to pytest as they are (add -n 2 for parallel workers)
 #
 # Parallel workers: one per core, at most 4 (each grows to several GB over the suite: with two,
-# CI's run of it peaked at 14.5 GB in use on the 24 GB 2-core machine).
+# CI's run of it peaked at 18.5 GB in use on the 24 GB 2-core machine), each given whole test
+# files, the longest first (tests/conftest.py, _longest_files_first).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"   # sets $venv
@@ -38,10 +39,10 @@ if [ $# -eq 0 ]; then
   echo "test: the whole suite (CI's first leg) under JAX $jax_version, in $workers parallel processes:"
   echo "test: every test once, and each test whose result depends on the route on every CPU route this"
   echo "test: machine has; ~60 minutes on 2 cores (bash scripts/test.sh --quick: ~25 minutes)."
-  set -- -n "$workers"
+  set -- -n "$workers" --dist loadfile --no-loadscope-reorder
 elif [ "$*" = "--quick" ]; then
   echo "test: the quick run under JAX $jax_version, in $workers parallel processes: the tests not marked"
   echo "test: slow, on one route; ~25 minutes on 2 cores (bash scripts/test.sh runs them all)."
-  set -- --quick -n "$workers"
+  set -- --quick -n "$workers" --dist loadfile --no-loadscope-reorder
 fi
 exec "$venv/bin/python" -m pytest "$@"

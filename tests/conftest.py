@@ -12,6 +12,7 @@ marks one parameter (``pytest.param(..., marks=pytest.mark.jax_version)``), not 
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import signal
@@ -177,6 +178,24 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    _longest_files_first(items)
+
+
+SLOW_WEIGHT = 10
+"""What a test marked ``slow`` counts for in :func:`_longest_files_first`, where another counts 1."""
+
+
+def _longest_files_first(items) -> None:
+    """Orders the files, each keeping its tests in order, by their expected time, longest first:
+    a file's count of tests, a test marked ``slow`` counting :data:`SLOW_WEIGHT`. scripts/test.sh
+    gives each pytest-xdist worker whole files (``--dist loadfile``) in this order: a file's tests
+    share the kernels they compile, which a worker then compiles once (the CPU device keeps no
+    compiled kernel on disk for another process to read), and the longest files start first, so
+    the last to end is a short one."""
+    weight: collections.Counter = collections.Counter()
+    for item in items:
+        weight[item.path] += SLOW_WEIGHT if item.get_closest_marker("slow") else 1
+    items.sort(key=lambda item: -weight[item.path])
 
 
 def _route_sample(items) -> set:
