@@ -205,6 +205,8 @@ def test_jit_vmap_scan_and_pytrees(mod, bilinear, texture_and_uv):
     close(got[0]["texture"], want[0]["texture"])
 
 
+@pytest.mark.one_device_kind  # slax.testing's Python around bilinear, whose kernels run on every route in
+# test_tensor_and_elementwise_arguments_mix (reverse mode) and test_jvp_through_tensors_matches_twins
 def test_check_grads_covers_tensor_examples(rng):
     """slax.testing.check_grads on each function of shaders/tensor_examples.slang (forward and
     reverse mode), as experiments/gradcheck.py runs it."""
