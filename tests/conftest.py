@@ -166,15 +166,15 @@ def pytest_collection_modifyitems(config, items):
     """A parameter marked ``one_device_kind`` (``pytest.param(..., marks=...)``) runs on one kind, as
     a marked test does (:func:`pytest_generate_tests`): a test whose parameters differ by route only
     in the kernels they compile runs all of them on one kind and a representative few on every
-    kind. A test marked ``sweep`` takes those few itself (:func:`_route_sample`)."""
+    kind. A test marked ``sweep`` takes those few itself (:func:`_route_sample`), from its cases
+    that run on the kind (a sweep may put some of its parameters on one kind)."""
     kept, dropped = [], []
-    samples = _route_sample([item for item in items if item.get_closest_marker("sweep")])
+    on_route = [item for item in items if not _off_route(item)]
+    samples = _route_sample([item for item in on_route if item.get_closest_marker("sweep")])
     for item in items:
-        marker = item.get_closest_marker("one_device_kind")
         kind = getattr(item, "callspec", None) and item.callspec.params.get("device_kind")
-        off_route = marker and kind and kind != _one_kind(marker)
         unsampled = item.get_closest_marker("sweep") and kind != _device_kinds()[0] and item not in samples
-        (dropped if off_route or unsampled else kept).append(item)
+        (dropped if _off_route(item) or unsampled else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -196,6 +196,13 @@ def _longest_files_first(items) -> None:
     for item in items:
         weight[item.path] += SLOW_WEIGHT if item.get_closest_marker("slow") else 1
     items.sort(key=lambda item: -weight[item.path])
+
+
+def _off_route(item) -> bool:
+    """Whether ``item`` is a case of a test or parameter marked ``one_device_kind`` on another kind."""
+    marker = item.get_closest_marker("one_device_kind")
+    kind = getattr(item, "callspec", None) and item.callspec.params.get("device_kind")
+    return bool(marker and kind and kind != _one_kind(marker))
 
 
 def _route_sample(items) -> set:

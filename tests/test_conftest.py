@@ -90,3 +90,42 @@ def test_a_sweeps_sample_takes_every_value_once_per_route():
     assert _route_sample(listed) == set(listed)
     listed = [_Case(sweep, "vulkan", pair=p, dtype=d) for p, d in (("x", "f32"), ("y", "f32"), ("y", "f16"))]
     assert _route_sample(listed) == {listed[0], listed[2]}  # the diagonal (x, f32), (y, f16)
+
+
+SWEEP_WITH_ONE_ROUTE_PARAMETER = """
+import pytest
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("pair", ["x", "y", "z"])
+@pytest.mark.parametrize("sizes", ["narrow", pytest.param("wide", marks=pytest.mark.one_device_kind)])
+def test_sweep(sizes, pair):
+    pass
+"""
+
+
+def test_a_sweeps_sample_is_drawn_from_the_cases_that_run_on_the_route(tmp_path):
+    """A sweep whose ``wide`` parameter runs on the first kind alone samples the other kind from its
+    ``narrow`` cases: every pair there. The diagonal of the whole product, (narrow, x), (wide, y),
+    (narrow, z), would leave y to a case that kind does not run."""
+    from conftest import _device_kinds
+
+    kinds = _device_kinds()
+    if len(kinds) < 2:
+        pytest.skip(f"needs two device kinds; this machine has {kinds}")
+    test_file = tmp_path / "test_sweep_with_one_route_parameter.py"
+    test_file.write_text(SWEEP_WITH_ONE_ROUTE_PARAMETER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "SLAX_TEST_DEVICES": ",".join(kinds[:2])}
+    result = run_python(
+        "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
+        "--rootdir", str(ROOT), "-n", "0", "-q", "--collect-only", str(test_file), env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    collected = [
+        line.split("[")[1].rstrip("]") for line in result.stdout.splitlines() if "::test_sweep[" in line
+    ]
+    second = kinds[1]
+    assert sorted(case for case in collected if case.startswith(second)) == [
+        f"{second}-narrow-{pair}" for pair in ("x", "y", "z")
+    ], collected
+    assert len([case for case in collected if case.startswith(kinds[0])]) == 6, collected

@@ -128,6 +128,7 @@ print(slax.config.device_kind.value)
 """
 
 
+@pytest.mark.one_device_kind  # the fresh process's SLAX_DEVICE is the parameter, whatever the route
 @pytest.mark.parametrize(
     "value, kind, route", [(" Cpu ", "cpu", "host-pointer"), ("vulkan", "vulkan", "host-copy")]
 )
@@ -142,6 +143,7 @@ def test_env_var_chooses_and_the_api_overrides_it(value, kind, route, request):
     assert result.stdout.splitlines()[-2:] == [f"{kind} {route}", "vulkan"]
 
 
+@pytest.mark.one_device_kind  # refused on import, before any device
 def test_unknown_env_value_is_rejected():
     result = run_python("-c", "import slax", env={**os.environ, "SLAX_DEVICE": "metal"}, timeout=300)
     assert result.returncode != 0
@@ -190,6 +192,7 @@ def test_without_a_vulkan_driver_slax_uses_the_cpu_device_silently():
     assert "Failed to create Vulkan instance" not in result.stdout + result.stderr
 
 
+@pytest.mark.one_device_kind  # the fresh process asks for the CPU device, whatever the route
 def test_without_a_cpp_compiler_the_cpu_device_says_what_to_install(tmp_path):
     """Slang's CPU target builds kernels with the system's clang++ or g++: without one on PATH, the
     error says so and what to install, rather than Slang's "pass-through compiler not found"."""
@@ -263,6 +266,7 @@ def _wang_hash(seed: jax.Array) -> jax.Array:
     return seed ^ (seed >> 15)
 
 
+@pytest.mark.one_device_kind  # every device kind gets the same include path (_device.py's _create_device)
 def test_slangpy_style_modules_load_and_differentiate(rng):
     """``import slangpy;`` resolves: SlangPy's shader directory is on every device's include path."""
     assert slangpy.SHADER_PATH in include_paths()  # where slangpy.slang lives

@@ -204,11 +204,17 @@ def test_empty_grid_returns_empty(poly):
 # --- errors ---------------------------------------------------------------------------------------
 
 
+REFUSED = pytest.mark.one_device_kind
+"""For the refusals slax's Python makes before any kernel runs: the same on every route."""
+
+
+@REFUSED
 def test_shapes_that_do_not_broadcast(poly):
     with pytest.raises(ValueError, match=r"do not broadcast.*a: \(3,\).*x: \(4,\)"):
         poly(jnp.ones(3), 1.0, 1.0, jnp.ones(4))
 
 
+@REFUSED
 def test_wrong_trailing_dim_for_float3(fns):
     with pytest.raises(
         ValueError,
@@ -217,16 +223,19 @@ def test_wrong_trailing_dim_for_float3(fns):
         fns.twist(jnp.ones((5, 4)), jnp.ones((5, 3)), 1.0)
 
 
+@REFUSED
 def test_wrong_rank(fns):
     with pytest.raises(ValueError, match=r"argument 'm' of matvec\(\).*end in \(3, 4\).*got shape \(4,\)"):
         fns.matvec(jnp.ones(4), jnp.ones(4))
 
 
+@REFUSED
 def test_wrong_dtype(poly):
     with pytest.raises(TypeError, match=r"argument 'x' of polynomial\(\).*needs dtype float32; got int32"):
         poly(1.0, 1.0, 1.0, jnp.arange(3))
 
 
+@REFUSED
 @pytest.mark.parametrize(
     ("argument", "error", "message"),
     [
@@ -284,16 +293,19 @@ def test_negative_uint_none_and_overflow_name_the_argument(tmp_path, monkeypatch
     np.testing.assert_array_equal(total, [6, 6, 6])
 
 
+@REFUSED
 def test_struct_field_none_names_the_field(fns):
     with pytest.raises(TypeError, match=r"argument \"particle\['mass'\]\" of energy\(\).* is None"):
         fns.energy({"position": jnp.ones(3), "mass": None}, jnp.ones(3))
 
 
+@REFUSED
 def test_unknown_function(fns):
     with pytest.raises(AttributeError, match="has no function 'nonexistent'"):
         _ = fns.nonexistent
 
 
+@REFUSED
 def test_too_many_and_too_few_arguments(poly):
     with pytest.raises(TypeError, match=r"takes 4 argument\(s\) \(a, b, c, x\) but 5 were given"):
         poly(1.0, 2.0, 3.0, 4.0, 5.0)
@@ -301,6 +313,7 @@ def test_too_many_and_too_few_arguments(poly):
         poly(1.0, 2.0)
 
 
+@REFUSED
 def test_unknown_keyword(poly, fns):
     with pytest.raises(TypeError, match="unexpected keyword argument 'y'; its inputs are a, b, c, x"):
         poly(1.0, 2.0, 3.0, y=4.0)
@@ -308,6 +321,7 @@ def test_unknown_keyword(poly, fns):
         fns.to_polar(1.0, 2.0, angle=3.0)
 
 
+@REFUSED
 def test_struct_field_errors_name_the_fields_own_type(fns):
     with pytest.raises(
         ValueError, match=r"\"particle\['position'\]\" of energy\(\) is Slang 'vector<float,3>', so its shape"
@@ -319,6 +333,8 @@ def test_struct_field_errors_name_the_fields_own_type(fns):
         fns.energy({"position": jnp.ones((2, 3)), "mass": jnp.ones(2, jnp.int32)}, jnp.ones(3))
 
 
+@pytest.mark.one_device_kind  # which fields Slang differentiates is its front end's, for every target;
+# each route's kernels of a differentiable struct: test_against_jax_twin's energy
 def test_a_struct_not_idifferentiable_is_constant_to_slang(tmp_path, monkeypatch):
     """README: Slang differentiates no field of a struct that does not conform to IDifferentiable;
     its gradients are zero, as a no_diff argument's, while a conforming twin's match jax.grad."""
@@ -340,6 +356,7 @@ def test_a_struct_not_idifferentiable_is_constant_to_slang(tmp_path, monkeypatch
     np.testing.assert_allclose(body["mass"], twin["mass"], rtol=1e-5, atol=1e-6)
 
 
+@REFUSED
 def test_struct_needs_its_fields(fns):
     with pytest.raises(TypeError, match=r"expected keys \['mass', 'position'\], got \['position'\]"):
         fns.energy({"position": jnp.ones(3)}, jnp.ones(3))
@@ -359,6 +376,7 @@ def test_module_from_source_and_item_access(tmp_path, monkeypatch):
         slax.load_module_from_source("broken_for_test", "float ok(float x) { return x; }\nfloat bad( {\n")
 
 
+@pytest.mark.one_device_kind  # refused by slax's Python; the wrapper's kernel is a plain one
 def test_overloaded_function_is_refused_naming_its_overloads(tmp_path, monkeypatch):
     """slax does not choose between overloads (an array of shape (n, 2) fits both of these); the
     refusal lists them, and a wrapper with a name of its own, as it advises, calls one."""
@@ -381,6 +399,7 @@ def test_overloaded_function_is_refused_naming_its_overloads(tmp_path, monkeypat
     check_grads(module.twice_pair, lambda x: x[..., 0] * 2 + x[..., 1], x, raises=True)
 
 
+@REFUSED
 @pytest.mark.parametrize("name", ["../escape", "a/b", "..", "", "1st", "with space", "-x", "c:\\x"])
 def test_module_from_source_name_is_never_a_path(tmp_path, monkeypatch, name):
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "cache"))
@@ -389,12 +408,14 @@ def test_module_from_source_name_is_never_a_path(tmp_path, monkeypatch, name):
     assert not any(tmp_path.rglob("*.slang")), "a file was written"
 
 
+@REFUSED
 def test_module_from_source_needs_source_text(tmp_path, monkeypatch):
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path))
     with pytest.raises(TypeError, match="source must be Slang source text .* got NoneType"):
         slax.load_module_from_source("no_source", None)
 
 
+@REFUSED
 def test_unwritable_cache_directory_is_named(tmp_path, monkeypatch):
     (tmp_path / "a_file").write_text("")
     monkeypatch.setenv("SLAX_CACHE_DIR", str(tmp_path / "a_file" / "cache"))
@@ -404,6 +425,7 @@ def test_unwritable_cache_directory_is_named(tmp_path, monkeypatch):
         slax.load_module_from_source("unwritable", "float f(float x) { return x; }\n")
 
 
+@REFUSED
 def test_module_path_with_a_backslash_is_refused_naming_it(tmp_path):
     folder = tmp_path / "back\\slash"
     folder.mkdir()
@@ -423,6 +445,7 @@ def test_grid_beyond_one_dispatch_row(poly):
     np.testing.assert_allclose(y[ROW_THREADS:], expected[ROW_THREADS:], rtol=1e-6)
 
 
+@REFUSED
 def test_grids_past_uint_indices_are_refused_before_they_run(fns):
     """Generated kernels number threads and index elements with 32-bit uints: a grid of 2**32
     points, or 2**31 points of a float3 (2**32 * 3 / 2 elements), would wrap and compute the wrong

@@ -186,6 +186,9 @@ def test_derivatives_to_second_order_match_the_twin(dimensions):
     assert_matches_the_twin(small_config(dimensions), dimensions, order=2)
 
 
+# one route: the fused kernels are Slang generics over the tables' type, run on every route at float
+# in test_derivatives_to_second_order_match_the_twin
+@pytest.mark.one_device_kind
 def test_float16_tables_match_the_twin():
     """float16 tables: the features (float16), and the gradients in the tables (float16) and in the
     points (float32) of a random float16 cotangent, against the twin, which reads them alike

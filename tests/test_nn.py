@@ -43,15 +43,20 @@ JAX_VERSION_SIZES = SIZES[1]
 for every size and dtype, which choose the kernels alone."""
 
 
-@pytest.mark.sweep
+def _apply_marks(case):
+    """CI's every-JAX case, and one route for all cases but a narrow network's and a wide one's in
+    float32: each route runs both kernel families' forward, tangent and backward kernels here;
+    float16 and the batch change what the kernels hold and how many threads run, and each route
+    runs both families in float16 (test_samples_per_thread_change_only_the_rounding,
+    test_tiles_change_only_the_rounding)."""
+    marks = [pytest.mark.jax_version] * (case == (JAX_VERSION_SIZES, 31, "float32"))
+    on_every_route = case in [(SIZES[0], 1, "float32"), (SIZES[2], 1000, "float32")]
+    return marks + [pytest.mark.one_device_kind] * (not on_every_route)
+
+
 @pytest.mark.parametrize(
     ("sizes", "batch", "dtype"),
-    parameter_product(
-        SIZES,
-        [1, 31, 1000],
-        ["float32", "float16"],
-        marks=lambda case: [pytest.mark.jax_version] * (case == (JAX_VERSION_SIZES, 31, "float32")),
-    ),
+    parameter_product(SIZES, [1, 31, 1000], ["float32", "float16"], marks=_apply_marks),
 )
 def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     keys = jax.random.split(jax.random.key(batch + len(sizes)), 3)
@@ -67,14 +72,18 @@ def test_apply_and_its_gradients_match_reference(sizes, batch, dtype):
     check_grads(loss(nn.mlp_apply), loss(reference), params, x, raises=True)
 
 
-@pytest.mark.sweep
+def _parameters_alone_marks(case):
+    """CI's every-JAX case, and one route for all cases but the narrow float32 network's: which
+    backward kernel lowers is slax's Python and JAX's dead-code elimination, the same on every
+    route; the narrow kernels' mlp_backward_params runs on every route here, the tiled kernels' in
+    tests/test_tensor_cores.py's test_wide_networks_match_the_reference, and each dtype's
+    mlp_backward in test_apply_and_its_gradients_match_reference."""
+    marks = [pytest.mark.jax_version] * (case == (JAX_VERSION_SIZES, "float32"))
+    return marks + [pytest.mark.one_device_kind] * (case != (SIZES[0], "float32"))
+
+
 @pytest.mark.parametrize(
-    ("sizes", "dtype"),
-    parameter_product(
-        SIZES,
-        ["float32", "float16"],
-        marks=lambda case: [pytest.mark.jax_version] * (case == (JAX_VERSION_SIZES, "float32")),
-    ),
+    ("sizes", "dtype"), parameter_product(SIZES, ["float32", "float16"], marks=_parameters_alone_marks)
 )
 def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtype, lowered):
     """A training step differentiates the parameters only: nothing reads x's cotangent, and
@@ -120,6 +129,10 @@ def test_gradients_of_the_parameters_alone_compute_no_input_gradient(sizes, dtyp
     assert backward_kernels() == ["mlp_backward_params"]
 
 
+# the narrow kernels' mlp_loss_grad in each dtype runs on every route in
+# test_samples_per_thread_change_only_the_rounding and on Vulkan in
+# test_large_batch_gradients_are_race_free
+@pytest.mark.one_device_kind
 @pytest.mark.parametrize("dtype", [FLOAT32_ON_EVERY_JAX, "float16"])
 def test_loss_and_grad_matches_reference(dtype):
     keys = jax.random.split(jax.random.key(7), 4)
@@ -326,8 +339,13 @@ def test_tiles_per_thread_group_follow_the_batch_and_the_group():
     assert tiled.forward_threads(arch, cpu, 17) == 2 * nn_tiled.TILE_THREADS
 
 
+# the default launch, a tile a thread group, on one route: the other tests of the tiled kernels run it
+# on every route
 @pytest.mark.sweep
-@pytest.mark.parametrize(("tile_samples", "blocks_wanted"), [(16, 1 << 20), (16, 1), (5, 3)])
+@pytest.mark.parametrize(
+    ("tile_samples", "blocks_wanted"),
+    [pytest.param(16, 1 << 20, marks=pytest.mark.one_device_kind), (16, 1), (5, 3)],
+)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks_wanted):
     """Wide networks sum a thread group's tiles in order: one tile per thread group, all of a
@@ -369,6 +387,9 @@ def test_tiles_change_only_the_rounding(monkeypatch, dtype, tile_samples, blocks
 
 
 @pytest.mark.jax_version
+@pytest.mark.one_device_kind  # vmap over the data adds a group axis to the same launches: the narrow
+# kernels' per-example gradients run on every route in
+# test_gradients_of_the_parameters_alone_compute_no_input_gradient
 def test_vmap_gives_per_example_gradients():
     keys = jax.random.split(jax.random.key(4), 2)
     params = nn.mlp_init(keys[0], (3, 7, 5))
@@ -384,6 +405,8 @@ def test_vmap_gives_per_example_gradients():
 
 
 @pytest.mark.jax_version
+@pytest.mark.one_device_kind  # vmap over the parameters loops over launches (_primitives.py's
+# _batch_by_loop) of the kernels test_apply_and_its_gradients_match_reference runs on every route
 def test_vmap_over_parameters():
     keys = jax.random.split(jax.random.key(5), 3)
     stacked = jax.vmap(lambda k: nn.mlp_init(k, (3, 7, 5)))(jax.random.split(keys[0], 3))
@@ -394,6 +417,8 @@ def test_vmap_over_parameters():
 
 
 @pytest.mark.jax_version
+@pytest.mark.one_device_kind  # JAX's scan and optax around mlp_loss_and_grad, whose narrow kernels run
+# on every route in test_samples_per_thread_change_only_the_rounding
 def test_training_matches_pure_jax():
     """A short jitted optax run: loss falls by >= 10x and follows the pure-JAX run step by step."""
     keys = jax.random.split(jax.random.key(6), 2)
@@ -454,6 +479,8 @@ def test_ravelled_parameters_are_the_kernels_layout():
 
 
 @pytest.mark.jax_version
+@pytest.mark.one_device_kind  # JAX's scan around mlp_apply, whose kernels run on every route in
+# test_apply_and_its_gradients_match_reference
 def test_scan_over_apply():
     params = nn.mlp_init(jax.random.key(8), (5, 9, 5))
     x = draw_uniform(jax.random.key(9), (4, 5), "float32")

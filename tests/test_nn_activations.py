@@ -29,6 +29,10 @@ HALF_PAIRS = [("sine", "tanh"), ("relu", "sigmoid"), ("none", "leaky_relu")]
 """Those of them in float16, which round as float32 does but for the storage (fewer kernels to
 build): every activation once."""
 CASES = [(pair, "float32") for pair in PAIRS] + [(pair, "float16") for pair in HALF_PAIRS]
+ONE_ROUTE_CASES = {(pair, "float16") for pair in HALF_PAIRS}
+"""The float16 cases run on one route: every route runs the narrow kernels in float16 in
+tests/test_nn.py (test_samples_per_thread_change_only_the_rounding,
+test_large_batch_gradients_are_race_free on Vulkan) and computes each activation in float32 here."""
 WEIGHT_SCALE = 3.0
 """Weights three times mlp_init's, so that pre-activations reach past pi/2, where sine's derivative
 cos z is negative (and so not sqrt(1 - sin^2 z)), and sigmoid and tanh bend."""
@@ -54,9 +58,23 @@ def _network(sizes, pair, dtype, seed):
     return params, mlp_inputs(params, keys[1], 300, dtype)
 
 
+# the wide network on one route: every route compiles each activation into the narrow kernels here
+# (one Slang definition each, which the tiled kernels take too), and the tiled kernels with sine and
+# tanh in test_hessian_of_a_smooth_network_matches_the_twin
 @pytest.mark.sweep
-@pytest.mark.parametrize(("pair", "dtype"), CASES, ids=["-".join((*pair, dtype)) for pair, dtype in CASES])
-@pytest.mark.parametrize("sizes", [NARROW, WIDE], ids=lambda s: "-".join(map(str, s)))
+@pytest.mark.parametrize(
+    ("pair", "dtype"),
+    [
+        pytest.param(pair, dtype, marks=[pytest.mark.one_device_kind] * ((pair, dtype) in ONE_ROUTE_CASES))
+        for pair, dtype in CASES
+    ],
+    ids=["-".join((*pair, dtype)) for pair, dtype in CASES],
+)
+@pytest.mark.parametrize(
+    "sizes",
+    [NARROW, pytest.param(WIDE, marks=pytest.mark.one_device_kind)],
+    ids=lambda s: "-".join(map(str, s)),
+)
 def test_each_activation_matches_the_twin(sizes, pair, dtype):
     """mlp_apply, its derivatives for params and x in both modes, and mlp_loss_and_grad, against
     the twin (in float32, activations rounded to ``dtype`` as the kernels round them)."""

@@ -132,6 +132,8 @@ def _spin_twin(body, m, scale, power):
     return moved, jnp.sum(p * p, -1) * m[..., 0, 1]
 
 
+@pytest.mark.one_device_kind  # mixes of the pieces whose second-order kernels run on every route in
+# test_examples_match_their_twins_in_every_composition (a struct: energy, a matrix: matvec, out: to_polar)
 def test_struct_matrix_no_diff_int_and_out(second, rng):
     body = {
         "position": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32),
@@ -153,6 +155,8 @@ def _blend_twin(state, weights):
     return result, echo, next_state
 
 
+@pytest.mark.one_device_kind  # out parameters' second-order kernels run on every route in
+# test_examples_match_their_twins_in_every_composition (to_polar)
 def test_out_parameters_beside_the_result(second, rng):
     state = jnp.asarray(rng.normal(size=(4, 2)), jnp.float32)
     weights = jnp.asarray(rng.normal(size=(3, 1, 3)), jnp.float32)  # broadcast: grid (3, 4)
@@ -193,13 +197,21 @@ def test_forward_only_function_goes_forward_over_forward(second, rng):
 # --- jit, vmap, check_grads ------------------------------------------------------------------------
 
 
+ONE_ROUTE = pytest.mark.one_device_kind
+"""For the tests of JAX's transformations and slax.testing around the examples: the rules are slax's
+Python and JAX's, the same on every route, and each example's four second-order kernels run on every
+route in test_examples_match_their_twins_in_every_composition."""
+
+
 @pytest.mark.jax_version
+@ONE_ROUTE
 def test_eagerly(fns):
     args = examples.EXAMPLES[1].draw(np.random.default_rng(2), jnp.float32)  # twist: vectors
     assert_second_derivatives_match(fns.twist, examples.EXAMPLES[1].twin, args, transform=lambda f: f)
 
 
 @pytest.mark.jax_version
+@ONE_ROUTE
 def test_vmap_of_hessian_and_grad_of_grad_under_jit(fns, rng):
     x = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
     y = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
@@ -221,6 +233,7 @@ def test_vmap_of_hessian_and_grad_of_grad_under_jit(fns, rng):
 
 
 @pytest.mark.jax_version
+@ONE_ROUTE
 def test_cotangent_that_depends_on_the_primal(fns, rng):
     """In a loss of f(x) (here its square), bwd_diff's cotangent depends on x: forward over
     reverse takes the cotangent's tangent (dct), reverse over reverse transposes it (fwd_diff)."""
@@ -238,6 +251,7 @@ def test_cotangent_that_depends_on_the_primal(fns, rng):
 
 
 @pytest.mark.jax_version
+@ONE_ROUTE
 def test_check_grads_order_two_compares_hessian_vector_products(fns):
     example = next(e for e in examples.EXAMPLES if e.name == "energy")  # a struct and a vector
     args = example.draw(np.random.default_rng(3), jnp.float32)

@@ -29,10 +29,14 @@ def test_shard_map_runs_each_shard_on_its_device(cpu_path):
     assert "grad of replicated arguments: ok" in result.stdout and "sharded: ok" in result.stdout
 
 
-# four devices on one route (Vulkan, the faster here): the partitioning is slax's and XLA's, and two
-# devices run each route's kernels on their shards
+# two devices on one route, four on the other (Vulkan, the faster here): the partitioning is slax's
+# and XLA's, and each route runs its kernels on the shards of one of them
 @pytest.mark.parametrize(
-    "devices", [pytest.param(2, marks=JAX), pytest.param(4, marks=pytest.mark.one_device_kind("vulkan"))]
+    "devices",
+    [
+        pytest.param(2, marks=[JAX, pytest.mark.one_device_kind]),
+        pytest.param(4, marks=pytest.mark.one_device_kind("vulkan")),
+    ],
 )
 def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):
     """Explicit and automatic sharding, given shardings or not: values, jax.grad and jax.jvp equal
@@ -47,11 +51,12 @@ def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):
 ON_ONE_ROUTE = pytest.mark.one_device_kind("vulkan")
 """For the experiments' runs over devices: their launches on each route are those that
 test_plain_jit_over_sharded_batches_partitions_each_call checks on every route, so they run on one
-(Vulkan where it is under test: the faster of the two for these runs)."""
+(Vulkan where it is under test: the faster of the two for these runs, but for the polynomial's
+training, which runs on the CPU device)."""
 
 
 @pytest.mark.slow
-@ON_ONE_ROUTE
+@pytest.mark.one_device_kind  # the CPU device: the faster route for these three training runs
 def test_polynomial_data_parallel_matches_one_device(cpu_path, tmp_path):
     """The same global batch and seed on no mesh, a one-device mesh and two devices (plain jit over
     the sharded batch): the same training, to the rounding of summing the gradient in two halves
@@ -163,6 +168,9 @@ def test_profile_step_refuses_more_devices_than_there_are(cpu_path):
 
 @pytest.mark.slow
 @JAX
+@pytest.mark.one_device_kind  # where a sharded value goes is slax's Python and XLA's partitioning; each
+# route's kernels on shards: test_shard_map_runs_each_shard_on_its_device and
+# test_plain_jit_over_sharded_batches_partitions_each_call
 def test_sharded_values_reach_slang_by_every_path(cpu_path):
     """A batch-sharded array passed as an argument, closed over, computed from a closure, inside
     vmap and scan, under grad and jvp, as a tensor argument, under jit in both sharding modes on

@@ -205,6 +205,8 @@ def test_jit_vmap_scan_and_pytrees(mod, bilinear, texture_and_uv):
     close(got[0]["texture"], want[0]["texture"])
 
 
+@pytest.mark.one_device_kind  # slax.testing's Python around bilinear, whose kernels run on every route in
+# test_tensor_and_elementwise_arguments_mix (reverse mode) and test_jvp_through_tensors_matches_twins
 def test_check_grads_covers_tensor_examples(rng):
     """slax.testing.check_grads on each function of shaders/tensor_examples.slang (forward and
     reverse mode), as experiments/gradcheck.py runs it."""
@@ -377,6 +379,9 @@ def test_a_grid_of_no_axes_is_refused():
 
 
 @pytest.mark.jax_version
+@pytest.mark.one_device_kind  # replicating tensors and summing their gradients is slax's Python and XLA's
+# partitioning; each route's tensor kernels: the tests above, and sharded values reach them as tensor
+# arguments in tests/test_sharding.py's test_sharded_values_reach_slang_by_every_path
 def test_sharded_calls_replicate_tensors_and_sum_their_gradients_once(cpu_path):
     """shard_map and plain jit over a batch-sharded array on two host devices
     (tests/scripts/tensors_sharded.py)."""

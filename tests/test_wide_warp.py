@@ -87,6 +87,7 @@ def test_the_descriptor_names_the_layers_and_includes_the_kernels():
     assert f"WideLayer<48, 5, {offsets[2]}, 30, 66, 1, Identity>" in source
 
 
+@pytest.mark.one_device_kind  # the fragments are JAX arrays: no kernel runs
 @pytest.mark.parametrize("shape", [(16, 32), (20, 48), (5, 48), (48, 5)], ids=_ids)
 def test_fragments_are_mma_b_fragments_of_halves(shape):
     """Each block of ``_b_fragments(M)`` (M: N x K) holds, for lane 4g + t, the halves of B = M^T at
@@ -198,6 +199,7 @@ def test_mlp_apply_and_its_gradients_on_the_warp_tiles_match_the_reference(sizes
             assert relative_error(leaf[k], wanted) < TOLERANCE
 
 
+@pytest.mark.one_device_kind  # JAX arithmetic: no kernel runs
 def test_power_of_two_normalisation_only_scales_up():
     """Each group below 0.5 is raised into [0.5, 1) by a power of two, exactly (scaled back, the same
     bits); a group at or past 0.5 stays as it is, since scaling it down would push its small values
@@ -210,6 +212,7 @@ def test_power_of_two_normalisation_only_scales_up():
     assert np.array_equal(nn_backends.scaled_back(scaled, exponent), values)
 
 
+@pytest.mark.one_device_kind  # the kernels are replaced by the twin: no kernel runs
 @pytest.mark.parametrize(("group_ndim", "param_output"), [(0, True), (1, True), (1, False)])
 def test_the_backward_kernels_take_dy_scaled_into_halfs_normal_range(monkeypatch, group_ndim, param_output):
     """The warp tiles' backward scales each group's dy by a power of two (the largest into [0.5,
@@ -296,6 +299,7 @@ def test_which_networks_take_the_hessian_kernel(sizes, dtype, activation, platfo
         assert runs in said, said
 
 
+@pytest.mark.one_device_kind  # the kernel is replaced by the twin: no kernel runs
 @pytest.mark.parametrize(
     ("family", "platform"),
     [(nn_backends.TensorCores, ON_TENSOR_CORES), (nn_backends.Tiled, nn_backends.Platform("cpu"))],
