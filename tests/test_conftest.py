@@ -43,7 +43,10 @@ def test_a_worker_asked_to_hurry_at_its_end_raises_no_keyboard_interrupt(tmp_pat
     after a green run, when every test has reported."""
     test_file = tmp_path / "test_asked_to_hurry.py"
     test_file.write_text(ASKED_TO_HURRY)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
+    }
     result = run_python(
         "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
         "--rootdir", str(ROOT), "-n", "1", "-q", str(test_file), env=env, timeout=300,

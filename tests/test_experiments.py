@@ -493,15 +493,22 @@ def test_benchmark_times_the_hash_encoded_steps_beside_plain_jax(tmp_path):
     assert all(r["steps_per_s"] > 0 for r in rows)
 
 
-def test_profile_step_traces_the_hash_encoded_step_and_finds_no_gpu_kernels_on_a_cpu():
+def test_profile_step_traces_the_hash_encoded_step(device_kind):
     """profile_step.py's trace of a hash-encoded step (``--network ngp_sdf``, its eikonal term's
-    second derivatives through slax's encoding): built and run by benchmark.py's training_run, and
-    on a CPU, where the profiler sees no GPU kernels, refused saying so and naming what it saw."""
+    second derivatives through slax's encoding): built and run by benchmark.py's training_run. On
+    a GPU it times the encoding's two fused kernels (the read with the Jacobian and its one
+    scatter); on a CPU, where the profiler sees no GPU kernels, it refuses, saying so and naming
+    what it saw."""
     args = profile_step.parse_arguments(["--network", "ngp_sdf", "--levels", "2", "--log2-table-size", "10"])
     (network,) = harness.workloads(args)
     config = dict(network=network, model="slax", dtype="float16", batch=64, steps=2, devices=None)
-    with pytest.raises(SystemExit, match="the trace holds no GPU kernels; its planes"):
-        profile_step.kernel_times(config)
+    if device_kind != "cuda":
+        with pytest.raises(SystemExit, match="the trace holds no GPU kernels; its planes"):
+            profile_step.kernel_times(config)
+        return
+    kernels, *_ = profile_step.kernel_times(config)
+    for entry in ("encode_jacobian", "scatter_jacobian"):
+        assert any(entry in name and times[1] > 0 for name, times in kernels.items()), sorted(kernels)
 
 
 def test_profile_step_table_sorts_kernels_by_time_with_their_share_of_the_step():

@@ -859,11 +859,17 @@ def test_the_compute_capability_variable_takes_jaxs_spelling_and_refuses_the_res
     reason="launches kernels on a GPU; without one, the tests above check the fallback's lowering",
 )
 @pytest.mark.jax_version
-def test_kernels_past_the_compile_limit_run_on_the_slangpy_route_on_a_gpu():
+def test_kernels_past_the_compile_limit_run_on_the_slangpy_route_on_a_gpu(tmp_path):
     """On a GPU with the PTX route, kernels whose PTX does not compile within
     SLAX_PTX_COMPILE_TIMEOUT (here none can) run on the SlangPy route, saying so, and give the
-    twins' values and gradients."""
-    env = {**os.environ, "SLAX_CUDA_LAUNCH": "ptx", "SLAX_PTX_COMPILE_TIMEOUT": "0.001"}
+    twins' values and gradients. The script's cache directory is its own: PTX that another test
+    compiled would be read, not compiled."""
+    env = {
+        **os.environ,
+        "SLAX_CUDA_LAUNCH": "ptx",
+        "SLAX_PTX_COMPILE_TIMEOUT": "0.001",
+        "SLAX_CACHE_DIR": str(tmp_path / "cache"),
+    }
     result = run_python("tests/scripts/ptx_fallback_gpu.py", env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-5000:]
     found = json.loads(result.stdout.splitlines()[-1])
