@@ -3,8 +3,8 @@
 #
 #   bash scripts/test.sh           # what CI's first leg runs: every test, those whose result depends
 #                                  # on the route on each CPU route here (tests/conftest.py), in
-#                                  # parallel (pytest-xdist); ~60 min on a 2-core machine
-#   bash scripts/test.sh --quick   # the tests not marked slow, on one route: ~25 min on 2 cores
+#                                  # parallel (pytest-xdist); ~37 min on a 2-core machine
+#   bash scripts/test.sh --quick   # the tests not marked slow, on one route: ~23 min on 2 cores
 #   bash scripts/test.sh ARGS...   # ARGS go to pytest as they are (add -n 2 for parallel workers)
 #
 # Parallel workers: one per core, at most 4 (each grows to several GB over the suite: with two,
@@ -38,11 +38,11 @@ workers=$((cores < 4 ? cores : 4))
 if [ $# -eq 0 ]; then
   echo "test: the whole suite (CI's first leg) under JAX $jax_version, in $workers parallel processes:"
   echo "test: every test once, and each test whose result depends on the route on every CPU route this"
-  echo "test: machine has; ~60 minutes on 2 cores (bash scripts/test.sh --quick: ~25 minutes)."
+  echo "test: machine has; ~37 minutes on 2 cores (bash scripts/test.sh --quick: ~23 minutes)."
   set -- -n "$workers" --dist loadfile --no-loadscope-reorder
 elif [ "$*" = "--quick" ]; then
   echo "test: the quick run under JAX $jax_version, in $workers parallel processes: the tests not marked"
-  echo "test: slow, on one route; ~25 minutes on 2 cores (bash scripts/test.sh runs them all)."
+  echo "test: slow, on one route; ~23 minutes on 2 cores (bash scripts/test.sh runs them all)."
   set -- --quick -n "$workers" --dist loadfile --no-loadscope-reorder
 fi
 exec "$venv/bin/python" -m pytest "$@"
