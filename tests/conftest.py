@@ -74,9 +74,10 @@ PLAIN_JAX_COMPILES = {
     "jax_persistent_cache_min_compile_time_secs": 0.0,
     "jax_persistent_cache_min_entry_size_bytes": 0,
 }
-"""How the suite's processes compile on a machine without a GPU, where XLA's compiles took about
-half of a test's time: the plain-JAX twins, data and initial parameters of each test, and in each
-Python process a test starts (the experiments), those of every step and ``mlp_init`` again.
+"""How the suite's processes compile on a machine without a GPU, where XLA's compiles of plain JAX
+(each test's twins, data and initial parameters, and in each Python process a test starts, those
+of every step and ``mlp_init`` again) took as long as Slang's: 154 s of a 308 s run of
+test_nn_kernels and test_backends on the CPU device, in 686 compiles.
 XLA's CPU back end runs without LLVM's optimisations (``jax_disable_most_optimizations``: about a
 fifth less CPU time over a test file here; the same IEEE arithmetic, more slowly on the suite's
 small arrays), and every program is kept in JAX's persistent compilation cache, which the other
