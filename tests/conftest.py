@@ -86,11 +86,16 @@ it again. JAX keeps no program holding slax's kernels there (their launches are 
 which it never writes), so only plain JAX's programs are shared. GPU sessions compile as users do."""
 
 
+def _jax_on_gpu() -> bool:
+    """Whether JAX runs on a GPU here: the suite then tests CUDA alone, compiling as users do."""
+    return any(device.platform == "gpu" for device in jax.devices())
+
+
 def _compile_plain_jax_quickly() -> None:
     """Applies :data:`PLAIN_JAX_COMPILES` and the cache's directory (``jax-tests`` in slax's cache
     directory) to this process, and through the environment to the processes it starts; a setting
     already in the environment is left as it is."""
-    if any(device.platform == "gpu" for device in jax.devices()):
+    if _jax_on_gpu():
         return
     settings = {**PLAIN_JAX_COMPILES, "jax_compilation_cache_dir": str(cache_dir() / "jax-tests")}
     for name, value in settings.items():
@@ -120,7 +125,7 @@ def _device_kinds() -> list[str]:
     the CPU device first (it runs the suite faster: tests marked ``one_device_kind`` take it);
     ``SLAX_TEST_DEVICES`` picks some of them (CI's other JAX releases run one); ``--quick`` the
     first."""
-    if any(d.platform == "gpu" for d in jax.devices()):
+    if _jax_on_gpu():
         return ["cuda"]
     kinds = []
     if cpp_compiler():
