@@ -64,12 +64,16 @@ def wavy(apply):
 
 def test_gradient_of_an_eikonal_loss(network, lowered):
     """jax.grad of a loss that holds jax.grad of the network with respect to x, under jit, in the
-    parameters and in x; its first-order parts run the forward and backward kernels."""
+    parameters and in x (as when x is a trained encoding's features); its first-order parts run
+    the forward and backward kernels. For the tiled network (LeakyReLU: linear pieces), the
+    second derivative's part in the parameters runs the Hessian kernel although x's is asked for
+    too: along x, that part is zero."""
     params, x, twin, twin_args, dtype = network
     got = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply), argnums=(0, 1)))(params, x)
     assert_close(got, jax.grad(eikonal_loss(twin), argnums=(0, 1))(*twin_args), dtype)
     entries = {key[1] for key in lowered}
     assert "mlp_backward" in entries and entries & {"mlp_forward", "mlp_forward_hidden"}
+    assert ("mlp_hessian_sums" in entries) == (len(params) == 3), entries  # layers
 
 
 def test_gradient_through_per_sample_input_gradients(network):

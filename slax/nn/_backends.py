@@ -431,7 +431,7 @@ def _kept_input(arch: Architecture, reason: str) -> str | None:
     return None
 
 
-def _linear_pieces(arch: Architecture) -> bool:
+def linear_pieces(arch: Architecture) -> bool:
     """Whether every activation of ``arch`` is linear pieces (its second derivative zero): the
     Hessian kernels' networks."""
     return all(ACTIVATIONS[name].linear_pieces for name in arch.activations)
@@ -509,7 +509,7 @@ class _Tiles(KernelBackend):
         derivatives zero: the bias parts are then zero, and the weights' are each layer's output
         gradient times its input's tangent), and which its family's Hessian tiles fit
         (:meth:`hessian_tiles`)."""
-        if self.unfit(arch, platform) or not _linear_pieces(arch):
+        if self.unfit(arch, platform) or not linear_pieces(arch):
             return None
         return self.hessian_tiles(arch)
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun
 from slax._primitive import check_finite, declare_primitive, result_aval
-from slax.nn._backends import choose
+from slax.nn._backends import choose, linear_pieces
 from slax.nn._kernels import hidden_width
 from slax.nn._precision import twin_precision
 from slax.nn._reference import backward_tangent_twin, forward_twin, tangent_twin
@@ -332,11 +332,18 @@ def _backward_tangent_twin(
 def _backward_tangent(*operands, platform, **params):
     """mlp_backward_tangent_p's value: the parameters' part along a direction in x alone from the
     Hessian kernel of the backend that runs the network's first-order operations there
-    (``Backend.hessian_sums``), where it has one; else the twin."""
+    (``Backend.hessian_sums``), where it has one; else the twin.
+
+    Along x alone, a network whose activations are linear pieces has an input gradient constant in
+    x wherever it has one, so its part in x (``input_gradient``) is zero: what the twin's products
+    give too. A model that feeds a trained encoding to the network (an SDF behind a hash grid,
+    whose eikonal gradient reaches the tables through the features) asks for it with the
+    parameters' part, which then still runs on the Hessian kernel."""
     x, dy, x_dir, _, params_ = _backward_tangent_operands(operands)
     arch = params["arch"]
     along_x_alone = params["x_direction"] and not params["param_direction"]
-    if along_x_alone and params["param_output"] and not params["input_gradient"]:
+    input_part = params["input_gradient"]
+    if along_x_alone and params["param_output"] and (not input_part or linear_pieces(arch)):
         choice = choose(arch, platform, math.prod(x.shape[:-1]), params["request"])
         sums = choice.backend.hessian_sums(
             arch,
@@ -349,7 +356,7 @@ def _backward_tangent(*operands, platform, **params):
             params["routes"],
         )
         if sums is not None:
-            return sums
+            return [jnp.zeros_like(x)] * input_part + sums
     return _backward_tangent_twin(*operands, **params)
 
 
