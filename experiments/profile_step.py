@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                             }
                         )
     if args.json:
-        harness.write_json(args.json, {"platform": harness.describe_platform(), "results": results})
+        harness.write_json(
+            args.json, {**harness.provenance(), "platform": harness.describe_platform(), "results": results}
+        )
     return 0
 
 
