@@ -52,11 +52,11 @@ def _chunk_size(features: int) -> int:
     return next(size for size in (features, 4, 3, 2, 1) if size <= 4 and features % size == 0)
 
 
-def _slang(name: str, config):
-    """The fused Slang function ``name`` for the config's dimension and chunk of features."""
+def _slang(name: str, config, **generics):
+    """The fused Slang function ``name`` for the config's dimension and chunk of features, and any
+    other generic parameters it has (``generics``)."""
     function = slax.load_module("nn/fused_encoding")[name]
-    sums = {"K": config.dimensions + 1} if name == "scatter_jacobian" else {}
-    return function.specialize(D=config.dimensions, F=_chunk_size(config.features_per_level), **sums)
+    return function.specialize(D=config.dimensions, F=_chunk_size(config.features_per_level), **generics)
 
 
 def _grid_levels(config, spread: Spread) -> dict:
@@ -120,10 +120,11 @@ def _scatter_impl(x, cotangent, *direction, config, stacked, spread, table_rows)
     return _add_into_tables(name, x, _chunked(cotangent, config), per_point, *grid)
 
 
-def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, table_rows):
-    """The scatter of Slang's ``name`` (``bwd_diff`` of a gather from a float32 gradient table),
-    ``cotangent`` that of each call ``(..., levels, chunks, ...)``, ``per_point`` its operands
-    between the point and the grid: a ``(table_rows, F)`` gradient of the cotangent's dtype.
+def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, table_rows, generics=None):
+    """The scatter of Slang's ``name`` (``bwd_diff`` of a gather from a float32 gradient table;
+    ``generics``: its generic parameters beyond D and F), ``cotangent`` that of each call
+    ``(..., levels, chunks, ...)``, ``per_point`` its operands between the point and the grid: a
+    ``(table_rows, F)`` gradient of the cotangent's dtype.
 
     Adds in float32 whatever the cotangent's dtype, into a float32 table, and rounds each row's sum
     to the cotangent's dtype once (slax/nn/_blend.py's ``_scatter_impl`` says why). A point's share
@@ -133,8 +134,10 @@ def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, tab
     grid = _grid(x, config, stacked, spread)
     wide = cotangent.astype(jnp.float32)
 
+    function = _slang(name, config, **(generics or {}))
+
     def gather(gradient):
-        return _slang(name, config)(gradient, _per_call(x), *per_point, wide, *grid, points)
+        return function(gradient, _per_call(x), *per_point, wide, *grid, points)
 
     size = _chunk_size(config.features_per_level)
     zero = jnp.zeros((table_rows * config.features_per_level // size, size), jnp.float32)
@@ -202,10 +205,10 @@ def level_corners(x: jax.Array, config, stacked: int = 0) -> tuple[jax.Array, ja
     return rows + jnp.asarray(_origin(x, config, stacked), jnp.int32), weights
 
 
-def _jvp(primitive, primals, tangents, **params):
-    """Linear in every operand but ``x``: a term per nonzero tangent, each one of the three; the
-    term in ``x`` is the same primitive with direction ``dx`` where it has none, else
-    :func:`_unfused`'s JVP."""
+def linear_jvp(x_term, primitive, primals, tangents, **params):
+    """The JVP of a primitive ``(x, *operands)`` linear in every operand but ``x``: a term per
+    nonzero tangent of an operand, the primitive bound with it in the operand's place, and the
+    term in ``x`` from ``x_term(primitive, x, operands, dx, params)``."""
     x, *operands = primals
     dx, *doperands = tangents
     out = primitive.bind(*primals, **params)
@@ -215,19 +218,28 @@ def _jvp(primitive, primals, tangents, **params):
             changed = [*operands[:k], tangent, *operands[k + 1 :]]
             terms.append(primitive.bind(x, *changed, **params))
     if type(dx) is not Zero:
-        if primitive is not point_gradient_p and len(operands) == 1:
-            terms.append(primitive.bind(x, operands[0], dx, **params))
-        else:
-            unfused = functools.partial(_unfused, primitive, operands=operands, params=params)
-            terms.append(jax.jvp(unfused, (x,), (dx,))[1].astype(out.dtype))
+        terms.append(x_term(primitive, x, operands, dx, params).astype(out.dtype))
     if not terms:
         return out, Zero.from_primal_value(out)
     return out, functools.reduce(jnp.add, terms)
 
 
-def _refuse_x(x) -> None:
+def _x_term(primitive, x, operands, dx, params):
+    """The term in ``x`` of :func:`linear_jvp` for the three primitives: the same primitive with
+    direction ``dx`` where it has none, else :func:`_unfused`'s JVP."""
+    if primitive is not point_gradient_p and len(operands) == 1:
+        return primitive.bind(x, operands[0], dx, **params)
+    unfused = functools.partial(_unfused, primitive, operands=operands, params=params)
+    return jax.jvp(unfused, (x,), (dx,))[1]
+
+
+def refuse_x(x, primitives: str) -> None:
+    """Raises for a transpose in ``x``, which ``primitives`` (named for the message) are not linear in."""
     if is_undefined_primal(x):
-        raise NotImplementedError("slax.nn hash encoding: the fused primitives are not linear in x.")
+        raise NotImplementedError(f"{primitives} are not linear in x.")
+
+
+_refuse_x = functools.partial(refuse_x, primitives="slax.nn hash encoding: the fused primitives")
 
 
 def _encode_transpose(cotangent, x, tables, *direction, config, stacked, spread):
@@ -330,7 +342,7 @@ point_gradient_p = declare_primitive(
     transpose=_point_gradient_transpose,
 )
 for _primitive in (encode_p, scatter_p, point_gradient_p):
-    primitive_jvps[_primitive] = functools.partial(_jvp, _primitive)
+    primitive_jvps[_primitive] = functools.partial(linear_jvp, _x_term, _primitive)
 
 
 def encode(x: jax.Array, tables: jax.Array, config, spread: Spread = ()) -> jax.Array:

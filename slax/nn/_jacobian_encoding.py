@@ -27,7 +27,7 @@ import functools
 
 import jax.numpy as jnp
 
-from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun, primitive_jvps
+from slax._jax_api import Zero, instantiate_zeros, lower_fun, primitive_jvps
 from slax._primitive import declare_primitive, result_aval
 from slax.nn._blend import Spread
 from slax.nn._fused_encoding import (
@@ -38,6 +38,8 @@ from slax.nn._fused_encoding import (
     _grid,
     _per_call,
     _slang,
+    linear_jvp,
+    refuse_x,
 )
 
 _PUBLIC = "slax.nn.hash_encode_with_jacobian"
@@ -55,7 +57,8 @@ def _scatter_jacobian_impl(x, cotangent, *, config, stacked, spread, table_rows)
     size = _chunk_size(config.features_per_level)
     chunked = cotangent.reshape(*cotangent.shape[:-1], -1, size)
     chunked = jnp.moveaxis(chunked, -2, -3)  # (..., levels, chunks, 1 + d, F / chunks)
-    return _add_into_tables("scatter_jacobian", x, chunked, (), config, stacked, spread, table_rows)
+    sums = {"K": config.dimensions + 1}  # D + 1 written out: Slang 2026.12 crashes on that generic argument
+    return _add_into_tables("scatter_jacobian", x, chunked, (), config, stacked, spread, table_rows, sums)
 
 
 def _encode_jacobian_abstract(x, tables, *, config, stacked, spread):
@@ -67,26 +70,16 @@ def _scatter_jacobian_abstract(x, cotangent, *, config, stacked, spread, table_r
     return result_aval((table_rows, cotangent.shape[-1]), cotangent.dtype, [x, cotangent])
 
 
-def _jvp(primitive, primals, tangents, **params):
-    """Linear in the second operand; the derivative in ``x`` would need the weights' second
-    derivatives, which these kernels do not take."""
-    x, operand = primals
-    dx, doperand = tangents
-    if type(dx) is not Zero:
-        raise NotImplementedError(
-            f"{_PUBLIC}: argument 'x' is not differentiable here (the Jacobian's derivative in x "
-            "needs the encoding's second derivatives); differentiate slax.nn.hash_encode in x "
-            "instead (jax.jacfwd, jax.hessian), or hold x constant (jax.lax.stop_gradient)."
-        )
-    out = primitive.bind(x, operand, **params)
-    if type(doperand) is Zero:
-        return out, Zero.from_primal_value(out)
-    return out, primitive.bind(x, doperand, **params)
+def _refuse_x_term(primitive, x, operands, dx, params):
+    """No term in x: it would need the weights' second derivatives, which these kernels do not take."""
+    raise NotImplementedError(
+        f"{_PUBLIC}: argument 'x' is not differentiable here (the Jacobian's derivative in x "
+        "needs the encoding's second derivatives); differentiate slax.nn.hash_encode in x "
+        "instead (jax.jacfwd, jax.hessian), or hold x constant (jax.lax.stop_gradient)."
+    )
 
 
-def _refuse_x(x) -> None:
-    if is_undefined_primal(x):
-        raise NotImplementedError(f"{_PUBLIC}: the encoding and its Jacobian are not linear in 'x'.")
+_refuse_x = functools.partial(refuse_x, primitives=f"{_PUBLIC}: the encoding and its Jacobian")
 
 
 def _encode_jacobian_transpose(cotangent, x, tables, *, config, stacked, spread):
@@ -123,7 +116,7 @@ scatter_jacobian_p = declare_primitive(
     transpose=_scatter_jacobian_transpose,
 )
 for _primitive in (encode_jacobian_p, scatter_jacobian_p):
-    primitive_jvps[_primitive] = functools.partial(_jvp, _primitive)
+    primitive_jvps[_primitive] = functools.partial(linear_jvp, _refuse_x_term, _primitive)
 
 
 def encode_jacobian(x, tables, config, spread: Spread = ()):
