@@ -206,8 +206,9 @@ def test_describe_names_the_backend_of_each_operation_and_why(
     """describe applies the rule lowering applies: on the CPU the Slang kernels that fit; on CUDA
     tensor cores where they fit and are allowed (a float16 network's fused loss and gradient as
     warp tiles, a narrow one's other operations a sample per thread, a wide one's in tiles), else
-    the tiled kernels, and XLA where XLA_WINS says the kernels lose. Each line names the backend,
-    the network and the platform; a batch's shape gives the same answer as the batch."""
+    the tiled kernels, and XLA where the rule's table (AUTO) says XLA's products win. Each line
+    names the backend, the network and the platform; a batch's shape gives the same answer as the
+    batch."""
     if capability:
         monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
     monkeypatch.setattr(slax.config, "tensor_cores", tensor_cores)
@@ -309,16 +310,22 @@ def test_describe_refuses_a_platform_it_does_not_lower_for():
 
 
 def test_the_rule_sends_wide_networks_to_xla_only_on_cuda():
-    """XLA_WINS: on CUDA, networks with two adjacent 128-wide hidden layers, in float16 at every
-    batch, in float32 below 2^16 samples; nowhere on the CPU; not 64-128-64-10, whose one 128-wide
-    layer the kernels run faster."""
+    """The rule's table passes over the tensor-core tiles on CUDA for networks with two adjacent
+    128-wide hidden layers, in float16 at every batch, in float32 below 2^16 samples; nowhere on
+    the CPU; not for 64-128-64-10, whose one 128-wide layer the kernels run faster."""
+    (cases,) = [passed_over for name, passed_over in _backends.AUTO if name == "tensor_cores"]
+    gpu, cpu = _backends.Platform("cuda", True, 90), _backends.Platform("cpu")
+
+    def passed_over(arch, platform, samples):
+        return any(case.applies(arch, platform, samples) for case in cases)
+
     wide = Architecture((32, 128, 128, 16), "float32")
-    assert _backends.xla_wins(wide, "cuda", 1 << 14) is not None
-    assert _backends.xla_wins(wide, "cuda", 1 << 18) is None
-    assert _backends.xla_wins(Architecture((32, 128, 128, 16), "float16"), "cuda", 1 << 20) is not None
-    assert _backends.xla_wins(wide, "cpu", 1 << 14) is None
-    assert _backends.xla_wins(Architecture((64, 128, 64, 10), "float32"), "cuda", 1 << 12) is None
-    assert _backends.xla_wins(Architecture((32, 64, 64, 16), "float16"), "cuda", 1 << 14) is None
+    assert passed_over(wide, gpu, 1 << 14)
+    assert not passed_over(wide, gpu, 1 << 18)
+    assert passed_over(Architecture((32, 128, 128, 16), "float16"), gpu, 1 << 20)
+    assert not passed_over(wide, cpu, 1 << 14)
+    assert not passed_over(Architecture((64, 128, 64, 10), "float32"), gpu, 1 << 12)
+    assert not passed_over(Architecture((32, 64, 64, 16), "float16"), gpu, 1 << 14)
 
 
 def test_auto_takes_xla_not_the_tiled_kernels_on_a_gpu_with_tensor_cores(monkeypatch):

@@ -85,7 +85,7 @@ def test_a_hidden_activation_keeping_its_input_is_refused_an_output_one_is_not()
 @pytest.mark.parametrize(
     ("sizes", "samples", "backend"),
     [
-        ((32, 128, 128, 16), 1 << 14, "warp_rows"),  # XLA_WINS keeps it off the tensor-core tiles
+        ((32, 128, 128, 16), 1 << 14, "warp_rows"),  # the rule's table keeps it off the tensor-core tiles
         ((32, 128, 128, 128, 128, 16), 1 << 20, "warp_rows"),  # the tiles' sums do not fit
         ((32, *[64] * 8, 16), 1 << 18, "warp_rows"),
         ((32, 64, 64, 16), 1 << 18, "tensor_cores"),  # the warp tiles hold its sums
@@ -100,8 +100,8 @@ def test_auto_takes_the_warp_rows_where_the_tiles_lose_or_do_not_fit(monkeypatch
 @pytest.mark.one_device_kind
 @pytest.mark.parametrize(("capability", "tensor_cores"), [("90", False), ("75", True)])
 def test_without_tensor_cores_auto_keeps_networks_xla_wins_on_xla(monkeypatch, capability, tensor_cores):
-    """Where the warp rows cannot run (tensor cores off or absent), a network XLA_WINS names runs
-    on XLA, not on the tiled kernels, which are slower still."""
+    """Where the warp rows cannot run (tensor cores off or absent), a network whose tiles the rule's
+    table passes over runs on XLA, not on the tiled kernels, which are slower still."""
     monkeypatch.setenv("SLAX_CUDA_COMPUTE_CAPABILITY", capability)
     request = nn_backends.BackendRequest("auto", tensor_cores)
     for dtype in ("float16", "float32"):

@@ -43,12 +43,12 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
 - ``xla``: any network, on every platform: the operations as the plain-JAX twins
   (slax/nn/_reference.py), XLA's own matrix products.
 
-:func:`choose` is the rule: ``slax.config.mlp_backend`` forces a backend (refusing one that does not
-fit, saying why); ``"auto"`` takes the first of :data:`AUTO_ORDER` (``thread_sums``,
-``tensor_cores``, ``warp_rows``, ``tiled``) that fits, passing over the tile backends where
-:data:`XLA_WINS` says XLA's products beat them, else ``xla``. The
-primitives carry the user's :class:`BackendRequest` as a static parameter and apply the rule when
-they lower, where the platform is known; :func:`slax.nn.describe` applies it for the user.
+:func:`choose` is the rule, one table (:data:`AUTO`): ``slax.config.mlp_backend`` forces a backend
+(refusing one that does not fit, saying why); ``"auto"`` takes the first fused backend of the
+table that runs the network and that no measured case of its row passes over (:class:`XlaWins`:
+where XLA's products beat its kernels), else ``xla``. The primitives carry the user's
+:class:`BackendRequest` as a static parameter and apply the rule when they lower, where the
+platform is known; :func:`slax.nn.describe` applies it for the user.
 """
 
 from __future__ import annotations
@@ -814,64 +814,79 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (ThreadSums(), Tiled(), Tenso
 """The registry: each backend by name (``slax.config.mlp_backend`` takes these names)."""
 assert tuple(BACKENDS) == MLP_BACKENDS[1:], "slax._config.MLP_BACKENDS names the registry's backends"
 
-AUTO_ORDER = ("thread_sums", "tensor_cores", "warp_rows", "tiled")
-"""The fused backends ``"auto"`` tries, in order (not those of :data:`XLA_WINS_OVER` where
-:data:`XLA_WINS` says XLA's products beat them)."""
-
-
 # --- the rule -----------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class XlaWins:
-    """A row of :data:`XLA_WINS`: on ``platform``, networks in ``dtype`` with two adjacent hidden
-    layers at least ``hidden_pair`` wide, at batches below ``below_batch`` samples, run faster on
-    XLA's matrix products than on the fused kernels."""
+    """Where XLA's matrix products, measured, train faster than a backend's fused kernels that run
+    the network: on ``platform``, networks in ``dtype`` with two adjacent hidden layers at least
+    ``hidden_pair`` wide, below ``below_batch`` samples (every batch where None); or, with
+    ``dtype`` and ``hidden_pair`` None, every network on a GPU whose tensor cores slax may use."""
 
     platform: str
-    dtype: str
-    hidden_pair: int
-    below_batch: int
+    dtype: str | None
+    hidden_pair: int | None
+    below_batch: int | None
+    measured: str
+
+    def applies(self, arch: Architecture, platform: Platform, samples: int) -> bool:
+        if self.dtype is None:
+            return platform.tensor_cores
+        return (
+            (platform.name, arch.dtype) == (self.platform, self.dtype)
+            and arch.hidden_pair >= self.hidden_pair
+            and (self.below_batch is None or samples < self.below_batch)
+        )
+
+    def why(self, platform: Platform) -> str:
+        """What :func:`slax.nn.describe` says of a backend passed over here."""
+        if self.dtype is None:
+            return "slower than XLA's products on GPUs with tensor cores (BENCHMARKS.md)"
+        below = f" below {self.below_batch} samples" if self.below_batch else ""
+        return (
+            f"{self.dtype} networks with two adjacent hidden layers {self.hidden_pair} or wider train "
+            f"faster on XLA's products than on its tiles{below} on {platform.name.upper()} (BENCHMARKS.md)"
+        )
 
 
-XLA_WINS = (
-    XlaWins("cuda", "float32", 128, 1 << 16),
-    XlaWins("cuda", "float16", 128, 1 << 62),
+_WIDE_PAIRS_FLOAT32 = XlaWins(
+    "cuda",
+    "float32",
+    128,
+    1 << 16,
+    "BENCHMARKS.md, wide networks: 32-128-128-16 at 0.88x plain JAX at 2^14 samples on an H100, "
+    "1.28-1.29x from 2^18",
 )
-"""Where ``"auto"`` passes over the tile backends (:data:`XLA_WINS_OVER`) although they fit: it takes
-``warp_rows`` where that runs the network (float16 ones), else ``xla``. Measured against plain JAX
-in one run (BENCHMARKS.md, wide networks): 32-128-128-16 trained at 0.88x plain JAX's samples/s in
-float32 and 0.87x in float16 at 2^14 samples on an H100 (cross-entropy), and in float16 at 0.65x at
-2^18 on an H200 (squared error), where on the H100 it had reached only 1.03-1.06x: float16 networks
-with two adjacent 128-wide layers run on XLA at every batch, float32 ones below 2^16 (1.28-1.29x
-from 2^18 on the H100). Networks without two adjacent 128-wide layers (64-128-64-10: 1.11-1.34x at
-2^12) keep the kernels. On the CPU routes the Slang kernels stay the default (they are what CI
-tests)."""
+_WIDE_PAIRS_FLOAT16 = XlaWins(
+    "cuda",
+    "float16",
+    128,
+    None,
+    "BENCHMARKS.md, wide networks: 32-128-128-16 at 0.87x plain JAX at 2^14 on an H100, 0.65x at 2^18 "
+    "on an H200",
+)
+_TENSOR_CORE_GPUS = XlaWins(
+    "cuda",
+    None,
+    None,
+    None,
+    "BENCHMARKS.md, wide networks: 32-64x8-16 at 0.33-0.66x and 32-128x4-16 at 0.17-0.28x plain JAX "
+    "on the tiled kernels on an H100, both dtypes, 2^14 to 2^20 samples",
+)
 
-XLA_WINS_OVER = ("tensor_cores", "tiled")
-"""The backends an :data:`XLA_WINS` row passes over: the tensor-core tiles it was measured against,
-and the tiled kernels, which are slower still (wherever tensor cores are off or absent too)."""
-
-TILED_ON_TENSOR_CORE_GPUS = False
-"""Whether ``"auto"`` takes the tiled (SIMT) kernels on a GPU whose tensor cores slax may use,
-for a network the tensor-core kernels do not run: no, the warp rows (float16) or XLA's products
-instead. Measured on an H100
-(BENCHMARKS.md, wide networks): 32-64x8-16 (eight 64-wide hidden layers) trained at 0.33-0.66x
-plain JAX's samples/s on the tiled kernels, 32-128x4-16 at 0.17-0.28x, in both dtypes, from 2^14
-to 2^20 samples. Where tensor cores are off or absent the tiled kernels run."""
-
-
-def _below(batch: int) -> str:
-    return f" below {batch} samples" if batch < 1 << 32 else ""
-
-
-def xla_wins(arch: Architecture, platform: str, samples: int) -> XlaWins | None:
-    """The row of :data:`XLA_WINS` that sends ``arch`` on ``platform`` at ``samples`` to XLA, or None."""
-    for row in XLA_WINS:
-        if (row.platform, row.dtype) == (platform, arch.dtype) and arch.hidden_pair >= row.hidden_pair:
-            if samples < row.below_batch:
-                return row
-    return None
+AUTO: tuple[tuple[str, tuple[XlaWins, ...]], ...] = (
+    ("thread_sums", ()),
+    ("tensor_cores", (_WIDE_PAIRS_FLOAT32, _WIDE_PAIRS_FLOAT16)),
+    ("warp_rows", ()),
+    ("tiled", (_WIDE_PAIRS_FLOAT32, _WIDE_PAIRS_FLOAT16, _TENSOR_CORE_GPUS)),
+)
+"""The rule's one table: the fused backends ``"auto"`` tries, in order, each with the measured
+cases where it passes over the backend although it runs the network (XLA's products beat it);
+``xla`` runs what none of them takes. Networks without two adjacent 128-wide hidden layers
+(64-128-64-10: 1.11-1.34x at 2^12) keep the kernels; on the CPU routes the Slang kernels stay
+the default wherever they fit (they are what CI tests). The tests' ``fused_kernels`` fixture
+(tests/conftest.py) empties the second column, so that a test about the kernels gets them."""
 
 
 OPERATIONS = {"forward": "mlp_apply", "backward": "jax.grad of mlp_apply", "loss_grad": "mlp_loss_and_grad"}
@@ -914,18 +929,11 @@ def choose(arch: Architecture, platform: str, samples: int, request: BackendRequ
                 "slax choose, or 'xla', which runs every network."
             )
         return Choice(backend, where, "forced by slax.config.mlp_backend")
-    row = xla_wins(arch, platform, samples)
     skipped: list[str] = []
-    for name in AUTO_ORDER:
-        if row is not None and name in XLA_WINS_OVER:
-            skipped.append(
-                f"{name}: {arch.dtype} networks with two adjacent hidden layers {row.hidden_pair} or "
-                f"wider train faster on XLA's products than on its tiles{_below(row.below_batch)} on "
-                f"{where.name.upper()} (BENCHMARKS.md)"
-            )
-            continue
-        if name == "tiled" and where.tensor_cores and not TILED_ON_TENSOR_CORE_GPUS:
-            skipped.append("tiled: slower than XLA's products on GPUs with tensor cores (BENCHMARKS.md)")
+    for name, passed_over in AUTO:
+        wins = next((case for case in passed_over if case.applies(arch, where, samples)), None)
+        if wins is not None:
+            skipped.append(f"{name}: {wins.why(where)}")
             continue
         backend = BACKENDS[name]
         refusal = backend.unfit(arch, where)
