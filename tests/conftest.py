@@ -176,11 +176,16 @@ def pytest_collection_modifyitems(config, items):
     that run on the kind (a sweep may put some of its parameters on one kind)."""
     kept, dropped = [], []
     on_route = [item for item in items if not _off_route(item)]
-    samples = _route_sample([item for item in on_route if item.get_closest_marker("sweep")])
+    left_to_the_full_run = _one_kind_cases(on_route) if _quick else set()
+    on_route = [item for item in on_route if item not in left_to_the_full_run]
+    sampled = [item for item in on_route if _sampled(item)]
+    samples = _route_sample(sampled)
     for item in items:
         kind = getattr(item, "callspec", None) and item.callspec.params.get("device_kind")
-        unsampled = item.get_closest_marker("sweep") and kind != _device_kinds()[0] and item not in samples
-        (dropped if _off_route(item) or unsampled else kept).append(item)
+        unsampled = item not in samples and (
+            (item.get_closest_marker("sweep") and kind != _device_kinds()[0]) or (_quick and _sampled(item))
+        )
+        (dropped if _off_route(item) or unsampled or item in left_to_the_full_run else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -202,6 +207,28 @@ def _longest_files_first(items) -> None:
     for item in items:
         weight[item.path] += SLOW_WEIGHT if item.get_closest_marker("slow") else 1
     items.sort(key=lambda item: -weight[item.path])
+
+
+def _sampled(item) -> bool:
+    """Whether ``--quick`` runs only a sample of ``item``'s test (:func:`_route_sample`): tests marked
+    ``sweep``, and those marked ``quick_sample`` (sweeps that the full run runs whole on every
+    kind)."""
+    return bool(item.get_closest_marker("sweep") or item.get_closest_marker("quick_sample"))
+
+
+def _one_kind_cases(items) -> set:
+    """The cases ``--quick`` leaves to the full run: of a test some of whose parameters are marked
+    ``one_device_kind`` (``pytest.param(..., marks=...)``) and others not, those marked. The full
+    run runs them on one kind and the others, the test's representative few, on every kind;
+    ``--quick`` runs on its one kind what the full run runs on each further kind."""
+    by_test: dict = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        on_one_kind = any(mark.name == "one_device_kind" for mark in callspec.marks)
+        by_test.setdefault((item.path, item.originalname), ([], []))[on_one_kind].append(item)
+    return {item for every, one in by_test.values() if every for item in one}
 
 
 def _off_route(item) -> bool:
