@@ -4,12 +4,15 @@
 #   bash scripts/test.sh           # what CI's first leg runs: every test, those whose result depends
 #                                  # on the route on each CPU route here (tests/conftest.py), in
 #                                  # parallel (pytest-xdist); ~37 min on a 2-core machine
-#   bash scripts/test.sh --quick   # the tests not marked slow, on one route: ~23 min on 2 cores
+#   bash scripts/test.sh --quick   # the tests not marked slow, on one route, sweeps by a sample
+#                                  # taking every value once (tests/conftest.py): ~13 min on 2
+#                                  # cores from a cold cache
 #   bash scripts/test.sh ARGS...   # ARGS go to pytest as they are (add -n 2 for parallel workers)
 #
 # Parallel workers: one per core, at most 4 (each grows to several GB over the suite: with two,
-# CI's run of it peaked at 18.5 GB in use on the 24 GB 2-core machine), each given whole test
-# files, the longest first (tests/conftest.py, _longest_files_first).
+# CI's run of it peaked at 18.5 GB in use on the 24 GB 2-core machine; --quick frees each file's
+# kernels after it, and its workers peaked at 3.1 GB), each given whole test files, the longest
+# first (tests/conftest.py, _longest_files_first).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"   # sets $venv
@@ -38,11 +41,12 @@ workers=$((cores < 4 ? cores : 4))
 if [ $# -eq 0 ]; then
   echo "test: the whole suite (CI's first leg) under JAX $jax_version, in $workers parallel processes:"
   echo "test: every test once, and each test whose result depends on the route on every CPU route this"
-  echo "test: machine has; ~37 minutes on 2 cores (bash scripts/test.sh --quick: ~23 minutes)."
+  echo "test: machine has; ~37 minutes on 2 cores (bash scripts/test.sh --quick: ~13 minutes)."
   set -- -n "$workers" --dist loadfile --no-loadscope-reorder
 elif [ "$*" = "--quick" ]; then
   echo "test: the quick run under JAX $jax_version, in $workers parallel processes: the tests not marked"
-  echo "test: slow, on one route; ~23 minutes on 2 cores (bash scripts/test.sh runs them all)."
+  echo "test: slow, on one route, sweeps by a sample; ~13 minutes on 2 cores (bash scripts/test.sh"
+  echo "test: runs them all)."
   set -- --quick -n "$workers" --dist loadfile --no-loadscope-reorder
 fi
 exec "$venv/bin/python" -m pytest "$@"

@@ -63,6 +63,7 @@ def _eikonal(apply):
 
 
 @pytest.mark.one_device_kind  # no Slang kernel runs: the same XLA on every route
+@pytest.mark.quick_sample
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("sizes", [NARROW, WIDE], ids=_ids)
 def test_the_xla_backend_matches_the_reference_under_every_transformation(sizes, dtype, lowered):

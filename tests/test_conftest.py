@@ -132,3 +132,74 @@ def test_a_sweeps_sample_is_drawn_from_the_cases_that_run_on_the_route(tmp_path)
         f"{second}-narrow-{pair}" for pair in ("x", "y", "z")
     ], collected
     assert len([case for case in collected if case.startswith(kinds[0])]) == 6, collected
+
+
+QUICK_CASES = """
+import pytest
+
+
+@pytest.mark.parametrize("size", [1, pytest.param(2, marks=pytest.mark.one_device_kind), 3])
+def test_representatives(size):
+    pass
+
+
+@pytest.mark.parametrize("size", [pytest.param(1, marks=pytest.mark.one_device_kind), 2])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_all_on_one_kind_but_one(size, dtype):
+    pass
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.parametrize("size", [1, 2])
+def test_wholly_on_one_kind(size):
+    pass
+
+
+@pytest.mark.quick_sample
+@pytest.mark.parametrize("size", ["a", "b", "c"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_product(size, dtype):
+    pass
+
+
+@pytest.mark.slow
+def test_slow():
+    pass
+"""
+
+
+def test_quick_runs_on_one_kind_what_the_full_run_runs_on_each_further_kind(tmp_path):
+    """``--quick``: of a test some of whose parameters are marked ``one_device_kind``, the others; a
+    test marked ``one_device_kind`` whole, every case; of a test marked ``quick_sample``, its sample
+    (the diagonal of three sizes and two dtypes: three cases); no test marked ``slow``. Without
+    ``--quick``, every case."""
+    from conftest import _device_kinds
+
+    kind = _device_kinds()[0]
+    test_file = tmp_path / "test_quick_cases.py"
+    test_file.write_text(QUICK_CASES)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "SLAX_TEST_DEVICES": kind}
+
+    def collected(*flags):
+        result = run_python(
+            "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
+            "--rootdir", str(ROOT), "-n", "0", "-q", "--collect-only", *flags, str(test_file), env=env,
+            timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        return [line.split("::")[1] for line in result.stdout.splitlines() if "::" in line]
+
+    assert len(collected()) == 3 + 4 + 2 + 6 + 1
+    quick = collected("--quick")
+    assert [case for case in quick if case.startswith("test_representatives")] == [
+        f"test_representatives[{kind}-1]",
+        f"test_representatives[{kind}-3]",
+    ]
+    assert sorted(case for case in quick if case.startswith("test_all_on_one_kind_but_one")) == [
+        f"test_all_on_one_kind_but_one[{kind}-float16-2]",
+        f"test_all_on_one_kind_but_one[{kind}-float32-2]",
+    ]
+    assert len([case for case in quick if case.startswith("test_wholly_on_one_kind")]) == 2
+    product = [case for case in quick if case.startswith("test_product")]
+    assert len(product) == 3 and {case.split("-")[1] for case in product} == {"float32", "float16"}
+    assert not [case for case in quick if case.startswith("test_slow")]

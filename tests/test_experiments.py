@@ -451,6 +451,7 @@ def test_benchmark_harness_row_samples_the_whole_batch_and_trains_nothing():
         assert losses.shape == (3,) and np.all(np.isfinite(losses)) and len(set(losses.tolist())) == 3
 
 
+@pytest.mark.slow  # 18 s; --quick times benchmark.py's wide network (11 s)
 def test_benchmark_times_the_sdf_step_beside_plain_jax(tmp_path):
     """``--network sdf``: the eikonal training step, slax's and plain JAX's rows as for the other
     networks, its floor counting the forward pass, the input gradient and the backward pass of
@@ -466,6 +467,7 @@ def test_benchmark_times_the_sdf_step_beside_plain_jax(tmp_path):
     assert all(r["steps_per_s"] > 0 for r in rows)
 
 
+@pytest.mark.slow  # 32 s; --quick trains behind the hash encoding in tests/test_hash_encoding.py
 def test_benchmark_times_the_hash_encoded_steps_beside_plain_jax(tmp_path):
     """``--network ngp_image``: ngp_image.py's step with the encoding of ``--levels`` and
     ``--log2-table-size`` (here 2 levels of 2^10 entries) named in its rows, slax's row and the
@@ -493,6 +495,7 @@ def test_benchmark_times_the_hash_encoded_steps_beside_plain_jax(tmp_path):
     assert all(r["steps_per_s"] > 0 for r in rows)
 
 
+@pytest.mark.slow  # 19 s; --quick runs profile_step.py's table and its refusal of devices
 def test_profile_step_traces_the_hash_encoded_step(device_kind):
     """profile_step.py's trace of a hash-encoded step (``--network ngp_sdf``, its eikonal term's
     second derivatives through slax's encoding): built and run by benchmark.py's training_run. On

@@ -211,7 +211,7 @@ def test_float16_tables_match_the_twin():
 
 
 @pytest.mark.one_device_kind
-@pytest.mark.parametrize("features", [1, 3, 8])
+@pytest.mark.parametrize("features", [1, pytest.param(3, marks=pytest.mark.slow), 8])  # --quick: the ends
 def test_every_feature_count_matches_the_twin(features):
     """Feature counts other than the default 2 (a corner's features read as one Slang vector, and
     8 as two of 4, which covers a whole vector of 4): value and first derivatives in the tables and

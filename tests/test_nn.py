@@ -226,6 +226,7 @@ def test_gradient_thread_groups_past_uint_sample_positions_are_refused():
 # threads race on Vulkan (lavapipe runs a launch's groups in parallel); the CPU
 # device runs a launch on one thread
 @pytest.mark.one_device_kind("vulkan")
+@pytest.mark.quick_sample
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize(("sizes", "batch"), [((4, 16, 4), 1 << 16), ((64, 128, 64, 10), 1 << 12)])
 def test_large_batch_gradients_are_race_free(sizes, batch, dtype, fused_kernels):

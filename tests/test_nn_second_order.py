@@ -31,13 +31,20 @@ JAX_VERSION_NETWORK = (SIZES[1], "float32")
 dtype, which choose the kernels alone."""
 
 
+QUICK_NETWORKS = [(SIZES[0], "float16"), JAX_VERSION_NETWORK]
+"""The networks --quick runs these tests on: each kernel family (a sample per thread, tiles) and
+each dtype once; the full run takes every pair."""
+
+
+def _network_marks(network) -> list:
+    return [pytest.mark.jax_version] * (network == JAX_VERSION_NETWORK) + [pytest.mark.slow] * (
+        network not in QUICK_NETWORKS
+    )
+
+
 @pytest.fixture(
     scope="module",
-    params=[
-        pytest.param((s, d), marks=pytest.mark.jax_version) if (s, d) == JAX_VERSION_NETWORK else (s, d)
-        for s in SIZES
-        for d in DTYPES
-    ],
+    params=[pytest.param((s, d), marks=_network_marks((s, d))) for s in SIZES for d in DTYPES],
     ids=lambda p: f"{p[1]}-{'-'.join(map(str, p[0]))}",
 )
 def network(request):

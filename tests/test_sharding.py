@@ -30,12 +30,12 @@ def test_shard_map_runs_each_shard_on_its_device(cpu_path):
 
 
 # two devices on one route, four on the other (Vulkan, the faster here): the partitioning is slax's
-# and XLA's, and each route runs its kernels on the shards of one of them
+# and XLA's, and each route runs its kernels on the shards of one of them; --quick runs two (40 s)
 @pytest.mark.parametrize(
     "devices",
     [
         pytest.param(2, marks=[JAX, pytest.mark.one_device_kind]),
-        pytest.param(4, marks=pytest.mark.one_device_kind("vulkan")),
+        pytest.param(4, marks=[pytest.mark.one_device_kind("vulkan"), pytest.mark.slow]),
     ],
 )
 def test_plain_jit_over_sharded_batches_partitions_each_call(cpu_path, devices):

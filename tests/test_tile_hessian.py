@@ -107,12 +107,18 @@ def test_every_device_kind_reflects_the_hessian_kernel(tensor_cores, device_kind
 HESSIAN = [
     pytest.param((20, 40, 24, 5), "float32", "relu", marks=pytest.mark.one_device_kind),
     pytest.param((3, 32, 32, 32, 1), "float16", "leaky_relu", marks=pytest.mark.one_device_kind),
-    pytest.param((3, 64, 64, 64, 1), "float32", "leaky_relu", marks=pytest.mark.one_device_kind("vulkan")),
+    pytest.param(
+        (3, 64, 64, 64, 1),
+        "float32",
+        "leaky_relu",
+        marks=[pytest.mark.one_device_kind("vulkan"), pytest.mark.slow],
+    ),
 ]
 """Networks the tile families' Hessian kernel runs: widths off multiples of 8 and 16 with ReLU, a
 float16 network (on a GPU with tensor cores the warp tiles take it: on the CPU routes only), and
 the signed distance field's in float32 (tiles of 16 samples on tensor cores). Each runs on one
-route: the same tile kernels, which the first two compile on the CPU device and the last on Vulkan."""
+route: the same tile kernels, which the first two compile on the CPU device and the last on Vulkan.
+--quick runs the first two (each about 25 s on 2 cores): float32 and float16, both tile layouts' tails."""
 
 
 @pytest.mark.parametrize(

@@ -203,16 +203,21 @@ def _rows_as_the_kernel_writes_them(sizes, flat):
     return run_kernel
 
 
+QUICK_LEAVES_OUT = pytest.mark.slow
+"""Shapes of the rows test --quick leaves out (each case about 10 s of XLA compiles on 2 cores): it
+runs one shape per count of group axes, and an empty group."""
+
+
 @pytest.mark.one_device_kind
 @pytest.mark.parametrize(
     ("shape", "group_ndim"),
     [
         ((7, 20), 0),
-        ((3, 5, 20), 0),
+        pytest.param((3, 5, 20), 0, marks=QUICK_LEAVES_OUT),
         ((2, 9, 20), 1),
-        ((2, 3, 4, 20), 1),
+        pytest.param((2, 3, 4, 20), 1, marks=QUICK_LEAVES_OUT),
         ((2, 3, 4, 5, 20), 2),
-        ((2, 0, 20), 1),
+        pytest.param((2, 0, 20), 1, marks=QUICK_LEAVES_OUT),
         ((0, 4, 20), 1),
     ],
 )

@@ -213,6 +213,7 @@ def test_power_of_two_normalisation_only_scales_up():
 
 
 @pytest.mark.one_device_kind  # the kernels are replaced by the twin: no kernel runs
+@pytest.mark.quick_sample
 @pytest.mark.parametrize(("group_ndim", "param_output"), [(0, True), (1, True), (1, False)])
 def test_the_backward_kernels_take_dy_scaled_into_halfs_normal_range(monkeypatch, group_ndim, param_output):
     """The warp tiles' backward scales each group's dy by a power of two (the largest into [0.5,
