@@ -5,7 +5,7 @@ float32 and float16.
 On one device kind (``one_device_kind``): the rules compose the first-order kernels (which
 tests/test_nn.py runs on every route, narrow and tiled, in both dtypes) with the twin's
 derivatives, so a route changes nothing here that test_nn does not catch. The gradient of an
-eikonal loss in the parameters alone also runs a wide network's Hessian kernel, which
+eikonal loss in the parameters (and in x too) also runs a wide network's Hessian kernel, which
 tests/test_tile_hessian.py (the tile families') and tests/test_wide_warp.py (the warp tiles') test
 on every route."""
 

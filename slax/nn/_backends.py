@@ -527,8 +527,8 @@ class _Tiles(KernelBackend):
             return super().second_order_summary(arch, platform)
         return (
             "first-order launches as jax.grad's; of what a second derivative adds, the parameters' "
-            f"part along a direction in x (an eikonal loss's gradient) in {kernel}, the rest in the "
-            "plain-JAX twin's products"
+            f"part along a direction in x (an eikonal loss's gradient) in {kernel}, its part in x "
+            "zero (linear pieces), the rest in the plain-JAX twin's products"
         )
 
     def hessian_sums(self, arch, platform, x, direction, dy, params, group_ndim, routes):

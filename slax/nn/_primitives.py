@@ -293,7 +293,8 @@ def _backward_transpose(
 # param_directions). A Hessian is symmetric, so the primitive is its own transpose: the cotangents of
 # its results are the directions of the same product (:func:`_backward_tangent_transpose`). The
 # gradient of an eikonal loss takes its parameters' part along a direction in x alone, which a
-# backend may run as one kernel (``Backend.hessian_sums``); everything else runs the twin.
+# backend may run as one kernel (``Backend.hessian_sums``); for a network of linear pieces the part
+# in x along x is zero (:func:`_backward_tangent`); everything else runs the twin.
 
 
 def _backward_tangent_operands(operands):
