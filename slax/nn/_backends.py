@@ -45,10 +45,10 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
 
 :func:`choose` is the rule, one table (:data:`AUTO`): ``slax.config.mlp_backend`` forces a backend
 (refusing one that does not fit, saying why); ``"auto"`` takes the first fused backend of the
-table that runs the network and that no measured case of its row passes over (:class:`XlaWins`:
-where XLA's products beat its kernels), else ``xla``. The primitives carry the user's
-:class:`BackendRequest` as a static parameter and apply the rule when they lower, where the
-platform is known; :func:`slax.nn.describe` applies it for the user.
+table that runs the network and that no measured case of its row passes over (:class:`XlaWins`,
+:class:`XlaWinsOnTensorCoreGpus`: where XLA's products beat its kernels), else ``xla``. The
+primitives carry the user's :class:`BackendRequest` as a static parameter and apply the rule when
+they lower, where the platform is known; :func:`slax.nn.describe` applies it for the user.
 """
 
 from __future__ import annotations
@@ -821,18 +821,14 @@ assert tuple(BACKENDS) == MLP_BACKENDS[1:], "slax._config.MLP_BACKENDS names the
 class XlaWins:
     """Where XLA's matrix products, measured, train faster than a backend's fused kernels that run
     the network: on ``platform``, networks in ``dtype`` with two adjacent hidden layers at least
-    ``hidden_pair`` wide, below ``below_batch`` samples (every batch where None); or, with
-    ``dtype`` and ``hidden_pair`` None, every network on a GPU whose tensor cores slax may use."""
+    ``hidden_pair`` wide, below ``below_batch`` samples (every batch where None)."""
 
     platform: str
-    dtype: str | None
-    hidden_pair: int | None
+    dtype: str
+    hidden_pair: int
     below_batch: int | None
-    measured: str
 
     def applies(self, arch: Architecture, platform: Platform, samples: int) -> bool:
-        if self.dtype is None:
-            return platform.tensor_cores
         return (
             (platform.name, arch.dtype) == (self.platform, self.dtype)
             and arch.hidden_pair >= self.hidden_pair
@@ -841,8 +837,6 @@ class XlaWins:
 
     def why(self, platform: Platform) -> str:
         """What :func:`slax.nn.describe` says of a backend passed over here."""
-        if self.dtype is None:
-            return "slower than XLA's products on GPUs with tensor cores (BENCHMARKS.md)"
         below = f" below {self.below_batch} samples" if self.below_batch else ""
         return (
             f"{self.dtype} networks with two adjacent hidden layers {self.hidden_pair} or wider train "
@@ -850,32 +844,30 @@ class XlaWins:
         )
 
 
-_WIDE_PAIRS_FLOAT32 = XlaWins(
-    "cuda",
-    "float32",
-    128,
-    1 << 16,
-    "BENCHMARKS.md, wide networks: 32-128-128-16 at 0.88x plain JAX at 2^14 samples on an H100, "
-    "1.28-1.29x from 2^18",
-)
-_WIDE_PAIRS_FLOAT16 = XlaWins(
-    "cuda",
-    "float16",
-    128,
-    None,
-    "BENCHMARKS.md, wide networks: 32-128-128-16 at 0.87x plain JAX at 2^14 on an H100, 0.65x at 2^18 "
-    "on an H200",
-)
-_TENSOR_CORE_GPUS = XlaWins(
-    "cuda",
-    None,
-    None,
-    None,
-    "BENCHMARKS.md, wide networks: 32-64x8-16 at 0.33-0.66x and 32-128x4-16 at 0.17-0.28x plain JAX "
-    "on the tiled kernels on an H100, both dtypes, 2^14 to 2^20 samples",
-)
+@dataclasses.dataclass(frozen=True)
+class XlaWinsOnTensorCoreGpus:
+    """Where XLA's matrix products, measured, train faster than a backend's fused kernels on every
+    network they run: a GPU whose tensor cores slax may use."""
 
-AUTO: tuple[tuple[str, tuple[XlaWins, ...]], ...] = (
+    def applies(self, arch: Architecture, platform: Platform, samples: int) -> bool:
+        return platform.tensor_cores
+
+    def why(self, platform: Platform) -> str:
+        """What :func:`slax.nn.describe` says of a backend passed over here."""
+        return "slower than XLA's products on GPUs with tensor cores (BENCHMARKS.md)"
+
+
+_WIDE_PAIRS_FLOAT32 = XlaWins("cuda", "float32", 128, 1 << 16)
+"""BENCHMARKS.md, wide networks: 32-128-128-16 at 0.88x plain JAX at 2^14 samples on an H100 on the
+tensor-core tiles, 1.28-1.29x from 2^18."""
+_WIDE_PAIRS_FLOAT16 = XlaWins("cuda", "float16", 128, None)
+"""BENCHMARKS.md, wide networks: 32-128-128-16 at 0.87x plain JAX at 2^14 on an H100 on the
+tensor-core tiles, 0.65x at 2^18 on an H200."""
+_TENSOR_CORE_GPUS = XlaWinsOnTensorCoreGpus()
+"""BENCHMARKS.md, wide networks: 32-64x8-16 at 0.33-0.66x and 32-128x4-16 at 0.17-0.28x plain JAX on
+the tiled kernels on an H100, both dtypes, 2^14 to 2^20 samples."""
+
+AUTO: tuple[tuple[str, tuple[XlaWins | XlaWinsOnTensorCoreGpus, ...]], ...] = (
     ("thread_sums", ()),
     ("tensor_cores", (_WIDE_PAIRS_FLOAT32, _WIDE_PAIRS_FLOAT16)),
     ("warp_rows", ()),
