@@ -134,16 +134,23 @@ def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, tab
     grid = _grid(x, config, stacked, spread)
     wide = cotangent.astype(jnp.float32)
 
-    function = _slang(name, config, **(generics or {}))
+    # The Slang function reads the gradient as elements of P = per_element * size values (its
+    # gather_cell says why): two rows where two rows' features fit one vector.
+    size = _chunk_size(config.features_per_level)
+    per_element = 2 if 2 * size <= 4 else 1
+    function = _slang(name, config, P=per_element * size, **(generics or {}))
 
     def gather(gradient):
         return function(gradient, _per_call(x), *per_point, wide, *grid, points)
 
-    size = _chunk_size(config.features_per_level)
-    zero = jnp.zeros((table_rows * config.features_per_level // size, size), jnp.float32)
-    sums, pullback = jax.vjp(gather, zero)
+    rows = table_rows * config.features_per_level // size
+    # The gather's primal table: bwd_diff of a function linear in it never reads it. Not zeros: XLA
+    # would make it one buffer with the zeros the gradient is added into, and copy that buffer
+    # (the kernel adds into it in place) each call; NaN, so that a read would show.
+    unread = jnp.full((-(-rows // per_element), per_element * size), jnp.nan, jnp.float32)
+    sums, pullback = jax.vjp(gather, unread)
     added = pullback(jnp.ones(sums.shape, sums.dtype))[0]
-    added = added.reshape(table_rows, config.features_per_level)
+    added = added.reshape(-1)[: rows * size].reshape(table_rows, config.features_per_level)
     return _sum_copies(added, spread).astype(cotangent.dtype)
 
 
