@@ -24,7 +24,9 @@ kernel time and the running total of those shares: the few kernels that make mos
 With ``--devices N`` the batch is split over N GPUs: each kernel is listed per GPU, with the streams
 each GPU's kernels ran on (each GPU running its own shard, on its own stream).
 
-(Nsight Compute, which would add hardware counters, crashed the JAX process on the H100 image.)
+For hardware counters, run Nsight Compute on the script with ``SLAX_REFLECTION_DEVICE=cpu``
+(docs/debugging.md: ncu crashes in SlangPy's CUDA device; benchmarks/encoding-ncu-h200.json was
+taken that way).
 """
 
 from __future__ import annotations
