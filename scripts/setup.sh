@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what slax needs, and says where its kernels will run: a virtual environment .venv with
-# slax and its Python dependencies; no system packages where an NVIDIA driver or a C++ compiler is
-# there. Without a GPU, slax runs kernels of CPU-placed JAX on SlangPy's CPU device, the faster CPU
+# slax and its Python dependencies (and JAX's CUDA support where an NVIDIA GPU is); no system
+# packages where an NVIDIA driver or a C++ compiler is there. Without a GPU, slax runs kernels of CPU-placed JAX on SlangPy's CPU device, the faster CPU
 # route, which builds them with the system's g++ or clang++ (installed with apt-get, as root or
 # through sudo, only if neither is there). SLAX_INSTALL_LAVAPIPE=1 also installs a Vulkan driver that
 # runs on the CPU (Mesa 25's lavapipe from Debian 12's bookworm-backports, as root; bookworm's Mesa 22
@@ -79,8 +79,10 @@ install_cpp_compiler() {
   fi
 }
 
-if command -v nvidia-smi >/dev/null 2>&1; then
-  echo "setup: NVIDIA driver found; slax will use CUDA where JAX does."
+nvidia=0
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1 && nvidia=1
+if [ "$nvidia" = 1 ]; then
+  echo "setup: an NVIDIA GPU is here, so slax will run its kernels on it through CUDA (the PTX route)."
 else
   if [ "${SLAX_INSTALL_LAVAPIPE:-0}" = 1 ] && ! { have_vulkan_driver && lavapipe_is_recent; }; then
     install_lavapipe
@@ -117,4 +119,13 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q -e "${root}[test,experiments,dev]" "${jax_pin[@]}"
   touch "$stamp"
   echo "setup: installed"
+fi
+# On an NVIDIA GPU, JAX's own CUDA support (its cuda12 extra: the plugin and NVIDIA's libraries, a
+# few GB), at the JAX version just installed: plain jaxlib runs JAX on the CPU only.
+cuda_stamp="$stamp-cuda12"
+if [ "$nvidia" = 1 ] && { [ ! -f "$cuda_stamp" ] || [ "$stamp" -nt "$cuda_stamp" ]; }; then
+  jax_version="$("$venv/bin/python" -c 'import jax; print(jax.__version__)')"
+  echo "setup: installing JAX $jax_version's CUDA support (jax[cuda12]) into $venv ..."
+  "$venv/bin/python" -m pip install -q "jax[cuda12]==$jax_version"
+  touch "$cuda_stamp"
 fi
