@@ -549,6 +549,24 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()}
 
 
+def mean_call_seconds(function: Callable[..., Any], *args: Any, repeats: int, warm_calls: int = 1) -> float:
+    """Mean seconds of ``repeats`` calls of ``jax.jit(function)`` on ``args``, after ``warm_calls``
+    untimed calls (the first compiles), the last call's result waited for once at the end: the
+    calls queue behind each other as a training loop's do."""
+    import time
+
+    import jax
+
+    function = jax.jit(function)
+    for _ in range(warm_calls):
+        jax.block_until_ready(function(*args))
+    began = time.perf_counter()
+    for _ in range(repeats):
+        out = function(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - began) / repeats
+
+
 def write_json(path: pathlib.Path | str, data: Any) -> pathlib.Path:
     """Writes ``data`` to ``path`` as indented JSON (NumPy numbers as floats)."""
     path = pathlib.Path(path)

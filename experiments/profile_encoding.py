@@ -49,8 +49,6 @@ if __name__ == "__main__":
     harness.parse_first(parse_arguments, "profile_encoding")
 
 # After the flags: JAX and slax take seconds to import.
-import time
-
 import _ngp as ngp
 import jax
 import jax.numpy as jnp
@@ -61,17 +59,6 @@ from slax import nn
 from slax.nn import _blend, _fused_encoding, _hash_encoding
 
 LEVELS, LOG2_TABLE_SIZE, FINEST = 16, 19, 2048
-
-
-def timed(function, *args, repeats: int) -> float:
-    """Mean milliseconds of a jitted call, after one warm call."""
-    function = jax.jit(function)
-    jax.block_until_ready(function(*args))
-    began = time.perf_counter()
-    for _ in range(repeats):
-        out = function(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - began) / repeats * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile_encoding: batch {args.batch}, {harness.describe_platform()}", flush=True)
     print(f"{'part':36s} {'slax ms':>9s} {'plain JAX ms':>13s}")
     for name, slax_part, part_args, jax_part in parts:
-        slax_ms = timed(slax_part, *part_args, repeats=args.repeats)
-        jax_ms = timed(jax_part, *part_args, repeats=args.repeats) if jax_part is not None else None
+        slax_ms = harness.mean_call_seconds(slax_part, *part_args, repeats=args.repeats) * 1e3
+        jax_ms = None
+        if jax_part is not None:
+            jax_ms = harness.mean_call_seconds(jax_part, *part_args, repeats=args.repeats) * 1e3
         rows_out.append({"part": name, "slax_ms": slax_ms, "jax_ms": jax_ms})
         print(f"{name:36s} {slax_ms:9.3f} {'' if jax_ms is None else f'{jax_ms:13.3f}'}", flush=True)
 

@@ -40,7 +40,6 @@ if __name__ == "__main__":
 
 # After the flags: JAX and slax take seconds to import.
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
@@ -48,18 +47,6 @@ import jax.numpy as jnp
 import slax
 
 LEVELS, ROWS = 16, 1 << 19
-
-
-def timed(function, argument, repeats: int) -> float:
-    """Mean microseconds of ``repeats`` calls of jitted ``function``, after two warm calls."""
-    function = jax.jit(function)
-    jax.block_until_ready(function(argument))
-    jax.block_until_ready(function(argument))
-    start = time.perf_counter()
-    for _ in range(repeats):
-        out = function(argument)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'way':40s} {'us':>9s} {'G reductions/s':>15s}")
     results = []
     for name, function, gradient, per_corner_set in ways:
-        us = timed(function, gradient, args.repeats)
+        us = harness.mean_call_seconds(function, gradient, repeats=args.repeats, warm_calls=2) * 1e6
         reductions = args.batch * LEVELS * per_corner_set
         rate = reductions / us / 1e3 if reductions else None
         print(f"{name:40s} {us:9.1f} {rate if rate else float('nan'):15.1f}", flush=True)
