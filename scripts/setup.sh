@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what slax needs, and says where its kernels will run: a virtual environment .venv with
 # slax and its Python dependencies (and JAX's CUDA support where an NVIDIA GPU is); no system
-# packages where an NVIDIA driver or a C++ compiler is there. Without a GPU, slax runs kernels of CPU-placed JAX on SlangPy's CPU device, the faster CPU
-# route, which builds them with the system's g++ or clang++ (installed with apt-get, as root or
-# through sudo, only if neither is there). SLAX_INSTALL_LAVAPIPE=1 also installs a Vulkan driver that
-# runs on the CPU (Mesa 25's lavapipe from Debian 12's bookworm-backports, as root; bookworm's Mesa 22
-# cannot run SlangPy), which SLAX_DEVICE=vulkan chooses: CI does, to test both CPU routes.
+# packages where an NVIDIA driver or a C++ compiler is there. Without a GPU, slax runs kernels of
+# CPU-placed JAX on SlangPy's CPU device, the faster CPU route, which builds them with the
+# system's g++ or clang++ (installed with apt-get, as root or through sudo, only if neither is
+# there). SLAX_INSTALL_LAVAPIPE=1 also installs a Vulkan driver that runs on the CPU (Mesa 25's
+# lavapipe from Debian 12's bookworm-backports, as root; bookworm's Mesa 22 cannot run SlangPy),
+# which SLAX_DEVICE=vulkan chooses: CI does, to test both CPU routes.
 # Idempotent; the other scripts source it and run Python from $venv.
 #
 # Another interpreter or JAX release (CI checks Python 3.12 and the newest JAX this way):
