@@ -12,6 +12,7 @@ were loaded (:func:`slax._sources.texts`): the attributes on the function's decl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable
 
@@ -28,8 +29,13 @@ _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _INNERMOST_BODY = re.compile(r"\{[^{}]*\}")
 _ATTRIBUTE_BLOCK = r"((?:\[[^\[\];]*\]\s*)*)"
 _FORWARD_DERIVATIVE = re.compile(r"\bForwardDerivative\s*\(\s*(?:[\w.:]*[.:])?(\w+)")
-_DECLARATION = re.compile(_ATTRIBUTE_BLOCK + r"[^;\[\]]*?\b(\w+)\s*(?:<[^;()]*>)?\s*\(", re.DOTALL)
+_GENERICS = r"<(?:[^<>;()]|<[^<>;()]*>)*>"
+"""A generic parameter list, ``<T : IFoo<float, 2>>``: no wider, so that in
+``DifferentialPair<T> f<T>(...)`` the name is ``f``, not the return type's."""
+_DECLARATION = re.compile(_ATTRIBUTE_BLOCK + rf"[^;\[\]]*?\b(\w+)\s*(?:{_GENERICS})?\s*\(", re.DOTALL)
 """A function declaration at module scope: its attribute blocks, its name."""
+_DECLARATION_START = re.compile(r"\s*" + _DECLARATION.pattern, re.DOTALL)
+"""The same, from the declaration's start (one try, where a search tries every position)."""
 _DERIVATIVE_OF = re.compile(
     r"\b(Forward|Backward)DerivativeOf\s*\(\s*(?:[\w.:]*[.:])?(\w+)\s*(?:<[^()]*>)?\s*\)"
 )
@@ -78,17 +84,46 @@ def _declared(texts: tuple[str, ...], name: str) -> tuple[set[str], list[str]]:
     attributes: set[str] = set()
     forward_derivatives: list[str] = []
     for text in texts:
-        scope = _module_scope(text)
-        for block in _declaration_attributes(scope, name):
+        declarations = _declarations(text)
+        for block in declarations.attributes.get(name, ()):
             attributes |= set(re.findall(r"\w+", re.sub(r"\([^()]*\)", "", block)))
             forward_derivatives += _FORWARD_DERIVATIVE.findall(block)
-        for mode, target in _DERIVATIVE_OF.findall(scope):
-            if target == name:
-                attributes.add(f"{mode}Derivative")
-        for match in _DECLARATION.finditer(scope):
-            if ("Forward", name) in _DERIVATIVE_OF.findall(match.group(1)):
-                forward_derivatives.append(match.group(2))
+        attributes |= {f"{mode}Derivative" for mode, target in declarations.derivatives_of if target == name}
+        forward_derivatives += declarations.forward_derivatives_of.get(name, ())
     return attributes, forward_derivatives
+
+
+@dataclasses.dataclass(frozen=True)
+class _Declarations:
+    """A file's module-scope function declarations, read once (:func:`_declarations`)."""
+
+    attributes: dict[str, list[str]]
+    """Each declared function's attribute blocks (``[A][B(x)]``), one a declaration."""
+    derivatives_of: frozenset[tuple[str, str]]
+    """Every ``(Forward|Backward)DerivativeOf(f)`` attribute in the file, as ``(mode, f)``."""
+    forward_derivatives_of: dict[str, list[str]]
+    """``f`` -> the functions declared with ``[ForwardDerivativeOf(f)]``."""
+
+
+@functools.lru_cache(maxsize=256)
+def _declarations(text: str) -> _Declarations:
+    """``text``'s declarations, cached: every function slax wraps from a module reads the same
+    files (slax's own shaders among them), and a search for each name over a whole file took half
+    a second a function. Each declaration (what ends in ``;`` once bodies are gone) is read from its
+    start; one that does not begin with its attributes is searched."""
+    attributes: dict[str, list[str]] = {}
+    forward_derivatives_of: dict[str, list[str]] = {}
+    scope = _module_scope(text)
+    for declaration in scope.split(";"):
+        found = _DECLARATION_START.match(declaration) or _DECLARATION.search(declaration)
+        if found is None:
+            continue
+        block, declared = found.groups()
+        attributes.setdefault(declared, []).append(block)
+        for mode, target in _DERIVATIVE_OF.findall(block):
+            if mode == "Forward":
+                forward_derivatives_of.setdefault(target, []).append(declared)
+    return _Declarations(attributes, frozenset(_DERIVATIVE_OF.findall(scope)), forward_derivatives_of)
 
 
 def generic_constraints(texts: Iterable[str], name: str) -> dict[str, str]:
@@ -117,6 +152,7 @@ def generic_values(texts: Iterable[str], name: str) -> list[str]:
     return values
 
 
+@functools.lru_cache(maxsize=256)
 def _module_scope(text: str) -> str:
     """``text`` without comments and with every ``{...}`` body replaced by ``;``: what is left
     are module-scope declarations, each ending in ``;``, with their attributes."""
@@ -126,14 +162,6 @@ def _module_scope(text: str) -> str:
         if stripped == text:
             return text
         text = stripped
-
-
-def _declaration_attributes(scope: str, name: str) -> list[str]:
-    """The attribute blocks (``[A][B(x)]``) before each declaration of function ``name``."""
-    declaration = re.compile(
-        _ATTRIBUTE_BLOCK + rf"[^;\[\]]*?\b{re.escape(name)}\s*(?:<[^;()]*>)?\s*\(", re.DOTALL
-    )
-    return [match.group(1) for match in declaration.finditer(scope)]
 
 
 def _split_top_level(params: str) -> list[str]:
