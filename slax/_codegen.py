@@ -19,7 +19,8 @@ their tangents and gradient buffers are results updated in place (:class:`Result
 
 Each thread handles one grid point. Operand ``k`` is read at its row-major offset for that point, its
 broadcast axes (compiled into the kernel) left out, times its element size; results are dense over
-the grid.
+the grid. A thread's leaf of 32-bit scalars moves as ``float4``s and ``float2``s where its address
+allows (:mod:`slax._leaf_moves`).
 
 The kernel's own identifiers (:class:`KernelNames`) are named by position under a prefix that no
 identifier in the user's sources begins with: parameters called ``result``, or ``x`` beside
@@ -34,6 +35,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable
 
+from slax import _leaf_moves
 from slax._signature import FAULT, FLOAT_DTYPES, SLANG_SCALAR_FOR_DTYPE, Direction, Leaf, Signature, Value
 
 
@@ -373,21 +375,25 @@ class _KernelWriter:
     # --- moving leaves between the kernel's arrays and Slang values -------------------------------
 
     def _read_leaf(self, target: str, leaf: Leaf) -> None:
-        """Reads the next operand at the thread's grid point into ``target``, of ``leaf``'s type."""
+        """Reads the next operand at the thread's grid point into ``target``, of ``leaf``'s type, as
+        vectors where it can (:mod:`slax._leaf_moves`)."""
         k = self.next_operand
         self.next_operand += 1
         offset = self.names.local(f"offset{k}")
-        self.lines.append(f"uint {offset} = ({self._operand_offset(k)}) * {leaf.size};")
-        for j, suffix in enumerate(leaf.index_suffixes()):
-            self.lines.append(f"{target}{suffix} = {self.names.operand(k)}[{offset} + {j}];")
+        grid_offset = self._operand_offset(k)
+        self.lines.append(f"uint {offset} = ({grid_offset}) * {leaf.size};")
+        step = _leaf_moves.first_step(leaf.size, first_is_zero=grid_offset == "0")
+        scratch = self.names.local(f"in{k}_")
+        self.lines += _leaf_moves.read(target, leaf, self.names.operand(k), offset, step, scratch)
 
     def _write_leaf(self, source: str, leaf: Leaf) -> None:
-        """Writes ``source``, of ``leaf``'s type, to the next result at the thread's grid point."""
+        """Writes ``source``, of ``leaf``'s type, to the next result at the thread's grid point, as
+        vectors where it can (:mod:`slax._leaf_moves`)."""
         k = self.next_result
         self.next_result += 1
-        index = self.names.local("index")
-        for j, suffix in enumerate(leaf.index_suffixes()):
-            self.lines.append(f"{self.names.result(k)}[{index} * {leaf.size} + {j}] = {source}{suffix};")
+        first = f"{self.names.local('index')} * {leaf.size}"
+        step = _leaf_moves.first_step(leaf.size, first_is_zero=False)
+        self.lines += _leaf_moves.write(source, leaf, self.names.result(k), first, step)
 
     def _declare(self, value: Value, role: str = "") -> str:
         """Declares a local of ``value``'s type, without an initializer (see the class); a tensor's
