@@ -106,11 +106,13 @@ def test_changing_cuda_launch_retraces_a_jitted_function(poly):
 
 
 @JAX
-def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind):
+def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind, request):
     """The device kind for CPU-placed JAX is traced too: a jitted function runs on the device it
     was traced for, and is traced again (not reused) for the other."""
     if device_kind == "cuda":
         pytest.skip("JAX on CUDA always uses the CUDA device")
+    if device_kind == "cpu":
+        request.getfixturevalue("vulkan_driver")  # the other kind
     traced = []
 
     @jax.jit
@@ -133,11 +135,17 @@ def test_changing_the_device_kind_retraces_a_jitted_function(poly, device_kind):
 def test_the_launcher_follows_the_platform_and_the_routes(default_devices, device_kind):
     for route in slax.config.CUDA_LAUNCHES:
         if device_kind != "cuda":
-            assert isinstance(launcher_for("cpu", LaunchRoutes(route, DeviceKind.VULKAN)), HostCopyLauncher)
             assert isinstance(launcher_for("cpu", LaunchRoutes(route, DeviceKind.CPU)), HostPointerLauncher)
     assert isinstance(launcher_for("cuda", LaunchRoutes(cuda="slangpy")), ZeroCopyLauncher)
     assert isinstance(launcher_for("cuda", LaunchRoutes(cuda="ptx")), PtxLauncher)
     assert launcher_for("cuda", LaunchRoutes(cuda="ptx")) is launcher_for("cuda", LaunchRoutes(cuda="ptx"))
+
+
+def test_cpu_placed_jax_on_vulkan_copies_through_the_host(default_devices, device_kind, vulkan_driver):
+    if device_kind == "cuda":
+        pytest.skip("JAX on CUDA launches on the CUDA device")
+    for route in slax.config.CUDA_LAUNCHES:
+        assert isinstance(launcher_for("cpu", LaunchRoutes(route, DeviceKind.VULKAN)), HostCopyLauncher)
 
 
 @pytest.mark.parametrize("route", slax.config.CUDA_LAUNCHES)
