@@ -108,9 +108,10 @@ class _Declarations:
 @functools.lru_cache(maxsize=256)
 def _declarations(text: str) -> _Declarations:
     """``text``'s declarations, cached: every function slax wraps from a module reads the same
-    files (slax's own shaders among them), and a search for each name over a whole file took half
-    a second a function. Each declaration (what ends in ``;`` once bodies are gone) is read from its
-    start; one that does not begin with its attributes is searched."""
+    files (slax's own shaders among them), and a search for each name over a whole file costs the
+    square of its declarations' lengths, a function at a time. Each declaration (what ends in ``;``
+    once bodies are gone) is read from its start; one that does not begin with its attributes is
+    searched."""
     attributes: dict[str, list[str]] = {}
     forward_derivatives_of: dict[str, list[str]] = {}
     scope = _module_scope(text)

@@ -23,6 +23,10 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn
 from slax.testing import away_from_kinks, compare
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+CUDA_TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
+"""NVIDIA's CUDA tools (NVRTC, ptxas, jaxlib's CUDA plugin) that scripts/test.sh installs beside the
+environment, for the PTX route's tests on a machine without a GPU."""
+NVRTC = CUDA_TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
 """The repository's root: experiments/, tests/scripts/ and shaders/ are under it."""
 
 

@@ -9,7 +9,7 @@ import os
 
 import jax
 import pytest
-from _helpers import ROOT, run_python
+from _helpers import CUDA_TOOLS, ROOT, run_python
 
 from slax import _jax_api
 
@@ -68,7 +68,7 @@ def test_gpu_triton_is_absent_without_the_cuda_plugin():
 def test_gpu_triton_api_with_the_cuda_plugin():
     """With jaxlib's CUDA plugin (which scripts/test.sh installs beside the environment, matching
     its jaxlib), every name the PTX route uses from the Triton launcher is there."""
-    tools = os.environ.get("SLAX_TEST_CUDA_TOOLS", str(ROOT / ".venv" / "cuda-tools"))
+    tools = str(CUDA_TOOLS)
     if not os.path.isdir(os.path.join(tools, "jax_cuda12_plugin")):
         pytest.skip(f"needs jaxlib's CUDA plugin, which scripts/test.sh installs in {tools} (not there)")
     probe = "from slax import _jax_api; m = _jax_api.gpu_triton(); assert m is not None; print('found')"

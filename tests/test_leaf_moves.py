@@ -3,13 +3,13 @@ float2s where the address allows it, and as scalars where it does not, with the 
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 
 import numpy as np
 import pytest
 import slangpy as spy
+from _helpers import CUDA_TOOLS, NVRTC
 
 import slax
 from slax._bridge import thread_grid
@@ -23,9 +23,6 @@ from slax._slang_c import CodeTarget, compile_entry_point
 from slax.testing import check_grads
 
 MODULE = pathlib.Path(__file__).with_name("slang") / "vector_leaves.slang"
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
-NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
 
 
 def _leaf(size: int, dtype: str = "float32") -> Leaf:
@@ -151,7 +148,7 @@ def test_cuda_kernels_move_leaves_as_vectors(vector_leaves, rng, name, loads, st
 
 
 @pytest.mark.one_device_kind
-@pytest.mark.skipif(not NVRTC.exists(), reason=f"needs NVRTC from the CUDA tools in {TOOLS}")
+@pytest.mark.skipif(not NVRTC.exists(), reason=f"needs NVRTC from the CUDA tools in {CUDA_TOOLS}")
 def test_ptx_moves_leaves_with_vector_instructions(vector_leaves, rng, monkeypatch):
     """``spread``'s cotangent kernel reads the result's cotangent (8 floats) as two float4s and
     writes ``a``'s (2 floats) as a float2."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import re
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import subprocess
 import jax
 import numpy as np
 import pytest
-from _helpers import ROOT, once_per_run, run_python
+from _helpers import CUDA_TOOLS, NVRTC, ROOT, once_per_run, run_python
 
 import slax
 import slax.examples
@@ -54,9 +53,7 @@ from slax.nn._kernels import mlp_source
 # code) and slax's settings, which no JAX release changes.
 pytestmark = [pytest.mark.one_device_kind, pytest.mark.slow]
 
-TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
-NVRTC = TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
-PTXAS = TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
+PTXAS = CUDA_TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
 PTX_TYPE = {"array": "u64", "u32": "u32", "i32": "u32", "fp32": "f32"}
 SM_90 = Platform("cuda", tensor_cores=True, capability=90)
 """Where the report's programs lower (``SLAX_CUDA_COMPUTE_CAPABILITY=90``), tensor cores on."""
@@ -64,7 +61,7 @@ SM_90 = Platform("cuda", tensor_cores=True, capability=90)
 needs_tools = pytest.mark.skipif(
     not (NVRTC.exists() and PTXAS.exists()),
     reason=f"checks the PTX route without a GPU, with the CUDA 12 tools that scripts/test.sh installs "
-    f"in {TOOLS} (not there); on a GPU the route itself runs: SLAX_CUDA_LAUNCH=ptx pytest, and "
+    f"in {CUDA_TOOLS} (not there); on a GPU the route itself runs: SLAX_CUDA_LAUNCH=ptx pytest, and "
     "experiments/gradcheck.py --launch ptx",
 )
 
@@ -93,7 +90,7 @@ def _lowering_env() -> dict:
         # JAX's default precision, not the suite's (tests/conftest.py): the programs lower as a
         # user's do, and test_float32_products_follow_jax_precision asks for HIGHEST by name.
         **{k: v for k, v in os.environ.items() if k not in ("SLAX_DEVICE", "JAX_DEFAULT_MATMUL_PRECISION")},
-        "PYTHONPATH": os.pathsep.join([str(TOOLS), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(CUDA_TOOLS), str(ROOT)]),
         "SLAX_NVRTC": str(NVRTC),
         "SLAX_CUDA_COMPUTE_CAPABILITY": "90",
         "JAX_PLATFORMS": "cpu",
@@ -619,7 +616,7 @@ def test_cuda_source_is_the_plain_kernel_signature():
 def test_nvrtc_is_found_in_nvidias_wheel():
     """Without SLAX_NVRTC, the NVRTC that JAX's CUDA packages install (nvidia-cuda-nvrtc) is found."""
     env = {k: v for k, v in os.environ.items() if k != "SLAX_NVRTC"}
-    env["PYTHONPATH"] = os.pathsep.join([str(TOOLS), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([str(CUDA_TOOLS), str(ROOT)])
     script = "from slax._slang_c import nvrtc_library; print(nvrtc_library())"
     result = run_python("-c", script, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
