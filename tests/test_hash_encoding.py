@@ -266,6 +266,59 @@ def test_jit_and_vmap_over_points_and_over_tables():
     assert relative_error(got, want) < TOLERANCE
 
 
+def with_jacobian_reference(tables, x, config):
+    """The twin's features and their Jacobian in the points by ``jax.jacfwd``, laid out as
+    ``hash_encode_with_jacobian``'s: ``(n, levels * F)`` and ``(n, levels * F, d)``."""
+    encode = functools.partial(nn.hash_encode_reference, tables, config=config)
+    return encode(x), jax.vmap(jax.jacfwd(encode))(x)
+
+
+def features_and_slopes(encoded):
+    """A function of the features and the Jacobian nonlinear in both and mixing them, so that its
+    second derivatives in the tables take both cotangents of the scatter at once."""
+    features, jacobian = encoded
+    return jnp.sin(features), jacobian * jnp.cos(features)[..., None]
+
+
+@pytest.mark.parametrize(
+    ("dimensions", "features"),
+    [pytest.param(2, 1), pytest.param(3, 8, marks=pytest.mark.one_device_kind)],
+    ids=["2d-1", "3d-8"],
+)
+def test_jacobian_matches_the_twins_jacfwd(dimensions, features):
+    """``hash_encode_with_jacobian``'s features and Jacobian (the kernel writes both in the public
+    layouts; 8 features read as two chunks of 4) against the twin's ``jax.jacfwd``; a nonlinear
+    function of both to second order in the tables (``check_grads``: the two primitives' JVPs and
+    transposes, the scatter's two cotangents); and per-example gradients in a stack of tables."""
+    config = dataclasses.replace(small_config(dimensions), features_per_level=features)
+    tables, x = tables_and_points(config, 20 + features)
+    got = nn.hash_encode_with_jacobian(tables, x, config)
+    want = with_jacobian_reference(tables, x, config)
+    for got_leaf, want_leaf in zip(got, want, strict=True):
+        assert got_leaf.shape == want_leaf.shape
+        assert relative_error(got_leaf, want_leaf) < TOLERANCE
+
+    report = check_grads(
+        lambda tables: features_and_slopes(nn.hash_encode_with_jacobian(tables, x, config)),
+        lambda tables: features_and_slopes(with_jacobian_reference(tables, x, config)),
+        tables,
+        order=2,
+    )
+    report.assert_passed()
+
+    def loss(encode):
+        def per_table(tables):
+            values, slopes = features_and_slopes(encode(tables, x, config))
+            return jnp.sum(values) + jnp.sum(slopes**2)
+
+        return per_table
+
+    stack = jnp.stack([tables, -0.5 * tables[::-1]])
+    got = jax.jit(jax.vmap(jax.grad(loss(nn.hash_encode_with_jacobian))))(stack)
+    want = jnp.stack([jax.grad(loss(with_jacobian_reference))(t) for t in stack])
+    assert relative_error(got, want) < TOLERANCE
+
+
 def through_grad(encode, apply, config):
     """``(params, tables, x) -> (values, gradients in x)`` of the field ``apply(params,
     encode(tables, x))`` (a float32 MLP), its gradient by ``jax.vjp`` in x: differentiated again,

@@ -117,31 +117,30 @@ def _scatter_impl(x, cotangent, *direction, config, stacked, spread, table_rows)
     name = "scatter_slopes" if direction else "scatter_values"
     per_point = [_per_call(value) for value in direction]
     grid = (config, stacked, spread, table_rows)
-    return _add_into_tables(name, x, _chunked(cotangent, config), per_point, *grid)
+    return _add_into_tables(name, x, per_point, [_chunked(cotangent, config)], *grid)
 
 
-def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, table_rows, generics=None):
-    """The scatter of Slang's ``name`` (``bwd_diff`` of a gather from a float32 gradient table;
-    ``generics``: its generic parameters beyond D and F), ``cotangent`` that of each call
-    ``(..., levels, chunks, ...)``, ``per_point`` its operands between the point and the grid: a
-    ``(table_rows, F)`` gradient of the cotangent's dtype.
+def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, table_rows):
+    """The scatter of Slang's ``name`` (``bwd_diff`` of a gather from a float32 gradient table),
+    ``per_point`` its operands between the point and the cotangents, ``cotangents`` those of each
+    call ``(..., levels, chunks, ...)``: a ``(table_rows, F)`` gradient of the first cotangent's
+    dtype.
 
-    Adds in float32 whatever the cotangent's dtype, into a float32 table, and rounds each row's sum
-    to the cotangent's dtype once (slax/nn/_blend.py's ``_scatter_impl`` says why). A point's share
-    in a level of ``spread`` goes into copy ``point mod copies`` of the level's entries, summed
-    back after."""
+    Adds in float32 whatever the cotangents' dtype, into a float32 table, and rounds each row's sum
+    to that dtype once (slax/nn/_blend.py's ``_scatter_impl`` says why). A point's share in a level
+    of ``spread`` goes into copy ``point mod copies`` of the level's entries, summed back after."""
     points = jnp.arange(math.prod(x.shape[:-1]), dtype=jnp.int32).reshape(*x.shape[:-1], 1, 1)
     grid = _grid(x, config, stacked, spread)
-    wide = cotangent.astype(jnp.float32)
+    wide = [cotangent.astype(jnp.float32) for cotangent in cotangents]
 
     # The Slang function reads the gradient as elements of P = per_element * size values (its
     # gather_cell says why): two rows where two rows' features fit one vector.
     size = _chunk_size(config.features_per_level)
     per_element = 2 if 2 * size <= 4 else 1
-    function = _slang(name, config, P=per_element * size, **(generics or {}))
+    function = _slang(name, config, P=per_element * size)
 
     def gather(gradient):
-        return function(gradient, _per_call(x), *per_point, wide, *grid, points)
+        return function(gradient, _per_call(x), *per_point, *wide, *grid, points)
 
     rows = table_rows * config.features_per_level // size
     # The gather's primal table: bwd_diff of a function linear in it never reads it. Not zeros: XLA
@@ -151,7 +150,7 @@ def _add_into_tables(name, x, cotangent, per_point, config, stacked, spread, tab
     sums, pullback = jax.vjp(gather, unread)
     added = pullback(jnp.ones(sums.shape, sums.dtype))[0]
     added = added.reshape(-1)[: rows * size].reshape(table_rows, config.features_per_level)
-    return _sum_copies(added, spread).astype(cotangent.dtype)
+    return _sum_copies(added, spread).astype(cotangents[0].dtype)
 
 
 def _point_gradient_impl(x, tables, cotangent, *, config, stacked, spread):
@@ -298,10 +297,10 @@ def _move(value, dim, size, to):
 
 
 def _batch_reading(primitive, args, dims, *, config, stacked, spread):
-    """``encode`` and ``point_gradient``, whose second operand is the tables. Unbatched tables:
-    the batch is one more axis of the points, after those that pick a table. A batched stack:
-    the stacks flattened into one, the batch the first axis that picks a table (no rows spread:
-    :data:`Spread` names one table's)."""
+    """``encode``, ``point_gradient`` and ``encode_jacobian`` (two results), whose second operand
+    is the tables. Unbatched tables: the batch is one more axis of the points, after those that
+    pick a table. A batched stack: the stacks flattened into one, the batch the first axis that
+    picks a table (no rows spread: :data:`Spread` names one table's)."""
     x, tables, *per_point = args
     x_dim, tables_dim, *per_point_dims = dims
     size = next(value.shape[dim] for value, dim in zip(args, dims) if dim is not None)
@@ -312,12 +311,14 @@ def _batch_reading(primitive, args, dims, *, config, stacked, spread):
         at, stacked, spread = 0, stacked + 1, ()
     x = _move(x, x_dim, size, at)
     per_point = [_move(value, dim, size, at) for value, dim in zip(per_point, per_point_dims)]
-    return primitive.bind(x, tables, *per_point, config=config, stacked=stacked, spread=spread), at
+    out = primitive.bind(x, tables, *per_point, config=config, stacked=stacked, spread=spread)
+    return out, [at] * len(out) if primitive.multiple_results else at
 
 
 def _batch_scatter(primitive, args, dims, *, config, stacked, spread, table_rows):
-    """``scatter``: an example's shares add into a table of its own, so the result is the stack of
-    them, added as one stack of ``size * table_rows`` rows (no rows spread)."""
+    """``scatter`` and ``scatter_jacobian``: an example's shares add into a table of its own, so
+    the result is the stack of them, added as one stack of ``size * table_rows`` rows (no rows
+    spread)."""
     size = next(value.shape[dim] for value, dim in zip(args, dims) if dim is not None)
     args = [_move(value, dim, size, 0) for value, dim in zip(args, dims)]
     out = primitive.bind(*args, config=config, stacked=stacked + 1, spread=(), table_rows=size * table_rows)

@@ -252,9 +252,8 @@ def hash_encode_with_jacobian(
     _require_config("hash_encode_with_jacobian", config)
     _require_arguments("hash_encode_with_jacobian", tables, x, config)
     table = tables.reshape(-1, config.features_per_level)
-    both = encode_jacobian(x, table, config, _spread(config))  # (..., levels, 1 + d, F)
-    features = both[..., 0, :].reshape(*x.shape[:-1], config.output_features)
-    jacobian = jnp.swapaxes(both[..., 1:, :], -1, -2)
+    features, jacobian = encode_jacobian(x, table, config, _spread(config))  # (..., levels, F[, d])
+    features = features.reshape(*x.shape[:-1], config.output_features)
     return features, jacobian.reshape(*x.shape[:-1], config.output_features, config.dimensions)
 
 

@@ -3,12 +3,15 @@ transpose, which adds both cotangents into the tables in one pass
 (``shaders/nn/fused_encoding.slang``'s ``encode_jacobian`` and ``scatter_jacobian``).
 
 With ``w_c(x)`` and ``r_c(x)`` as in slax/nn/_fused_encoding.py, two primitives, each linear in
-its second operand and the other's transpose in it:
+its operands but ``x`` and the other's transpose in them:
 
-- ``encode_jacobian(x, tables)[..., l, 0, :] = sum_c w_c(x) tables[r_c]`` (the encoding) and
-  ``[..., l, 1 + i, :] = sum_c d/dx_i w_c(x) tables[r_c]`` (its derivative along axis i);
-- ``scatter_jacobian(x, cotangent)``: the tables' shape, ``w_c ct[0] + sum_i d/dx_i w_c ct[1 + i]``
-  added into row ``r_c``, one atomic vector add a corner.
+- ``encode_jacobian(x, tables)``: two results, the encoding ``features[..., l, f] = sum_c w_c(x)
+  tables[r_c, f]`` ``(..., levels, F)`` and its Jacobian ``jacobian[..., l, f, i] = sum_c d/dx_i
+  w_c(x) tables[r_c, f]`` ``(..., levels, F, d)``, the layouts ``hash_encode_with_jacobian``
+  returns (reshaped, not reordered: the kernel writes them so);
+- ``scatter_jacobian(x, features, jacobian)``: its transpose, jointly linear in the two
+  cotangents (of those shapes): the tables' shape, ``w_c features[l, f] + sum_i d/dx_i w_c
+  jacobian[l, f, i]`` added into row ``r_c``, one atomic vector add a corner.
 
 Why: an eikonal loss holds the gradient of ``f(encoding(x))`` in x, which from ``hash_encode``
 JAX computes with the encoding's gradient in x (``point_gradient``) and differentiates in the
@@ -25,9 +28,7 @@ from __future__ import annotations
 
 import functools
 
-import jax.numpy as jnp
-
-from slax._jax_api import Zero, instantiate_zeros, lower_fun, primitive_jvps
+from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun, primitive_jvps
 from slax._primitive import declare_primitive, result_aval
 from slax.nn._blend import Spread
 from slax.nn._fused_encoding import (
@@ -35,10 +36,10 @@ from slax.nn._fused_encoding import (
     _batch_reading,
     _batch_scatter,
     _chunk_size,
+    _chunked,
     _grid,
     _per_call,
     _slang,
-    linear_jvp,
     refuse_x,
 )
 
@@ -46,65 +47,88 @@ _PUBLIC = "slax.nn.hash_encode_with_jacobian"
 
 
 def _encode_jacobian_impl(x, tables, *, config, stacked, spread):
-    """The kernel's ``(..., levels, chunks, 1 + d, F / chunks)`` as ``(..., levels, 1 + d, F)``."""
+    """The kernel's ``(..., levels, chunks, F / chunks)`` features and ``(..., levels, chunks,
+    F / chunks, d)`` Jacobian, reshaped to ``(..., levels, F)`` and ``(..., levels, F, d)`` (a
+    level's chunks hold consecutive features: no data moves)."""
     rows = tables.reshape(-1, _chunk_size(config.features_per_level))
-    both = _slang("encode_jacobian", config)(rows, _per_call(x), *_grid(x, config, stacked, ()))
-    both = jnp.moveaxis(both, -3, -2)
-    return both.reshape(*both.shape[:-2], config.features_per_level)
+    features, jacobian = _slang("encode_jacobian", config)(rows, _per_call(x), *_grid(x, config, stacked, ()))
+    shape = x.shape[:-1] + (config.levels, config.features_per_level)
+    return [features.reshape(shape), jacobian.reshape(shape + (config.dimensions,))]
 
 
-def _scatter_jacobian_impl(x, cotangent, *, config, stacked, spread, table_rows):
-    size = _chunk_size(config.features_per_level)
-    chunked = cotangent.reshape(*cotangent.shape[:-1], -1, size)
-    chunked = jnp.moveaxis(chunked, -2, -3)  # (..., levels, chunks, 1 + d, F / chunks)
-    sums = {"K": config.dimensions + 1}  # D + 1 written out: Slang 2026.12 crashes on that generic argument
-    return _add_into_tables("scatter_jacobian", x, chunked, (), config, stacked, spread, table_rows, sums)
+def _scatter_jacobian_impl(x, features, jacobian, *, config, stacked, spread, table_rows):
+    chunks = config.features_per_level // _chunk_size(config.features_per_level)
+    features = _chunked(features, config)  # (..., levels, chunks, F / chunks)
+    jacobian = jacobian.reshape(*jacobian.shape[:-2], chunks, -1, config.dimensions)
+    cotangents = [features, jacobian]
+    grid = (config, stacked, spread, table_rows)
+    return _add_into_tables("scatter_jacobian", x, (), cotangents, *grid)
 
 
 def _encode_jacobian_abstract(x, tables, *, config, stacked, spread):
-    shape = x.shape[:-1] + (config.levels, 1 + config.dimensions, config.features_per_level)
-    return result_aval(shape, tables.dtype, [x, tables])
+    shape = x.shape[:-1] + (config.levels, config.features_per_level)
+    return [
+        result_aval(shape, tables.dtype, [x, tables]),
+        result_aval(shape + (config.dimensions,), tables.dtype, [x, tables]),
+    ]
 
 
-def _scatter_jacobian_abstract(x, cotangent, *, config, stacked, spread, table_rows):
-    return result_aval((table_rows, cotangent.shape[-1]), cotangent.dtype, [x, cotangent])
+def _scatter_jacobian_abstract(x, features, jacobian, *, config, stacked, spread, table_rows):
+    return result_aval((table_rows, features.shape[-1]), features.dtype, [x, features, jacobian])
 
 
-def _refuse_x_term(primitive, x, operands, dx, params):
-    """No term in x: it would need the weights' second derivatives, which these kernels do not take."""
-    raise NotImplementedError(
-        f"{_PUBLIC}: argument 'x' is not differentiable here (the Jacobian's derivative in x "
-        "needs the encoding's second derivatives); differentiate slax.nn.hash_encode in x "
-        "instead (jax.jacfwd, jax.hessian), or hold x constant (jax.lax.stop_gradient)."
-    )
+def _jvp(primitive, primals, tangents, **params):
+    """The JVP of either primitive, jointly linear in its operands but ``x``: itself at their
+    tangents (a zero one instantiated). Not :func:`linear_jvp`'s term per operand, which is for
+    a primitive linear in each operand apart (``scatter_jacobian`` sums its two cotangents'
+    shares), and for one result. No term in ``x``: it would need the weights' second derivatives,
+    which these kernels do not take."""
+    x, *operands = primals
+    dx, *doperands = tangents
+    if type(dx) is not Zero:
+        raise NotImplementedError(
+            f"{_PUBLIC}: argument 'x' is not differentiable here (the Jacobian's derivative in x "
+            "needs the encoding's second derivatives); differentiate slax.nn.hash_encode in x "
+            "instead (jax.jacfwd, jax.hessian), or hold x constant (jax.lax.stop_gradient)."
+        )
+    out = primitive.bind(*primals, **params)
+    if all(type(tangent) is Zero for tangent in doperands):
+        zero = Zero.from_primal_value
+        return out, [zero(value) for value in out] if primitive.multiple_results else zero(out)
+    return out, primitive.bind(x, *map(instantiate_zeros, doperands), **params)
 
 
 _refuse_x = functools.partial(refuse_x, primitives=f"{_PUBLIC}: the encoding and its Jacobian")
 
 
-def _encode_jacobian_transpose(cotangent, x, tables, *, config, stacked, spread):
+def _encode_jacobian_transpose(cotangents, x, tables, *, config, stacked, spread):
     _refuse_x(x)
-    if type(cotangent) is Zero:
+    if all(type(cotangent) is Zero for cotangent in cotangents):
         return None, None
+    features, jacobian = map(instantiate_zeros, cotangents)
+    params = {"config": config, "stacked": stacked, "spread": spread}
     rows = tables.aval.shape[0]
-    params = {"config": config, "stacked": stacked, "spread": spread}
-    return None, scatter_jacobian_p.bind(x, instantiate_zeros(cotangent), table_rows=rows, **params)
+    return None, scatter_jacobian_p.bind(x, features, jacobian, table_rows=rows, **params)
 
 
-def _scatter_jacobian_transpose(cotangent, x, values, *, config, stacked, spread, table_rows):
+def _scatter_jacobian_transpose(cotangent, x, features, jacobian, *, config, stacked, spread, table_rows):
+    """The read of the tables' cotangent, into whichever of the two operands is linear (the other,
+    where JAX holds it known, is the zeros :func:`_jvp` instantiated)."""
     _refuse_x(x)
     if type(cotangent) is Zero:
-        return None, None
+        return None, None, None
     params = {"config": config, "stacked": stacked, "spread": spread}
-    return None, encode_jacobian_p.bind(x, instantiate_zeros(cotangent), **params)
+    read = encode_jacobian_p.bind(x, instantiate_zeros(cotangent), **params)
+    linear = [is_undefined_primal(operand) for operand in (features, jacobian)]
+    return None, *(value if is_linear else None for value, is_linear in zip(read, linear, strict=True))
 
 
 encode_jacobian_p = declare_primitive(
     "slax_hash_encode_jacobian",
     abstract_eval=_encode_jacobian_abstract,
-    lowering=lower_fun(_encode_jacobian_impl, multiple_results=False),
+    lowering=lower_fun(_encode_jacobian_impl, multiple_results=True),
     batching_rule=_batch_reading,
-    multiple_results=False,
+    multiple_results=True,
     transpose=_encode_jacobian_transpose,
 )
 scatter_jacobian_p = declare_primitive(
@@ -116,12 +140,13 @@ scatter_jacobian_p = declare_primitive(
     transpose=_scatter_jacobian_transpose,
 )
 for _primitive in (encode_jacobian_p, scatter_jacobian_p):
-    primitive_jvps[_primitive] = functools.partial(linear_jvp, _refuse_x_term, _primitive)
+    primitive_jvps[_primitive] = functools.partial(_jvp, _primitive)
 
 
 def encode_jacobian(x, tables, config, spread: Spread = ()):
     """Points ``x`` float32 ``(..., d)`` in the flattened ``tables`` ``(levels * T, F)``: the
-    encoding (``[..., 0, :]``) and its derivative along each axis of x (``[..., 1 + i, :]``),
-    ``(..., levels, 1 + d, F)`` of the tables' dtype. Differentiable in the tables to every order;
-    the gradient adds ``spread``'s rows through copies (:data:`slax.nn._blend.Spread`)."""
+    encoding ``(..., levels, F)`` and its Jacobian in x ``(..., levels, F, d)`` (``[..., l, f,
+    i]``: feature f's derivative in ``x[..., i]``), of the tables' dtype. Differentiable in the
+    tables to every order; the gradient adds ``spread``'s rows through copies
+    (:data:`slax.nn._blend.Spread`)."""
     return encode_jacobian_p.bind(x, tables, config=config, stacked=0, spread=spread)
