@@ -286,10 +286,11 @@ def features_and_slopes(encoded):
     ids=["2d-1", "3d-8"],
 )
 def test_jacobian_matches_the_twins_jacfwd(dimensions, features):
-    """``hash_encode_with_jacobian``'s features and Jacobian (the kernel writes both in the public
-    layouts; 8 features read as two chunks of 4) against the twin's ``jax.jacfwd``; a nonlinear
-    function of both to second order in the tables (``check_grads``: the two primitives' JVPs and
-    transposes, the scatter's two cotangents); and per-example gradients in a stack of tables."""
+    """``hash_encode_with_jacobian``'s features and Jacobian (the kernel writes the Jacobian a
+    level's ``(d, F)``, returned transposed; 8 features read as two chunks of 4) against the twin's
+    ``jax.jacfwd``; a nonlinear function of both to second order in the tables (``check_grads``:
+    the two primitives' JVPs and transposes, the scatter's two cotangents); and per-example
+    gradients in a stack of tables."""
     config = dataclasses.replace(small_config(dimensions), features_per_level=features)
     tables, x = tables_and_points(config, 20 + features)
     got = nn.hash_encode_with_jacobian(tables, x, config)

@@ -243,7 +243,8 @@ def hash_encode_with_jacobian(
       ``features`` ``(..., levels * features_per_level)`` and ``jacobian`` ``(..., levels *
       features_per_level, d)`` (``jacobian[..., k, i]``: feature k's derivative in ``x[..., i]``,
       as ``jax.jacfwd`` lays it out), both of the tables' dtype, each summed in float32 and
-      rounded once.
+      rounded once. The Jacobian is a transpose of the kernel's ``(..., levels, d,
+      features_per_level)``, which XLA fuses into what reads it (as the product above).
 
     Raises:
       TypeError, ValueError: as :func:`hash_encode`.
@@ -252,8 +253,9 @@ def hash_encode_with_jacobian(
     _require_config("hash_encode_with_jacobian", config)
     _require_arguments("hash_encode_with_jacobian", tables, x, config)
     table = tables.reshape(-1, config.features_per_level)
-    features, jacobian = encode_jacobian(x, table, config, _spread(config))  # (..., levels, F[, d])
+    features, jacobian = encode_jacobian(x, table, config, _spread(config))  # (..., levels[, d], F)
     features = features.reshape(*x.shape[:-1], config.output_features)
+    jacobian = jnp.swapaxes(jacobian, -1, -2)  # (..., levels, F, d)
     return features, jacobian.reshape(*x.shape[:-1], config.output_features, config.dimensions)
 
 
