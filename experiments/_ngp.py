@@ -4,11 +4,13 @@ twin (``hash_encode_reference``, ``mlp_apply_reference``), and their parameters.
 ``_harness.add_hash_encoding_arguments``.
 
 Precision: the tables are float32 in both dtypes (``hash_encode`` reads and updates float32, as
-instant-NGP keeps its grid). With ``--dtype float16`` the encoding's features are cast to float16 and
-the MLP runs in float16 on a half copy (``_training.cast``) of float32 parameters, as sdf.py's and
+instant-NGP keeps its grid). With ``--dtype float16`` the encoding's features are float16 and the
+MLP runs in float16 on a half copy (``_training.cast``) of float32 parameters, as sdf.py's and
 image.py's float16 runs do: Adam updates float32 numbers, whose small steps half precision would
-round away. The plain-JAX twin takes the same casts, so both models are the same computation. The
-model's output comes back as float32, so each loss is float32's.
+round away. slax's encoding gives float16 features itself (``hash_encode``'s ``dtype``, as
+tiny-cuda-nn's encodings give the network's precision); the plain-JAX twin casts its float32
+features, so both models are the same computation (rounded once against twice). The model's output
+comes back as float32, so each loss is float32's.
 
 Imports JAX and slax: a script imports it after parsing its flags.
 """
@@ -75,12 +77,16 @@ def network(name: str, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
 
 def model(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
     """``(params, x (..., d) in [0, 1]^d) -> float32 (..., outputs)`` of ``"slax"`` or of plain
-    ``"jax"``: the encoding from the float32 tables, then :func:`network`."""
-    encode = nn.hash_encode if name == "slax" else nn.hash_encode_reference
+    ``"jax"``: the encoding from the float32 tables (slax's in ``dtype``), then :func:`network`."""
     run = network(name, dtype)
 
+    def encode(tables, x):
+        if name == "slax":
+            return nn.hash_encode(tables, x, config, dtype=dtype)
+        return nn.hash_encode_reference(tables, x, config)
+
     def predict(params, x):
-        return run(params["mlp"], encode(params["tables"], x, config))
+        return run(params["mlp"], encode(params["tables"], x))
 
     return predict
 

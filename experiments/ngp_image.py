@@ -10,7 +10,7 @@ gathers and XLA's scatter-add, and ``slax.nn.mlp_apply_reference``) trains from 
 initialisation on the same points.
 
 --dtype float16 runs both MLPs in half precision, as instant-NGP does, with the tables float32: the
-encoding's output is cast to float16 for the MLP, which runs on a half copy of float32 parameters
+encoding's output is float16 for the MLP, which runs on a half copy of float32 parameters
 (experiments/_ngp.py says why), and the loss is float32's.
 
 The image is procedural, sharp at every scale: a checkerboard of 16 squares a side, each with a ring

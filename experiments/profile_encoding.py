@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def fused_scatter(v):
         return _fused_encoding.scatter_p.bind(
-            x, v, config=config, stacked=0, spread=spread, table_rows=table.shape[0]
+            x, v, config=config, stacked=0, spread=spread, dtype="float32", table_rows=table.shape[0]
         )
 
     parts = [

@@ -158,6 +158,10 @@ def test_tables_of_other_dtypes_are_refused(dtype):
         TypeError, match=rf"hash_encoding_init: dtype must be float32 or float16, got {given}"
     ):
         nn.hash_encoding_init(jax.random.key(0), config, dtype)
+    with pytest.raises(
+        TypeError, match=rf"hash_encode: dtype must be float32 or float16, got {given}; the features'"
+    ):
+        nn.hash_encode(tables, x, config, dtype=dtype)
 
 
 @pytest.mark.one_device_kind
@@ -208,6 +212,53 @@ def test_float16_tables_match_the_twin():
     for got_grad, want_grad, dtype in zip(grads, grads_reference, (jnp.float16, jnp.float32), strict=True):
         assert got_grad.dtype == dtype
         assert relative_error(got_grad.astype(jnp.float32), want_grad.astype(jnp.float32)) < HALF_TOLERANCE
+
+
+@pytest.mark.one_device_kind
+def test_float16_features_of_float32_tables_match_the_twin():
+    """``dtype=jnp.float16`` from float32 tables (a float16 network's input): the features, their
+    gradients in the tables (float32) and the points of a float16 cotangent, the JVP in both, and
+    an eikonal loss's gradient in the tables (the slope kernels and the point gradient with a
+    float16 cotangent), under ``jit`` and ``vmap`` over the points, against the twin's float32
+    features cast to float16, at float16's tolerance. The features are the twin's rounded once, so
+    the values agree to the last bit but for double rounding's rare ties."""
+    config = small_config(3)
+    tables, x = tables_and_points(config, 21, points=64)
+    direction = jax.random.normal(jax.random.key(22), x.shape)
+    tangent = jax.random.normal(jax.random.key(23), tables.shape)
+    cotangent = jax.random.uniform(jax.random.key(24), (64, config.output_features), jnp.float16, 0.5, 1.0)
+
+    def half(encode):
+        return lambda tables, x: encode(tables, x, config).astype(jnp.float16)
+
+    got_encode = functools.partial(nn.hash_encode, config=config, dtype=jnp.float16)
+    want_encode = half(nn.hash_encode_reference)
+
+    def eikonal(encode):
+        def loss(tables):
+            gradient = jax.grad(lambda x: jnp.sum(encode(tables, x).astype(jnp.float32) ** 2))(x)
+            _, slope = jax.jvp(lambda x: encode(tables, x), (x,), (direction,))
+            return jnp.mean(gradient**2) + jnp.mean(slope.astype(jnp.float32) ** 2)
+
+        return jax.grad(loss)
+
+    def outputs(encode, mapped):
+        values, pullback = jax.vjp(mapped(encode), tables, x)
+        _, jvp = jax.jvp(mapped(encode), (tables, x), (tangent, direction))
+        return values, *pullback(cotangent), jvp, eikonal(encode)(tables)
+
+    def over_points(encode):
+        return jax.vmap(encode, in_axes=(None, 0))
+
+    want = outputs(want_encode, lambda f: f)
+    for mapped in (lambda f: f, over_points):
+        got = jax.jit(functools.partial(outputs, mapped=mapped), static_argnums=0)(got_encode)
+        for got_leaf, want_leaf in zip(got, want, strict=True):
+            assert got_leaf.dtype == want_leaf.dtype
+            assert (
+                relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
+            )
+    assert got[0].dtype == jnp.float16 and got[1].dtype == jnp.float32
 
 
 @pytest.mark.one_device_kind

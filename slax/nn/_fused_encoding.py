@@ -22,11 +22,15 @@ computed through the corners' rows and weights in memory (:func:`_unfused`: Slan
 ``level_corners`` and slax/nn/_blend.py's primitives, which differentiate to second order).
 
 Operands: ``x`` float32 ``(..., d)``; ``tables`` ``(rows, F)``, float32 or float16, the levels'
-tables flattened (or a stack of them, see ``stacked``); ``cotangent`` ``(..., L, F)``. Parameters:
-``config`` (:class:`slax.nn.HashEncodingConfig`); ``spread`` (:data:`slax.nn._blend.Spread`, the
-coarse levels' rows a scatter spreads over copies); ``stacked``, how many leading axes of ``x``
-pick which table of a stack the point reads (``vmap`` over tables: the stack is flattened into
-``tables``, one table being ``L * T`` rows); ``scatter``'s ``table_rows``.
+tables flattened (or a stack of them, see ``stacked``); ``cotangent`` ``(..., L, F)``, float32 or
+float16. Parameters: ``config`` (:class:`slax.nn.HashEncodingConfig`); ``spread``
+(:data:`slax.nn._blend.Spread`, the coarse levels' rows a scatter spreads over copies);
+``stacked``, how many leading axes of ``x`` pick which table of a stack the point reads (``vmap``
+over tables: the stack is flattened into ``tables``, one table being ``L * T`` rows); ``dtype``,
+the result's dtype name for ``encode`` (the features') and ``scatter`` (the tables'), which need
+not be their operands' (a float16 network's features from float32 tables: summed in float32 and
+rounded once to it, where a cast after the kernel would be one more pass over them in XLA);
+``scatter``'s ``table_rows``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import jax.numpy as jnp
 import slax
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun, primitive_jvps
 from slax._primitive import declare_primitive, result_aval
+from slax._signature import SLANG_SCALAR_FOR_DTYPE
 from slax.nn import _blend
 from slax.nn._blend import Spread, _sum_copies
 
@@ -104,34 +109,34 @@ def _chunked(value, config):
     return value.reshape(*value.shape[:-1], value.shape[-1] // size, size)
 
 
-def _encode_impl(x, tables, *direction, config, stacked, spread):
+def _encode_impl(x, tables, *direction, config, stacked, spread, dtype):
     name = "encode_slopes" if direction else "encode_values"
     rows = tables.reshape(-1, _chunk_size(config.features_per_level))
-    features = _slang(name, config)(
+    features = _slang(name, config, U=SLANG_SCALAR_FOR_DTYPE[dtype])(
         rows, _per_call(x), *map(_per_call, direction), *_grid(x, config, stacked, ())
     )
     return features.reshape(*features.shape[:-2], config.features_per_level)
 
 
-def _scatter_impl(x, cotangent, *direction, config, stacked, spread, table_rows):
+def _scatter_impl(x, cotangent, *direction, config, stacked, spread, dtype, table_rows):
     name = "scatter_slopes" if direction else "scatter_values"
     per_point = [_per_call(value) for value in direction]
     grid = (config, stacked, spread, table_rows)
-    return _add_into_tables(name, x, per_point, [_chunked(cotangent, config)], *grid)
+    return _add_into_tables(name, x, per_point, [_chunked(cotangent, config)], *grid, dtype=dtype)
 
 
-def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, table_rows):
+def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, table_rows, *, dtype):
     """The scatter of Slang's ``name`` (``bwd_diff`` of a gather from a float32 gradient table),
     ``per_point`` its operands between the point and the cotangents, ``cotangents`` those of each
-    call ``(..., levels, chunks, ...)``: a ``(table_rows, F)`` gradient of the first cotangent's
-    dtype.
+    call ``(..., levels, chunks, ...)``, float32 or float16: a ``(table_rows, F)`` gradient of
+    ``dtype``.
 
-    Adds in float32 whatever the cotangents' dtype, into a float32 table, and rounds each row's sum
-    to that dtype once (slax/nn/_blend.py's ``_scatter_impl`` says why). A point's share in a level
-    of ``spread`` goes into copy ``point mod copies`` of the level's entries, summed back after."""
+    Adds in float32 whatever the cotangents' dtype (the kernel widens them as it reads them), into
+    a float32 table, and rounds each row's sum to ``dtype`` once (slax/nn/_blend.py's
+    ``_scatter_impl`` says why). A point's share in a level of ``spread`` goes into copy ``point
+    mod copies`` of the level's entries, summed back after."""
     points = jnp.arange(math.prod(x.shape[:-1]), dtype=jnp.int32).reshape(*x.shape[:-1], 1, 1)
     grid = _grid(x, config, stacked, spread)
-    wide = [cotangent.astype(jnp.float32) for cotangent in cotangents]
 
     # The Slang function reads the gradient as elements of P = per_element * size values (its
     # gather_cell says why): two rows where two rows' features fit one vector.
@@ -140,7 +145,7 @@ def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, ta
     function = _slang(name, config, P=per_element * size)
 
     def gather(gradient):
-        return function(gradient, _per_call(x), *per_point, *wide, *grid, points)
+        return function(gradient, _per_call(x), *per_point, *cotangents, *grid, points)
 
     rows = table_rows * config.features_per_level // size
     # The gather's primal table: bwd_diff of a function linear in it never reads it. Not zeros: XLA
@@ -150,7 +155,7 @@ def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, ta
     sums, pullback = jax.vjp(gather, unread)
     added = pullback(jnp.ones(sums.shape, sums.dtype))[0]
     added = added.reshape(-1)[: rows * size].reshape(table_rows, config.features_per_level)
-    return _sum_copies(added, spread).astype(cotangents[0].dtype)
+    return _sum_copies(added, spread).astype(dtype)
 
 
 def _point_gradient_impl(x, tables, cotangent, *, config, stacked, spread):
@@ -162,13 +167,13 @@ def _point_gradient_impl(x, tables, cotangent, *, config, stacked, spread):
     return shares.sum(axis=(-3, -2))
 
 
-def _encode_abstract(x, tables, *direction, config, stacked, spread):
+def _encode_abstract(x, tables, *direction, config, stacked, spread, dtype):
     shape = x.shape[:-1] + (config.levels, config.features_per_level)
-    return result_aval(shape, tables.dtype, [x, tables, *direction])
+    return result_aval(shape, dtype, [x, tables, *direction])
 
 
-def _scatter_abstract(x, cotangent, *direction, config, stacked, spread, table_rows):
-    return result_aval((table_rows, cotangent.shape[-1]), cotangent.dtype, [x, cotangent, *direction])
+def _scatter_abstract(x, cotangent, *direction, config, stacked, spread, dtype, table_rows):
+    return result_aval((table_rows, cotangent.shape[-1]), dtype, [x, cotangent, *direction])
 
 
 def _point_gradient_abstract(x, tables, cotangent, *, config, stacked, spread):
@@ -195,8 +200,12 @@ def _unfused(primitive, x, operands, params):
     else:
         values, rows = weights_and_rows(x)
     if primitive is encode_p:
-        return _blend.blend_p.bind(rows, operands[0], values, spread=spread)
-    return _blend.scatter_p.bind(rows, operands[0], values, table_rows=params["table_rows"], spread=spread)
+        result = _blend.blend_p.bind(rows, operands[0], values, spread=spread)
+    else:
+        result = _blend.scatter_p.bind(
+            rows, operands[0], values, table_rows=params["table_rows"], spread=spread
+        )
+    return result.astype(params["dtype"])
 
 
 def level_corners(x: jax.Array, config, stacked: int = 0) -> tuple[jax.Array, jax.Array]:
@@ -248,7 +257,12 @@ def refuse_x(x, primitives: str) -> None:
 _refuse_x = functools.partial(refuse_x, primitives="slax.nn hash encoding: the fused primitives")
 
 
-def _encode_transpose(cotangent, x, tables, *direction, config, stacked, spread):
+def _dtype(operand) -> str:
+    """The dtype name of an operand, known or (being transposed) undefined."""
+    return str((operand.aval if is_undefined_primal(operand) else operand).dtype)
+
+
+def _encode_transpose(cotangent, x, tables, *direction, config, stacked, spread, dtype):
     _refuse_x(x)
     result = [None] * (2 + len(direction))
     if type(cotangent) is Zero:
@@ -257,13 +271,13 @@ def _encode_transpose(cotangent, x, tables, *direction, config, stacked, spread)
     params = {"config": config, "stacked": stacked, "spread": spread}
     if is_undefined_primal(tables):
         rows = tables.aval.shape[0]
-        result[1] = scatter_p.bind(x, cotangent, *direction, table_rows=rows, **params)
+        result[1] = scatter_p.bind(x, cotangent, *direction, dtype=_dtype(tables), table_rows=rows, **params)
     if direction and is_undefined_primal(direction[0]):
         result[2] = point_gradient_p.bind(x, tables, cotangent, **params)
     return result
 
 
-def _scatter_transpose(cotangent, x, values, *direction, config, stacked, spread, table_rows):
+def _scatter_transpose(cotangent, x, values, *direction, config, stacked, spread, dtype, table_rows):
     _refuse_x(x)
     result = [None] * (2 + len(direction))
     if type(cotangent) is Zero:
@@ -271,7 +285,7 @@ def _scatter_transpose(cotangent, x, values, *direction, config, stacked, spread
     cotangent = instantiate_zeros(cotangent)
     params = {"config": config, "stacked": stacked, "spread": spread}
     if is_undefined_primal(values):
-        result[1] = encode_p.bind(x, cotangent, *direction, **params)
+        result[1] = encode_p.bind(x, cotangent, *direction, dtype=_dtype(values), **params)
     if direction and is_undefined_primal(direction[0]):
         result[2] = point_gradient_p.bind(x, cotangent, values, **params)
     return result
@@ -285,8 +299,12 @@ def _point_gradient_transpose(cotangent, x, tables, values, *, config, stacked, 
     params = {"config": config, "stacked": stacked, "spread": spread}
     if is_undefined_primal(tables):
         rows = tables.aval.shape[0]
-        return None, scatter_p.bind(x, values, cotangent, table_rows=rows, **params), None
-    return None, None, encode_p.bind(x, tables, cotangent, **params)
+        return (
+            None,
+            scatter_p.bind(x, values, cotangent, dtype=_dtype(tables), table_rows=rows, **params),
+            None,
+        )
+    return None, None, encode_p.bind(x, tables, cotangent, dtype=_dtype(values), **params)
 
 
 def _move(value, dim, size, to):
@@ -296,7 +314,7 @@ def _move(value, dim, size, to):
     return jnp.moveaxis(value, dim, to)
 
 
-def _batch_reading(primitive, args, dims, *, config, stacked, spread):
+def _batch_reading(primitive, args, dims, *, config, stacked, spread, **rest):
     """``encode``, ``point_gradient`` and ``encode_jacobian`` (two results), whose second operand
     is the tables. Unbatched tables: the batch is one more axis of the points, after those that
     pick a table. A batched stack: the stacks flattened into one, the batch the first axis that
@@ -311,17 +329,19 @@ def _batch_reading(primitive, args, dims, *, config, stacked, spread):
         at, stacked, spread = 0, stacked + 1, ()
     x = _move(x, x_dim, size, at)
     per_point = [_move(value, dim, size, at) for value, dim in zip(per_point, per_point_dims)]
-    out = primitive.bind(x, tables, *per_point, config=config, stacked=stacked, spread=spread)
+    out = primitive.bind(x, tables, *per_point, config=config, stacked=stacked, spread=spread, **rest)
     return out, [at] * len(out) if primitive.multiple_results else at
 
 
-def _batch_scatter(primitive, args, dims, *, config, stacked, spread, table_rows):
+def _batch_scatter(primitive, args, dims, *, config, stacked, spread, table_rows, **rest):
     """``scatter`` and ``scatter_jacobian``: an example's shares add into a table of its own, so
     the result is the stack of them, added as one stack of ``size * table_rows`` rows (no rows
     spread)."""
     size = next(value.shape[dim] for value, dim in zip(args, dims) if dim is not None)
     args = [_move(value, dim, size, 0) for value, dim in zip(args, dims)]
-    out = primitive.bind(*args, config=config, stacked=stacked + 1, spread=(), table_rows=size * table_rows)
+    out = primitive.bind(
+        *args, config=config, stacked=stacked + 1, spread=(), table_rows=size * table_rows, **rest
+    )
     return out.reshape(size, table_rows, out.shape[-1]), 0
 
 
@@ -353,9 +373,11 @@ for _primitive in (encode_p, scatter_p, point_gradient_p):
     primitive_jvps[_primitive] = functools.partial(linear_jvp, _x_term, _primitive)
 
 
-def encode(x: jax.Array, tables: jax.Array, config, spread: Spread = ()) -> jax.Array:
+def encode(x: jax.Array, tables: jax.Array, config, spread: Spread = (), dtype=None) -> jax.Array:
     """The encoding of points ``x`` float32 ``(..., d)`` in the flattened ``tables``
-    ``(levels * T, F)`` (float32 or float16): ``(..., levels, F)`` of the tables' dtype, summed
-    in float32 and rounded once. Differentiable in both to second order; the gradient in the
-    tables adds ``spread``'s rows through copies (:data:`slax.nn._blend.Spread`)."""
-    return encode_p.bind(x, tables, config=config, stacked=0, spread=spread)
+    ``(levels * T, F)`` (float32 or float16): ``(..., levels, F)`` of ``dtype`` (float32 or
+    float16; default the tables'), summed in float32 and rounded once. Differentiable in both to
+    second order; the gradient in the tables adds ``spread``'s rows through copies
+    (:data:`slax.nn._blend.Spread`)."""
+    dtype = str(jnp.dtype(tables.dtype if dtype is None else dtype))
+    return encode_p.bind(x, tables, config=config, stacked=0, spread=spread, dtype=dtype)

@@ -174,7 +174,7 @@ def hash_encoding_init(key: jax.Array, config: HashEncodingConfig, dtype: Any = 
     return tables.astype(dtype)
 
 
-def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> jax.Array:
+def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig, dtype: Any = None) -> jax.Array:
     """The multiresolution hash encoding of points ``x``: ``(..., d) -> (..., levels * features)``,
     level by level (level l's features at ``[l * F, (l + 1) * F)``).
 
@@ -189,25 +189,36 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig) -> 
     the gradient in float16 tables is added in float32 and rounded once (slax/nn/_fused_encoding.py), so it
     keeps the small shares of the many points that read a coarse level's entry.
 
+    ``dtype`` gives the features another dtype than the tables', as tiny-cuda-nn's encodings give
+    theirs in the network's precision: float32 tables, which Adam updates by small steps, feeding a
+    float16 network (:func:`slax.nn.mlp_apply` of float16 parameters). The features are rounded
+    once from their float32 sums, and their float16 cotangent is widened as the gradient's kernel
+    reads it, where ``.astype`` would be a pass over the features each way in XLA.
+
     Args:
       tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)``, from
         :func:`hash_encoding_init`.
       x: float32 ``(..., d)``, points in [0, 1]^d. A coordinate of exactly 1 lies in the last cell;
         points outside [0, 1]^d extrapolate the border cells linearly.
       config: the encoding's :class:`HashEncodingConfig`.
+      dtype: the features' dtype, ``jnp.float32`` or ``jnp.float16``; default (None) the tables'.
 
     Returns:
-      ``(..., levels * features_per_level)`` of the tables' dtype.
+      ``(..., levels * features_per_level)`` of ``dtype``.
 
     Raises:
-      TypeError: ``config`` not a :class:`HashEncodingConfig`, ``tables`` not float32 or float16, or
-        ``x`` not float32.
+      TypeError: ``config`` not a :class:`HashEncodingConfig`, ``tables`` or ``dtype`` not float32 or
+        float16, or ``x`` not float32.
       ValueError: ``tables`` not of ``config.table_shape``, or ``x`` not ending in ``config.dimensions``.
     """
     _require_config("hash_encode", config)
     _require_arguments("hash_encode", tables, x, config)
+    if dtype is not None:
+        _require_table_dtype(
+            "hash_encode", "dtype", dtype, "the features' dtype, each rounded once from float32"
+        )
     table = tables.reshape(-1, config.features_per_level)
-    features = encode(x, table, config, _spread(config))
+    features = encode(x, table, config, _spread(config), dtype)
     return features.reshape(*x.shape[:-1], config.output_features)
 
 
@@ -279,11 +290,20 @@ def _require_config(function: str, config) -> None:
         )
 
 
-def _require_table_dtype(function: str, name: str, dtype) -> None:
-    if str(np.dtype(dtype)) not in TABLE_DTYPES:
+def _require_table_dtype(
+    function: str,
+    name: str,
+    dtype,
+    why: str = "the tables are read in that dtype and summed in float32 (cast them with .astype)",
+) -> None:
+    try:
+        given = np.dtype(dtype)
+    except TypeError:
+        given = None
+    if str(given) not in TABLE_DTYPES:
         raise TypeError(
-            f"slax.nn.{function}: {name} must be float32 or float16, got {np.dtype(dtype)}; "
-            "the tables are read in that dtype and summed in float32 (cast them with .astype)."
+            f"slax.nn.{function}: {name} must be float32 or float16, "
+            f"got {dtype if given is None else given}; {why}."
         )
 
 

@@ -70,7 +70,7 @@ def _scatter_jacobian_impl(x, features, jacobian, *, config, stacked, spread, ta
     jacobian = jnp.moveaxis(_chunked(jacobian, config), -2, -3)  # (..., levels, chunks, d, F / chunks)
     cotangents = [features, jacobian]
     grid = (config, stacked, spread, table_rows)
-    return _add_into_tables("scatter_jacobian", x, (), cotangents, *grid)
+    return _add_into_tables("scatter_jacobian", x, (), cotangents, *grid, dtype=features.dtype)
 
 
 def _encode_jacobian_abstract(x, tables, *, config, stacked, spread):
