@@ -93,20 +93,6 @@ else
     # Mesa < 25's Vulkan driver lacks VK_KHR_shader_non_semantic_info: tests must not try it.
     export SLAX_DEVICE="${SLAX_DEVICE:-cpu}" SLAX_TEST_DEVICES="${SLAX_TEST_DEVICES:-cpu}"
   fi
-  # Where slax's automatic choice (slax/_device.py, automatic_cpu_device_kind) will run kernels: a
-  # GPU's Vulkan driver where there is one (a render node in /dev/dri stands for the GPU here);
-  # else SlangPy's CPU device, or lavapipe where no C++ compiler is here. A run's first line names
-  # the device and route it took.
-  if [ "${SLAX_DEVICE:-}" = vulkan ]; then
-    kernels="through Vulkan, as SLAX_DEVICE chooses"
-  elif [ -z "${SLAX_DEVICE:-}" ] && have_vulkan_driver && compgen -G '/dev/dri/renderD*' >/dev/null; then
-    kernels="on this machine's GPU through Vulkan"
-  elif [ -z "${SLAX_DEVICE:-}" ] && ! have_cpp_compiler; then
-    kernels="on the CPU through Vulkan's lavapipe driver"
-  else
-    kernels="on the CPU through SlangPy's CPU device"
-  fi
-  echo "setup: no NVIDIA GPU here, so slax will run its kernels $kernels."
 fi
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -120,6 +106,12 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q -e "${root}[test,experiments,dev]" "${jax_pin[@]}"
   touch "$stamp"
   echo "setup: installed"
+fi
+if [ "$nvidia" != 1 ]; then
+  # slax's own choice of device (slax/_device.py, automatic_cpu_device_kind, or SLAX_DEVICE), asked
+  # of slax rather than guessed here.
+  "$venv/bin/python" -c 'import slax; print("setup: no NVIDIA GPU here; slax runs its kernels on", slax.describe_device("cpu"))' \
+    || echo "setup: no NVIDIA GPU here, and slax could not create a device to run its kernels (above)." >&2
 fi
 # On an NVIDIA GPU, JAX's own CUDA support (its cuda12 extra: the plugin and NVIDIA's libraries, a
 # few GB), at the JAX version just installed: plain jaxlib runs JAX on the CPU only.
