@@ -139,7 +139,8 @@ def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, ta
     grid = _grid(x, config, stacked, spread)
 
     # The Slang function reads the gradient as elements of P = per_element * size values (its
-    # gather_cell says why): two rows where two rows' features fit one vector.
+    # gather_cell says why): two rows where two rows' features fit one vector. The rows pair up
+    # exactly: a table holds levels * 2^log2_table_size entries, log2_table_size >= 1.
     size = _chunk_size(config.features_per_level)
     per_element = 2 if 2 * size <= 4 else 1
     function = _slang(name, config, P=per_element * size)
@@ -151,10 +152,10 @@ def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, ta
     # The gather's primal table: bwd_diff of a function linear in it never reads it. Not zeros: XLA
     # would make it one buffer with the zeros the gradient is added into, and copy that buffer
     # (the kernel adds into it in place) each call; NaN, so that a read would show.
-    unread = jnp.full((-(-rows // per_element), per_element * size), jnp.nan, jnp.float32)
+    unread = jnp.full((rows // per_element, per_element * size), jnp.nan, jnp.float32)
     sums, pullback = jax.vjp(gather, unread)
     added = pullback(jnp.ones(sums.shape, sums.dtype))[0]
-    added = added.reshape(-1)[: rows * size].reshape(table_rows, config.features_per_level)
+    added = added.reshape(table_rows, config.features_per_level)
     return _sum_copies(added, spread).astype(dtype)
 
 
