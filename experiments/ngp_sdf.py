@@ -102,7 +102,8 @@ def field_with_gradient(name: str, config: nn.HashEncodingConfig, dtype) -> sdf.
     network = ngp.network(name, dtype)
 
     def both(params, points):
-        features, jacobian = nn.hash_encode_with_jacobian(params["tables"], (points + 1.0) / 2.0, config)
+        x = (points + 1.0) / 2.0
+        features, jacobian = nn.hash_encode_with_jacobian(params["tables"], x, config, dtype=dtype)
         values, pullback = jax.vjp(lambda features: network(params["mlp"], features), features)
         (slopes,) = pullback(jnp.ones_like(values))  # each point's own: the samples are independent
         return values, 0.5 * jnp.sum(jacobian * slopes[..., None], axis=-2)

@@ -158,10 +158,12 @@ def test_tables_of_other_dtypes_are_refused(dtype):
         TypeError, match=rf"hash_encoding_init: dtype must be float32 or float16, got {given}"
     ):
         nn.hash_encoding_init(jax.random.key(0), config, dtype)
-    with pytest.raises(
-        TypeError, match=rf"hash_encode: dtype must be float32 or float16, got {given}; the features'"
-    ):
-        nn.hash_encode(tables, x, config, dtype=dtype)
+    for encode in (nn.hash_encode, nn.hash_encode_with_jacobian):
+        with pytest.raises(
+            TypeError,
+            match=rf"{encode.__name__}: dtype must be float32 or float16, got {given}; the features'",
+        ):
+            encode(tables, x, config, dtype=dtype)
 
 
 @pytest.mark.one_device_kind
@@ -219,9 +221,9 @@ def test_float16_features_of_float32_tables_match_the_twin():
     """``dtype=jnp.float16`` from float32 tables (a float16 network's input): the features, their
     gradients in the tables (float32) and the points of a float16 cotangent, the JVP in both, and
     an eikonal loss's gradient in the tables (the slope kernels and the point gradient with a
-    float16 cotangent), under ``jit`` and ``vmap`` over the points, against the twin's float32
-    features cast to float16, at float16's tolerance. The features are the twin's rounded once, so
-    the values agree to the last bit but for double rounding's rare ties."""
+    float16 cotangent), under ``jit`` and ``vmap`` over the points; and
+    ``hash_encode_with_jacobian``'s features, Jacobian, JVP and a loss's gradient in the tables;
+    against the twin's float32 features cast to float16, at float16's tolerance."""
     config = small_config(3)
     tables, x = tables_and_points(config, 21, points=64)
     direction = jax.random.normal(jax.random.key(22), x.shape)
@@ -258,6 +260,33 @@ def test_float16_features_of_float32_tables_match_the_twin():
             assert (
                 relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
             )
+    assert got[0].dtype == jnp.float16 and got[1].dtype == jnp.float32
+
+    # hash_encode_with_jacobian: float16 features, the Jacobian float32 (the tables'); its loss's
+    # gradient takes the scatter's float16 and float32 cotangents together.
+    def jacobian_outputs(encode):
+        def loss(tables):
+            features, jacobian = encode(tables, x)
+            values = features.astype(jnp.float32)
+            return jnp.sum(jnp.sin(values)) + jnp.sum((jacobian * jnp.cos(values)[..., None]) ** 2)
+
+        _, tangents = jax.jvp(lambda tables: encode(tables, x), (tables,), (tangent,))
+        return *encode(tables, x), *tangents, *jax.value_and_grad(loss)(tables)
+
+    def twin(tables, x):
+        features, jacobian = with_jacobian_reference(tables, x, config)
+        return features.astype(jnp.float16), jacobian
+
+    def chunked(tables, x):  # vmap over two halves of the points
+        encode = functools.partial(nn.hash_encode_with_jacobian, config=config, dtype=jnp.float16)
+        both = jax.vmap(encode, in_axes=(None, 0))(tables, x.reshape(2, -1, x.shape[-1]))
+        return tuple(value.reshape(x.shape[0], *value.shape[2:]) for value in both)
+
+    want = jacobian_outputs(twin)
+    got = jax.jit(jacobian_outputs, static_argnums=0)(chunked)
+    for got_leaf, want_leaf in zip(got, want, strict=True):
+        assert got_leaf.dtype == want_leaf.dtype
+        assert relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
     assert got[0].dtype == jnp.float16 and got[1].dtype == jnp.float32
 
 

@@ -214,16 +214,14 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig, dty
     _require_config("hash_encode", config)
     _require_arguments("hash_encode", tables, x, config)
     if dtype is not None:
-        _require_table_dtype(
-            "hash_encode", "dtype", dtype, "the features' dtype, each rounded once from float32"
-        )
+        _require_table_dtype("hash_encode", "dtype", dtype, _FEATURES_DTYPE)
     table = tables.reshape(-1, config.features_per_level)
     features = encode(x, table, config, _spread(config), dtype)
     return features.reshape(*x.shape[:-1], config.output_features)
 
 
 def hash_encode_with_jacobian(
-    tables: jax.Array, x: jax.Array, config: HashEncodingConfig
+    tables: jax.Array, x: jax.Array, config: HashEncodingConfig, dtype: Any = None
 ) -> tuple[jax.Array, jax.Array]:
     """The encoding of points ``x`` (:func:`hash_encode`'s) and its Jacobian in ``x``, read in one
     pass over the tables, for a model that needs its gradient in the point (an SDF's eikonal loss).
@@ -249,11 +247,14 @@ def hash_encode_with_jacobian(
         :func:`hash_encoding_init`.
       x: float32 ``(..., d)``, points in [0, 1]^d (as :func:`hash_encode`'s).
       config: the encoding's :class:`HashEncodingConfig`.
+      dtype: the features' dtype (as :func:`hash_encode`'s), ``jnp.float32`` or ``jnp.float16``;
+        default (None) the tables'. The Jacobian keeps the tables' dtype: it multiplies the
+        network's input gradient, a float32 product even behind a float16 network.
 
     Returns:
-      ``features`` ``(..., levels * features_per_level)`` and ``jacobian`` ``(..., levels *
-      features_per_level, d)`` (``jacobian[..., k, i]``: feature k's derivative in ``x[..., i]``,
-      as ``jax.jacfwd`` lays it out), both of the tables' dtype, each summed in float32 and
+      ``features`` ``(..., levels * features_per_level)`` of ``dtype`` and ``jacobian`` ``(...,
+      levels * features_per_level, d)`` of the tables' dtype (``jacobian[..., k, i]``: feature
+      k's derivative in ``x[..., i]``, as ``jax.jacfwd`` lays it out), each summed in float32 and
       rounded once. The Jacobian is a transpose of the kernel's ``(..., levels, d,
       features_per_level)``, which XLA fuses into what reads it (as the product above).
 
@@ -263,8 +264,10 @@ def hash_encode_with_jacobian(
     """
     _require_config("hash_encode_with_jacobian", config)
     _require_arguments("hash_encode_with_jacobian", tables, x, config)
+    if dtype is not None:
+        _require_table_dtype("hash_encode_with_jacobian", "dtype", dtype, _FEATURES_DTYPE)
     table = tables.reshape(-1, config.features_per_level)
-    features, jacobian = encode_jacobian(x, table, config, _spread(config))  # (..., levels[, d], F)
+    features, jacobian = encode_jacobian(x, table, config, _spread(config), dtype)  # (..., levels[, d], F)
     features = features.reshape(*x.shape[:-1], config.output_features)
     jacobian = jnp.swapaxes(jacobian, -1, -2)  # (..., levels, F, d)
     return features, jacobian.reshape(*x.shape[:-1], config.output_features, config.dimensions)
@@ -281,6 +284,9 @@ def _spread(config: HashEncodingConfig):
         if dense and used <= CONTENDED_ENTRIES and copies >= 2:
             spread.append((level * config.table_size, used, copies))
     return tuple(spread)
+
+
+_FEATURES_DTYPE = "the features' dtype, each rounded once from float32"
 
 
 def _require_config(function: str, config) -> None:

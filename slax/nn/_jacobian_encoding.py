@@ -27,6 +27,10 @@ encoding's Jacobian, that gradient is a product in plain JAX, so the loss touche
 two passes, this read and this scatter, and the network's second derivative reads the Jacobian,
 not the tables.
 
+Parameters as slax/nn/_fused_encoding.py's; ``dtype`` is ``encode_jacobian``'s features' (the
+Jacobian keeps the tables', as it multiplies the network's input gradient in float32) and
+``scatter_jacobian``'s result's (the tables').
+
 Derivatives in x (the weights' second derivatives) are refused: ``hash_encode`` has them.
 """
 
@@ -38,6 +42,7 @@ import jax.numpy as jnp
 
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun, primitive_jvps
 from slax._primitive import declare_primitive, result_aval
+from slax._signature import SLANG_SCALAR_FOR_DTYPE
 from slax.nn._blend import Spread
 from slax.nn._fused_encoding import (
     _add_into_tables,
@@ -45,6 +50,7 @@ from slax.nn._fused_encoding import (
     _batch_scatter,
     _chunk_size,
     _chunked,
+    _dtype,
     _grid,
     _per_call,
     _slang,
@@ -54,35 +60,36 @@ from slax.nn._fused_encoding import (
 _PUBLIC = "slax.nn.hash_encode_with_jacobian"
 
 
-def _encode_jacobian_impl(x, tables, *, config, stacked, spread):
+def _encode_jacobian_impl(x, tables, *, config, stacked, spread, dtype):
     """The kernel's ``(..., levels, chunks, F / chunks)`` features and ``(..., levels, chunks, d,
     F / chunks)`` Jacobian as ``(..., levels, F)`` and ``(..., levels, d, F)`` (a level's chunks
     hold consecutive features: with one chunk, F <= 4, no data moves)."""
     rows = tables.reshape(-1, _chunk_size(config.features_per_level))
-    features, jacobian = _slang("encode_jacobian", config)(rows, _per_call(x), *_grid(x, config, stacked, ()))
+    function = _slang("encode_jacobian", config, U=SLANG_SCALAR_FOR_DTYPE[dtype])
+    features, jacobian = function(rows, _per_call(x), *_grid(x, config, stacked, ()))
     shape = x.shape[:-1] + (config.levels, config.features_per_level)
     jacobian = jnp.moveaxis(jacobian, -3, -2)  # (..., levels, d, chunks, F / chunks)
     return [features.reshape(shape), jacobian.reshape(*shape[:-1], config.dimensions, shape[-1])]
 
 
-def _scatter_jacobian_impl(x, features, jacobian, *, config, stacked, spread, table_rows):
+def _scatter_jacobian_impl(x, features, jacobian, *, config, stacked, spread, dtype, table_rows):
     features = _chunked(features, config)  # (..., levels, chunks, F / chunks)
     jacobian = jnp.moveaxis(_chunked(jacobian, config), -2, -3)  # (..., levels, chunks, d, F / chunks)
     cotangents = [features, jacobian]
     grid = (config, stacked, spread, table_rows)
-    return _add_into_tables("scatter_jacobian", x, (), cotangents, *grid, dtype=features.dtype)
+    return _add_into_tables("scatter_jacobian", x, (), cotangents, *grid, dtype=dtype)
 
 
-def _encode_jacobian_abstract(x, tables, *, config, stacked, spread):
+def _encode_jacobian_abstract(x, tables, *, config, stacked, spread, dtype):
     shape = x.shape[:-1] + (config.levels, config.features_per_level)
     return [
-        result_aval(shape, tables.dtype, [x, tables]),
+        result_aval(shape, dtype, [x, tables]),
         result_aval((*shape[:-1], config.dimensions, shape[-1]), tables.dtype, [x, tables]),
     ]
 
 
-def _scatter_jacobian_abstract(x, features, jacobian, *, config, stacked, spread, table_rows):
-    return result_aval((table_rows, features.shape[-1]), features.dtype, [x, features, jacobian])
+def _scatter_jacobian_abstract(x, features, jacobian, *, config, stacked, spread, dtype, table_rows):
+    return result_aval((table_rows, features.shape[-1]), dtype, [x, features, jacobian])
 
 
 def _jvp(primitive, primals, tangents, **params):
@@ -109,24 +116,28 @@ def _jvp(primitive, primals, tangents, **params):
 _refuse_x = functools.partial(refuse_x, primitives=f"{_PUBLIC}: the encoding and its Jacobian")
 
 
-def _encode_jacobian_transpose(cotangents, x, tables, *, config, stacked, spread):
+def _encode_jacobian_transpose(cotangents, x, tables, *, config, stacked, spread, dtype):
     _refuse_x(x)
     if all(type(cotangent) is Zero for cotangent in cotangents):
         return None, None
     features, jacobian = map(instantiate_zeros, cotangents)
     params = {"config": config, "stacked": stacked, "spread": spread}
     rows = tables.aval.shape[0]
-    return None, scatter_jacobian_p.bind(x, features, jacobian, table_rows=rows, **params)
+    return None, scatter_jacobian_p.bind(
+        x, features, jacobian, dtype=_dtype(tables), table_rows=rows, **params
+    )
 
 
-def _scatter_jacobian_transpose(cotangent, x, features, jacobian, *, config, stacked, spread, table_rows):
+def _scatter_jacobian_transpose(
+    cotangent, x, features, jacobian, *, config, stacked, spread, dtype, table_rows
+):
     """The read of the tables' cotangent, into whichever of the two operands is linear (the other,
     where JAX holds it known, is the zeros :func:`_jvp` instantiated)."""
     _refuse_x(x)
     if type(cotangent) is Zero:
         return None, None, None
     params = {"config": config, "stacked": stacked, "spread": spread}
-    read = encode_jacobian_p.bind(x, instantiate_zeros(cotangent), **params)
+    read = encode_jacobian_p.bind(x, instantiate_zeros(cotangent), dtype=_dtype(features), **params)
     linear = [is_undefined_primal(operand) for operand in (features, jacobian)]
     return None, *(value if is_linear else None for value, is_linear in zip(read, linear, strict=True))
 
@@ -151,10 +162,11 @@ for _primitive in (encode_jacobian_p, scatter_jacobian_p):
     primitive_jvps[_primitive] = functools.partial(_jvp, _primitive)
 
 
-def encode_jacobian(x, tables, config, spread: Spread = ()):
+def encode_jacobian(x, tables, config, spread: Spread = (), dtype=None):
     """Points ``x`` float32 ``(..., d)`` in the flattened ``tables`` ``(levels * T, F)``: the
-    encoding ``(..., levels, F)`` and its Jacobian in x ``(..., levels, d, F)`` (``[..., l, i,
-    f]``: feature f's derivative in ``x[..., i]``), of the tables' dtype. Differentiable in the
-    tables to every order; the gradient adds ``spread``'s rows through copies
-    (:data:`slax.nn._blend.Spread`)."""
-    return encode_jacobian_p.bind(x, tables, config=config, stacked=0, spread=spread)
+    encoding ``(..., levels, F)`` of ``dtype`` (default the tables') and its Jacobian in x
+    ``(..., levels, d, F)`` (``[..., l, i, f]``: feature f's derivative in ``x[..., i]``) of the
+    tables' dtype. Differentiable in the tables to every order; the gradient adds ``spread``'s
+    rows through copies (:data:`slax.nn._blend.Spread`)."""
+    dtype = str(jnp.dtype(tables.dtype if dtype is None else dtype))
+    return encode_jacobian_p.bind(x, tables, config=config, stacked=0, spread=spread, dtype=dtype)
