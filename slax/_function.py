@@ -64,8 +64,7 @@ class SlangFunction:
         self.name = name
         self._reflection = reflection
         self._generic_uses = [
-            (generic_names(p.type.full_name, module._reflection.layout), p.name)
-            for p in reflection.parameters
+            (generic_names(p.type.full_name, module._layout), p.name) for p in reflection.parameters
         ]
         self._generic = any(names for names, _ in self._generic_uses)
         self._param_names = [p.name for p in reflection.parameters]
@@ -94,7 +93,7 @@ class SlangFunction:
             value parameter is given anything but an int (or a type parameter an int).
         """
         parameters = sorted({name for names, _ in self._generic_uses for name in names})
-        layout = self.module._reflection.layout
+        layout = self.module._layout
         bound: dict[str, str] = {}
         for parameter, type_name in types.items():
             if parameter in self._values:
@@ -225,7 +224,7 @@ class SlangFunction:
         signature = self._signatures.get(cache_key)
         if signature is None:
             reflection = self._specialize(key) if self._generic else self._reflection
-            signature = read_signature(reflection, self.module._reflection.layout, self._modes)
+            signature = read_signature(reflection, self.module._layout, self._modes)
             self._signatures[cache_key] = signature
         operands: list[jax.Array] = []
         tensor_shapes = {}
@@ -262,7 +261,7 @@ class SlangFunction:
         return chosen
 
     def _specialize(self, generic: dict[str, str]) -> spy.FunctionReflection:
-        layout = self.module._reflection.layout
+        layout = self.module._layout
         names = [substitute_generics(p.type.full_name, generic) for p in self._reflection.parameters]
         types = [layout.find_type_by_name(argument_type(name)) for name in names]
         specialized = None

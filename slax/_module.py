@@ -14,7 +14,7 @@ import re
 import slangpy as spy
 
 from slax._codegen import KernelNames, name_prefix
-from slax._compile import load_slang_module
+from slax._compile import load_slang_module, module_layout
 from slax._config import REFLECTION_ENV_VAR
 from slax._device import SHADER_DIR, reflection_device, reflection_override, writable_cache_dir
 from slax._errors import SlangCompileError
@@ -148,6 +148,7 @@ class SlangModule:
         self.path = path
         self.content = content
         self._reflection = reflection
+        self._layout = module_layout(reflection)
         self._names = KernelNames(name_prefix(identifiers(content)))
         self._functions: dict[str, SlangFunction] = {}
 
@@ -172,7 +173,7 @@ class SlangModule:
 
     def __getattr__(self, name: str) -> SlangFunction:
         # Reached only for names that are not the object's own attributes.
-        if name.startswith("__") or "_reflection" not in self.__dict__:
+        if name.startswith("__") or "_layout" not in self.__dict__:
             raise AttributeError(name)
         if name.startswith("_") and self._declares(name):
             raise AttributeError(
@@ -190,12 +191,12 @@ class SlangModule:
         return sorted(set(super().__dir__()) | {n for n in self.function_names() if not n.startswith("_")})
 
     def _declares(self, name: str) -> bool:
-        return self._reflection.layout.find_function_by_name(name) is not None
+        return self._layout.find_function_by_name(name) is not None
 
     def _function(self, name: str) -> SlangFunction | None:
         function = self._functions.get(name)
         if function is None:
-            found = self._reflection.layout.find_function_by_name(name)
+            found = self._layout.find_function_by_name(name)
             if found is None:
                 return None
             function = self._functions.setdefault(name, SlangFunction(self, name, found))

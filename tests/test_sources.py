@@ -3,6 +3,7 @@ and no load, retry or edit sequence crashes it."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import jax
@@ -207,3 +208,40 @@ def test_content_key_covers_imports_and_says_what_changed(tmp_path):
     with pytest.raises(RuntimeError, match=r"helper\.slang.*load_module again"):
         _sources.require_unchanged(before, "the test module")
     assert _sources.content_of(str(path)) != before
+
+
+@pytest.mark.one_device_kind
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the resident size from /proc")
+def test_dropped_sessions_are_freed():
+    """A Slang session slax drops (here as the quick run drops every file's) leaves no memory
+    behind once its module, its functions' reflection and a kernel's parameters were read: slax
+    reads them through a linked program's layout (slax._compile.module_layout), as SlangPy's
+    ``SlangModule.layout`` would keep the session alive. In a subprocess, whose size is its own."""
+    script = textwrap.dedent(
+        """
+        import ctypes, gc
+        import slax
+        from slax import _compile
+
+        def resident_mb():
+            with open("/proc/self/status") as status:
+                line = next(line for line in status if line.startswith("VmRSS:"))
+            return int(line.split()[1]) / 1024
+
+        sizes = []
+        for _ in range(12):
+            module = slax.load_module("kernels/scale_shift")
+            module.function_names()
+            module.kernel("scale_shift_float")
+            del module
+            with _compile._lock:
+                _compile._sessions.clear()
+            gc.collect()
+            ctypes.CDLL(None).malloc_trim(0)
+            sizes.append(resident_mb())
+        print(sizes[-1] - sizes[1])
+        """
+    )
+    result = run_python("-c", script, timeout=300)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+    assert float(result.stdout.split()[-1]) < 10, result.stdout
