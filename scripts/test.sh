@@ -10,9 +10,9 @@
 #   bash scripts/test.sh ARGS...   # ARGS go to pytest as they are (add -n 2 for parallel workers)
 #
 # Parallel workers: one per core, at most 4 (each grows to several GB over the suite: with two,
-# CI's run of it peaked at 18.5 GB in use on the 24 GB 2-core machine; --quick frees each file's
-# kernels after it, and its workers peaked at 3.1 GB), each given whole test files, the longest
-# first (tests/conftest.py, _longest_files_first).
+# CI's run of it peaked at 18.5 GB in use on the 24 GB 2-core machine; --quick frees XLA's programs
+# after each test and slax's kernels after each file, and its workers peaked at 1.9 GB), each given
+# whole test files, the longest first (tests/conftest.py, _longest_files_first).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"   # sets $venv

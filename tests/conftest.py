@@ -18,9 +18,11 @@ marks one parameter (``pytest.param(..., marks=pytest.mark.jax_version)``), not 
 from __future__ import annotations
 
 import collections
+import ctypes
 import functools
 import os
 import signal
+import sys
 
 import jax
 import pytest
@@ -384,15 +386,28 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture(autouse=True)
+def _quick_frees_each_tests_programs():
+    """Under ``--quick``, after each test: JAX's caches of traced and compiled functions
+    (``jax.clear_caches``). XLA's compiled programs are most of what a test leaves behind (tens of
+    MB for a test of the MLP; their host callbacks hold slax's kernels): test_nn.py's quick tests
+    grew a process from 1.0 to 2.6 GB keeping them, to 1.3 GB dropping them, in the same time. A
+    file's tests still share its Slang kernels (:func:`_quick_frees_each_files_kernels`), which
+    take longest to build; JAX's persistent cache gives back plain JAX's programs."""
+    yield
+    if _quick:
+        jax.clear_caches()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _quick_frees_each_files_kernels():
-    """Under ``--quick``, after each test file: JAX's caches of traced and compiled functions
-    (``jax.clear_caches``; their host callbacks hold slax's kernels and the buffers of each call
-    site) and slax's compiled kernels and Slang sessions are dropped, so that a pytest-xdist worker
-    holds one file's kernels at a time, not those of every file it ran. A file's tests share their
-    kernels, compiled once; a later file compiles those it shares again. Five MLP test files in one
-    process peaked at 1.9 GB instead of 2.7 GB, in 7% more time. The full run keeps everything (its
-    slow tests were not measured with it)."""
+    """Under ``--quick``, after each test file: slax's compiled kernels and Slang sessions are
+    dropped, so that a pytest-xdist worker holds one file's kernels at a time, not those of every
+    file it ran (a later file compiles those it shares again), and the heap they and the file's
+    programs freed goes back to the system (glibc's ``malloc_trim``; glibc keeps it otherwise).
+    With :func:`_quick_frees_each_tests_programs`, each of the two workers of
+    ``scripts/test.sh --quick`` stays under 2 GB. The full run keeps everything (its slow tests
+    were not measured with it)."""
     yield
     if not _quick:
         return
@@ -405,3 +420,5 @@ def _quick_frees_each_files_kernels():
         _compile._kernels.clear()
         _compile._sessions.clear()
     gc.collect()
+    if sys.platform == "linux":
+        ctypes.CDLL(None).malloc_trim(0)
