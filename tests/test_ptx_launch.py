@@ -342,17 +342,18 @@ def test_float16_loss_and_gradient_of_four_128_wide_layers_lowers_to_warp_rows(r
 def test_an_eikonal_gradient_lowers_to_the_hessian_kernel(report):
     """The gradient of an eikonal loss of a float16 3-64x3-1 network lowers to the warp tiles'
     kernels: of its first-order parts, the forward pass, the input gradient without the
-    parameters' sums (nothing reads them: a warp per tile, no barriers) and the parameters'
-    gradient, and one launch of the Hessian kernel for the parameters' part of the second
-    derivative: float16 mma.sync, the group's barriers, x, direction, dy, the parameters and their
-    fragments in, a row of sums per thread group out."""
+    parameters' sums (nothing reads them: a warp per tile, no barriers; x, dy, the scales of its
+    dx, the parameters and their fragments in) and the parameters' gradient, and one launch of
+    the Hessian kernel for the parameters' part of the second derivative: float16 mma.sync, the
+    group's barriers, x, direction, dy, the parameters and their fragments in, a row of sums per
+    thread group out."""
     launches = _launches(report, "eikonal_grad_3-64x3-1_float16")
     names = [launch["name"] for launch in launches]
     assert names.count("mlp_hessian_sums") == 1, names
     assert names.count("mlp_input_gradient") == 1, names
     assert {"mlp_forward", "mlp_backward_params"} <= set(names) and "mlp_backward" not in names, names
     (dx,) = [launch for launch in launches if launch["name"] == "mlp_input_gradient"]
-    assert (dx["operands"], dx["results"]) == (4, 1) and "bar.sync" not in dx["ptx"]
+    assert (dx["operands"], dx["results"]) == (5, 1) and "bar.sync" not in dx["ptx"]
     (hessian,) = [launch for launch in launches if launch["name"] == "mlp_hessian_sums"]
     assert (hessian["operands"], hessian["results"], hessian["num_warps"]) == (5, 1, 8)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in hessian["ptx"]

@@ -117,9 +117,9 @@ def test_every_device_kind_reflects_the_kernel(device_kind):
     arch = Architecture((20, 48, 48, 5), "float16")
     device = get_device(slax.DeviceKind(device_kind))
     for entry, pointers in [
-        ("mlp_backward", ["x", "dy", "params", "fragments", "partials", "dx"]),
+        ("mlp_backward", ["x", "dy", "dx_scales", "params", "fragments", "partials", "dx"]),
         ("mlp_forward", ["x", "params", "fragments", "y"]),
-        ("mlp_input_gradient", ["x", "dy", "params", "fragments", "dx"]),
+        ("mlp_input_gradient", ["x", "dy", "dx_scales", "params", "fragments", "dx"]),
     ]:
         parameters = kernel_parameters(device, nn_backends.wide_warp_kernel(arch, entry))
         assert [name for name, _ in parameters.pointers] == pointers, entry
@@ -218,9 +218,9 @@ def test_power_of_two_normalisation_only_scales_up():
 def test_the_backward_kernels_take_dy_scaled_into_halfs_normal_range(monkeypatch, group_ndim, param_output):
     """The warp tiles' backward scales each group's dy by a power of two (the largest into [0.5,
     1)) before its kernels, which round each layer's output gradient to half, and scales their
-    results back: cotangents as small as a mean loss's over 2^18 samples (1e-6, below half's
-    normal range) go in and come out exactly. The kernels are replaced by the twin, in float32 on
-    what they are given."""
+    results back (dx in the kernels, by the scales they are given): cotangents as small as a mean
+    loss's over 2^18 samples (1e-6, below half's normal range) go in and come out exactly. The
+    kernels are replaced by the twin, in float32 on what they are given, dx times its scales."""
     from slax.nn._params import flat_layers
     from slax.nn._reference import backward_twin
 
@@ -241,15 +241,22 @@ def test_the_backward_kernels_take_dy_scaled_into_halfs_normal_range(monkeypatch
     def seen(dy, group_ndim):
         peaks.append(jnp.abs(dy.astype(jnp.float32)).max(tuple(range(group_ndim, dy.ndim))))
 
+    def scaled(dx, scales, scaled_ndim):  # the kernels' dx: a scale per group (or sample)
+        shape = dx.shape[:scaled_ndim] + (1,) * (dx.ndim - scaled_ndim)
+        return (dx.astype(jnp.float32) * scales.reshape(shape)).astype(dx.dtype)
+
     def gradient(self, arch, platform, entry, data, params, group_ndim, *rest):
         assert entry == "mlp_backward"
-        seen(data[1], group_ndim)
-        return [jnp.zeros(data[0].shape[:group_ndim]), *twin(*data, group_ndim)]
+        x, dy, scales = data
+        seen(dy, group_ndim)
+        dx, *sums = twin(x, dy, group_ndim)
+        return [jnp.zeros(x.shape[:group_ndim]), scaled(dx, scales, group_ndim), *sums]
 
     def warp_tiles(self, arch, platform, entry, data, params, width, routes):
         assert entry == "mlp_input_gradient"
-        seen(data[1], group_ndim)
-        return twin(*data, 0)[0]
+        x, dy, scales = data
+        seen(dy, group_ndim)
+        return scaled(twin(x, dy, 0)[0], scales, x.ndim - 1)
 
     monkeypatch.setattr(nn_backends.TensorCores, "gradient", gradient)
     monkeypatch.setattr(nn_backends.TensorCores, "_warp_tiles", warp_tiles)

@@ -342,6 +342,14 @@ def power_of_two_normalised(values: jax.Array, group_ndim: int) -> tuple[jax.Arr
     return jnp.ldexp(wide, -shaped).astype(values.dtype), exponent
 
 
+def powers_of_two(exponent: jax.Array) -> jax.Array:
+    """``2 ** exponent`` (:func:`power_of_two_normalised`'s exponents, at most 0) as float32,
+    flattened: the scales a kernel multiplies a result by in float32 before rounding it to half,
+    as :func:`scaled_back` would after it (the same values: both products are exact wherever the
+    result is a normal float32), without a pass of XLA's over the result."""
+    return jnp.ldexp(jnp.ones(exponent.shape, jnp.float32), exponent).reshape(-1)
+
+
 def scaled_back(value: jax.Array, exponent: jax.Array) -> jax.Array:
     """``value`` (the groups' axes first, as ``exponent``'s) times 2 ** ``exponent`` per group, in
     its own dtype: :func:`power_of_two_normalised`'s inverse, exact wherever the result is normal."""
@@ -647,7 +655,8 @@ class TensorCores(_Tiles):
         scaled up by a power of two per group (:func:`power_of_two_normalised`; the results leave
         unscaled): the tiles round each layer's output gradient to half, where a mean loss's
         cotangents over many samples (2 / N of a residual: 8e-6 at 2^18) lie near or below half's
-        normal range (6e-5). The input gradient alone (``param_output`` off) runs
+        normal range (6e-5). The kernels scale dx back themselves (:func:`powers_of_two`), the
+        parameters' sums are scaled back here. The input gradient alone (``param_output`` off) runs
         ``mlp_input_gradient``, a warp per tile with no sums, its dy scaled per sample (no sum
         mixes samples there)."""
         if not self.wide_warp(arch):
@@ -659,13 +668,14 @@ class TensorCores(_Tiles):
             if not input_gradient:
                 return []
             dy, exponent = power_of_two_normalised(dy, dy.ndim - 1)
-            dx = self._warp_tiles(
-                arch, platform, "mlp_input_gradient", [x, dy], params, arch.sizes[0], routes
-            )
-            return [scaled_back(dx, exponent)]
+            scales = powers_of_two(exponent)
+            entry = "mlp_input_gradient"
+            return [self._warp_tiles(arch, platform, entry, [x, dy, scales], params, arch.sizes[0], routes)]
         dy, exponent = power_of_two_normalised(dy, group_ndim)
-        results = super().backward(arch, platform, [x, dy], params, group_ndim, input_gradient, True, routes)
-        return [scaled_back(r, exponent) for r in results]
+        data = [x, dy, powers_of_two(exponent)] if input_gradient else [x, dy]
+        results = super().backward(arch, platform, data, params, group_ndim, input_gradient, True, routes)
+        dx = results[: int(input_gradient)]
+        return dx + [scaled_back(r, exponent) for r in results[len(dx) :]]
 
     def _warp_tiles(self, arch, platform, entry, data, params, width, routes) -> jax.Array:
         """Kernel ``entry`` of the warp tiles a warp per tile of 16 samples (no sums) on ``data``
