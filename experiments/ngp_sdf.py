@@ -10,9 +10,9 @@ ReLU layers of 64, one affine output). Each step samples fresh points uniform in
     mean((f(p) - sdf(p))^2) + 0.1 * mean((|grad_p f(p)| - 1)^2),
 
 whose parameter gradient differentiates the model's gradient in p: second derivatives of the MLP
-and of the encoding, in the tables and the points. slax's model takes that gradient from the
-encoding's Jacobian in p (``slax.nn.hash_encode_with_jacobian``) times the MLP's input gradient,
-so that the gradient in the tables is one scatter. The loop runs in jitted lax.scan chunks. Beside
+and of the encoding, in the tables and the points. slax's model takes the field and that gradient
+from ``slax.nn.hash_field_with_gradient``: the encoding's Jacobian in p times the MLP's input
+gradient, so that the gradient in the tables is one scatter. The loop runs in jitted lax.scan chunks. Beside
 it the same model in plain JAX (``slax.nn.hash_encode_reference``, ``mlp_apply_reference``, the
 gradient in p by ``jax.vjp``) trains from the same initialisation on the same points.
 
@@ -93,20 +93,20 @@ def field(name: str, config: nn.HashEncodingConfig, dtype) -> sdf.Field:
 
 def field_with_gradient(name: str, config: nn.HashEncodingConfig, dtype) -> sdf.FieldWithGradient:
     """:func:`field` and its gradient in the points, which the eikonal loss holds. Plain JAX's is
-    ``jax.vjp`` of the field (``sdf.with_gradient``). slax's reads the encoding and its Jacobian
-    in the point together (``nn.hash_encode_with_jacobian``) and multiplies the Jacobian by the
-    MLP's input gradient, so that the loss's gradient in the tables is one scatter (times 1/2:
-    the encoding's [0, 1]^3 is half as wide as the cube)."""
+    ``jax.vjp`` of the field (``sdf.with_gradient``). slax's is ``nn.hash_field_with_gradient``:
+    the encoding and its Jacobian in the point read together, the gradient the Jacobian times the
+    MLP's input gradient, and the loss's gradient in the tables one scatter (times 1/2: the
+    encoding's [0, 1]^3 is half as wide as the cube)."""
     if name != "slax":
         return sdf.with_gradient(field(name, config, dtype))
     network = ngp.network(name, dtype)
 
     def both(params, points):
         x = (points + 1.0) / 2.0
-        features, jacobian = nn.hash_encode_with_jacobian(params["tables"], x, config, dtype=dtype)
-        values, pullback = jax.vjp(lambda features: network(params["mlp"], features), features)
-        (slopes,) = pullback(jnp.ones_like(values))  # each point's own: the samples are independent
-        return values, 0.5 * jnp.sum(jacobian * slopes[..., None], axis=-2)
+        values, gradient = nn.hash_field_with_gradient(
+            network, params["mlp"], params["tables"], x, config, dtype
+        )
+        return values, 0.5 * gradient
 
     return both
 

@@ -425,6 +425,17 @@ def through_jacobian(apply, config):
     return field
 
 
+def through_field(apply, config):
+    """The same field from ``nn.hash_field_with_gradient``, whose gradient in the tables reads the
+    Jacobian's cotangent as its two factors."""
+
+    def field(params, tables, x):
+        network = lambda params, features: apply(params, features.astype(jnp.float32))  # noqa: E731
+        return nn.hash_field_with_gradient(network, params, tables, x, config)
+
+    return field
+
+
 def eikonal_gradient(field, x):
     """``(params, tables) -> gradients`` of an eikonal loss plus a distance term on ``field`` (one
     of the two above) at points ``x``."""
@@ -474,8 +485,50 @@ def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
     got = jax.jit(directional(nn.hash_encode))(tables)
     assert relative_error(got, directional(nn.hash_encode_reference)(tables)) < TOLERANCE
 
-    fields = (through_grad(nn.hash_encode, nn.mlp_apply, config), through_jacobian(nn.mlp_apply, config))
+    fields = (
+        through_grad(nn.hash_encode, nn.mlp_apply, config),
+        through_jacobian(nn.mlp_apply, config),
+        through_field(nn.mlp_apply, config),
+    )
     assert_fields_match_the_twin(fields, config, params, tables, x, TOLERANCE)
+
+
+@pytest.mark.one_device_kind
+def test_a_field_with_its_gradient_matches_the_twin():
+    """``hash_field_with_gradient`` behind a ReLU MLP (the Hessian kernel's networks): values,
+    gradients in x, and an eikonal loss's gradients in the MLP and the tables, also under ``vmap``
+    over the points, against the plain-JAX twin."""
+    config = small_config(3)
+    tables, x = tables_and_points(config, 18)
+    params = nn.mlp_init(jax.random.key(19), (config.output_features, 16, 16, 1), activation="relu")
+    field = through_field(nn.mlp_apply, config)
+
+    def vmapped(params, tables, x):
+        both = jax.vmap(field, in_axes=(None, None, 0))(params, tables, x.reshape(2, -1, x.shape[-1]))
+        return [value.reshape(-1, value.shape[-1]) for value in both]
+
+    assert_fields_match_the_twin((field, vmapped), config, params, tables, x, TOLERANCE)
+
+
+@pytest.mark.one_device_kind
+def test_a_field_with_its_gradient_refuses_what_it_cannot_do():
+    """The derivative in x, and a network of more than one output, are refused by name."""
+    config = small_config(2)
+    tables, x = tables_and_points(config, 20, points=8)
+    params = nn.mlp_init(jax.random.key(21), (config.output_features, 8, 1))
+
+    def gradient_norm(x):
+        return jnp.sum(nn.hash_field_with_gradient(nn.mlp_apply, params, tables, x, config)[1] ** 2)
+
+    with pytest.raises(
+        NotImplementedError, match="hash_field_with_gradient: argument 'x' is not differentiable"
+    ):
+        jax.grad(gradient_norm)(x)
+    two = nn.mlp_init(jax.random.key(22), (config.output_features, 8, 2))
+    with pytest.raises(
+        ValueError, match=r"hash_field_with_gradient: apply must give one value a point.* got \(8, 2\)"
+    ):
+        nn.hash_field_with_gradient(nn.mlp_apply, two, tables, x, config)
 
 
 def primitive_counts(jaxpr) -> collections.Counter:
@@ -498,6 +551,7 @@ def primitive_counts(jaxpr) -> collections.Counter:
     [
         ("grad", {"slax_hash_encode": 2, "slax_hash_scatter": 2, "slax_hash_point_gradient": 1}),
         ("jacobian", {"slax_hash_encode_jacobian": 1, "slax_hash_scatter_jacobian": 1}),
+        ("field", {"slax_hash_encode_jacobian": 1}),
     ],
 )
 def test_an_eikonal_steps_gradient_runs_on_fused_kernels_alone(dtype, route, primitives):
@@ -507,14 +561,17 @@ def test_an_eikonal_steps_gradient_runs_on_fused_kernels_alone(dtype, route, pri
     With the gradient in x by ``jax.grad``, the tables' gradient takes two scatters (the
     encoding's and its gradient's transposes) beside three reads (the encoding, its slope, its
     gradient in x): five passes over the corners; by ``hash_encode_with_jacobian``, one read and
-    one scatter."""
+    one scatter; by ``hash_field_with_gradient`` the same read, and its scatter (``scatter_field``)
+    a Slang function that the custom VJP calls, not a primitive of the encoding's."""
     config = small_config(3)
     tables, x = tables_and_points(config, 14)
     params = nn.mlp_init(jax.random.key(15), (config.output_features, 16, 1), activation="relu")
     if route == "grad":
         field = through_grad(nn.hash_encode, nn.mlp_apply, config)
-    else:
+    elif route == "jacobian":
         field = through_jacobian(nn.mlp_apply, config)
+    else:
+        field = through_field(nn.mlp_apply, config)
 
     jaxpr = jax.make_jaxpr(eikonal_gradient(field, x))(params, tables.astype(dtype))
     counts = primitive_counts(jaxpr.jaxpr)
@@ -562,7 +619,12 @@ def test_float16_eikonal_gradients_match_the_twin():
         both = jax.vmap(jacobian, in_axes=(None, None, 0))(params, tables, x.reshape(2, -1, x.shape[-1]))
         return [value.reshape(-1, value.shape[-1]) for value in both]
 
-    fields = (through_grad(nn.hash_encode, nn.mlp_apply, config), jacobian, vmapped)
+    fields = (
+        through_grad(nn.hash_encode, nn.mlp_apply, config),
+        jacobian,
+        vmapped,
+        through_field(nn.mlp_apply, config),
+    )
     assert_fields_match_the_twin(fields, config, params, tables, x, HALF_TOLERANCE)
 
 

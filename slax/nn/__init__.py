@@ -6,6 +6,7 @@ from slax.nn._hash_encoding import (
     hash_encode,
     hash_encode_with_jacobian,
     hash_encoding_init,
+    hash_field_with_gradient,
 )
 from slax.nn._hash_reference import hash_encode_reference
 from slax.nn._mlp import Params, describe, mlp_apply, mlp_init, mlp_loss_and_grad
@@ -21,6 +22,7 @@ __all__ = [
     "hash_encode_reference",
     "hash_encode_with_jacobian",
     "hash_encoding_init",
+    "hash_field_with_gradient",
     "mlp_apply",
     "mlp_apply_reference",
     "mlp_init",
