@@ -511,6 +511,28 @@ def test_a_field_with_its_gradient_matches_the_twin():
 
 
 @pytest.mark.one_device_kind
+def test_a_field_with_its_gradient_over_a_stack_of_tables_matches_the_twin():
+    """Per-example gradients in a stack of tables (``vmap`` over the tables) of an eikonal loss on
+    ``hash_field_with_gradient``: each example's scatter adds into its own table."""
+    config = small_config(2)
+    tables, x = tables_and_points(config, 23, points=33)
+    stack = jnp.stack([tables, -0.5 * tables[::-1]])
+    params = nn.mlp_init(jax.random.key(24), (config.output_features, 8, 1), activation="relu")
+
+    def per_table(field):
+        def loss(tables):
+            values, gradient = field(params, tables, x)
+            return jnp.mean(values**2) + jnp.mean((jnp.linalg.norm(gradient, axis=-1) - 1.0) ** 2)
+
+        return jax.grad(loss)
+
+    got = jax.jit(jax.vmap(per_table(through_field(nn.mlp_apply, config))))(stack)
+    twin = per_table(through_grad(nn.hash_encode_reference, nn.mlp_apply_reference, config))
+    want = jnp.stack([twin(t) for t in stack])
+    assert relative_error(got, want) < TOLERANCE
+
+
+@pytest.mark.one_device_kind
 def test_a_field_with_its_gradient_refuses_what_it_cannot_do():
     """The derivative in x, and a network of more than one output, are refused by name."""
     config = small_config(2)

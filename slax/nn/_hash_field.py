@@ -61,6 +61,8 @@ def _hash_field(apply, config, spread, dtype, params, tables, x):
 
 
 def _hash_field_fwd(apply, config, spread, dtype, params, tables, x):
+    """The field and its gradient, keeping the parameters, the features, the Jacobian and the
+    slopes; refuses a derivative in ``x`` (``symbolic_zeros`` says which inputs are perturbed)."""
     if x.perturbed:
         raise NotImplementedError(
             f"{_PUBLIC}: argument 'x' is not differentiable here (the field's gradient's derivative "
@@ -73,10 +75,14 @@ def _hash_field_fwd(apply, config, spread, dtype, params, tables, x):
 
 
 def _instantiated(cotangent):
+    """A cotangent JAX passes as a symbolic zero, as zeros."""
     return jnp.zeros(cotangent.shape, cotangent.dtype) if isinstance(cotangent, SymbolicZero) else cotangent
 
 
 def _hash_field_bwd(apply, config, spread, dtype, kept, cotangents):
+    """The parameters' cotangent from JAX's rules of ``apply`` (both of the field's cotangents);
+    the tables' from ``scatter_field``, at the features' cotangent and the Jacobian's as its two
+    factors, the slopes and the gradient's cotangent; none for ``x``."""
     params, features, jacobian, slopes, tables, x = kept
     dvalues, dgradient = map(_instantiated, cotangents)
     # The slopes' cotangent J dgradient, and what the network sends back from both cotangents.
