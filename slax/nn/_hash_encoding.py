@@ -304,7 +304,10 @@ def hash_field_with_gradient(
         features_per_level)`` of ``dtype``, e.g. :func:`slax.nn.mlp_apply` of a network with one
         output.
       params: ``apply``'s parameters, any pytree.
-      tables, x, config: as :func:`hash_encode`'s.
+      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)`` (as
+        :func:`hash_encode`'s).
+      x: float32 ``(..., d)``, points in [0, 1]^d (as :func:`hash_encode`'s).
+      config: the encoding's :class:`HashEncodingConfig`.
       dtype: the features' dtype (as :func:`hash_encode`'s); default (None) the tables'.
 
     Returns:
