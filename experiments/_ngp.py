@@ -105,6 +105,7 @@ def encoding_metrics(config: nn.HashEncodingConfig, dtype: str) -> dict[str, Any
         "log2_table_size": config.log2_table_size,
         "resolutions": config.resolutions,
         "dense_levels": config.dense_levels,
+        "table_rows": config.table_rows,
         "tables_dtype": "float32",
         "mlp_dtype": dtype,
     }

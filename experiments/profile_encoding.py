@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fused_encoding.level_corners(x, config)
 
     rows, weights = jax.jit(find_corners)(x)
-    table = params["tables"].reshape(-1, config.features_per_level)
+    table = params["tables"]
     values = jax.random.normal(value_key, (args.batch, LEVELS, config.features_per_level))
     spread = _hash_encoding._spread(config)
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parts = [
         ("encode (fused)", lambda t: _fused_encoding.encode(x, t, config), (table,),
-         lambda t: nn.hash_encode_reference(t.reshape(config.table_shape), x, config)),
+         lambda t: nn.hash_encode_reference(t, x, config)),
         ("scatter (fused), 16 levels", fused_scatter, (values,), xla_scatter),
         ("corners (Slang)", find_corners, (x,), None),
         ("blend", lambda t: _blend.blend(rows, t, weights), (table,),
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         rows_out.append({"part": name, "slax_ms": slax_ms, "jax_ms": jax_ms})
         print(f"{name:36s} {slax_ms:9.3f} {'' if jax_ms is None else f'{jax_ms:13.3f}'}", flush=True)
 
-    entries = config.levels * config.table_size * config.features_per_level
+    entries = config.table_rows * config.features_per_level
     floor_bytes = {
         "corner reads (a 32-byte sector each)": args.batch * LEVELS * 4 * 32,
         "Adam over the tables (4 reads, 3 writes)": entries * 4 * 7,

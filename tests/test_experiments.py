@@ -484,12 +484,15 @@ def test_benchmark_times_the_hash_encoded_steps_beside_plain_jax(tmp_path):
     ]
     assert [tuple(r["sizes"]) for r in rows] == [(4, 64, 64, 3)] * 2
     assert not any(r["flat_parameters"] for r in rows)
-    parameters = 2 * 2**10 * 2 + (4 * 64 + 64) + (64 * 64 + 64)
+    # The tables: in 2-D the coarsest level's 17^2 vertices (296 entries, a multiple of 8) and the
+    # finest's 2^10; in 3-D 17^3 vertices do not fit 2^10, and both levels hash.
+    hidden = (4 * 64 + 64) + (64 * 64 + 64)
+    image_parameters, sdf_parameters = (296 + 2**10) * 2 + hidden, 2 * 2**10 * 2 + hidden
     assert rows[0]["flops"] == 6 * 64 * (4 * 64 + 64 * 64 + 64 * 3)
-    assert rows[0]["bytes"] == 2 * 64 * (2 + 3) * 4 + 7 * (parameters + 64 * 3 + 3) * 4
+    assert rows[0]["bytes"] == 2 * 64 * (2 + 3) * 4 + 7 * (image_parameters + 64 * 3 + 3) * 4
     assert benchmark.step_floor("ngp_sdf-2x2^10", "float16", 64) == (
         12 * 64 * (4 * 64 + 64 * 64 + 64 * 1),
-        2 * 64 * (3 + 1) * 4 + 7 * (parameters + 64 * 1 + 1) * 4,
+        2 * 64 * (3 + 1) * 4 + 7 * (sdf_parameters + 64 * 1 + 1) * 4,
     )
     assert rows[1]["speedup_vs_jax"] == pytest.approx(1.0)
     assert all(r["steps_per_s"] > 0 for r in rows)

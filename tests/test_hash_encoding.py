@@ -77,7 +77,13 @@ def assert_matches_the_twin(config: nn.HashEncodingConfig, seed: int, order: int
 @pytest.mark.one_device_kind
 def test_config_defaults_are_the_papers():
     config = nn.HashEncodingConfig()
-    assert config.table_shape == (16, 2**19, 2)
+    # 16^3 .. 64^3 cells fit T = 2^19 (17^3 .. 65^3 vertices, rounded up to multiples of 8); the
+    # 9 finer levels hash into T entries each.
+    assert config.resolutions[:8] == (16, 20, 25, 32, 40, 50, 64, 80)
+    dense = [-(-((r + 1) ** 3) // 8) * 8 for r in config.resolutions[:7]]
+    assert config.level_entries == (*dense, *[2**19] * 9)
+    assert config.level_offsets == tuple(np.cumsum([0, *config.level_entries[:-1]]))
+    assert config.table_shape == (sum(dense) + 9 * 2**19, 2)
     assert config.resolutions[0] == 16 and config.resolutions[-1] == 512
     assert config.growth_factor == pytest.approx(math.exp((math.log(512) - math.log(16)) / 15))
     assert config.output_features == 32
@@ -94,6 +100,9 @@ def test_config_resolutions_and_dense_levels():
     assert small_config(3).dense_levels == (True, False, False, False)  # 27, 125, ... against 64
     image = nn.HashEncodingConfig(dimensions=2, coarsest_resolution=16, finest_resolution=2048)
     assert image.resolutions[-1] == 2048
+    # instant-NGP's image grid: 12 dense levels of at most 561^2 vertices, a third of L * T.
+    assert image.dense_levels.count(True) == 12 and image.table_rows == 2761040
+    assert config.level_entries == (16, 32, 64, 64) and config.level_offsets == (0, 16, 48, 112)
 
 
 @pytest.mark.one_device_kind
@@ -120,9 +129,9 @@ def test_hash_encode_refuses_arguments_that_do_not_fit():
     config = small_config(2)
     tables, x = tables_and_points(config, 0)
     with pytest.raises(
-        ValueError, match=r"hash_encode: tables must have shape .* \(4, 64, 2\) .* got \(4, 32, 2\)"
+        ValueError, match=r"hash_encode: tables must have shape .* \(176, 2\) .* got \(32, 2\)"
     ):
-        nn.hash_encode(tables[:, :32], x, config)
+        nn.hash_encode(tables[:32], x, config)
     with pytest.raises(ValueError, match=r"hash_encode: x must have shape \(\.\.\., 2\) .* got \(16, 3\)"):
         nn.hash_encode(tables, jnp.zeros((16, 3)), config)
     with pytest.raises(TypeError, match="hash_encode: x must be a float32 array, got float16"):
@@ -317,8 +326,9 @@ def test_points_on_the_grids_faces_read_inside_the_tables():
         else:
             last = (resolution ^ (resolution * 2654435761)) % config.table_size
         features = slice(2 * level, 2 * level + 2)
-        np.testing.assert_allclose(got[0, features], tables[level, last], rtol=TOLERANCE)
-        np.testing.assert_allclose(got[1, features], tables[level, 0], rtol=TOLERANCE)
+        first = config.level_offsets[level]
+        np.testing.assert_allclose(got[0, features], tables[first + last], rtol=TOLERANCE)
+        np.testing.assert_allclose(got[1, features], tables[first], rtol=TOLERANCE)
 
 
 @pytest.mark.slow

@@ -46,16 +46,22 @@ def _slang_blend(differentiated, rows, table, weights):
     return function(table, feature, rows[..., None, :], weights[..., None, :])
 
 
-Spread = tuple[tuple[int, int, int], ...]
-"""Rows of the table that many points add into at once, as ``(first, used, copies)`` ranges: the
-scatter adds the share of the point at flat position p (of ``rows.shape[:-1]``) in rows
-``[first, first + used)`` into copy ``p mod copies`` of them, rows ``first + copy * used``, then
-sums the copies back into the first. The caller guarantees that ``rows`` names no row in
-``[first + used, first + copies * used)`` (a dense level's unused entries), where the copies go.
+Spread = tuple[tuple[int, int, int, int], ...]
+"""Rows of the table that many points add into at once, as ``(first, used, copies, spare)``: the
+scatter adds the share of the point at flat position p (of ``rows.shape[:-1]``) in rows ``[first,
+first + used)`` into copy ``k = p mod copies`` of them, copy 0 the rows themselves and copy k > 0
+rows ``[spare + (k - 1) * used, spare + k * used)``, past the table's rows, then sums the copies
+back into the first. A scatter's gradient table has :func:`gradient_rows` rows; what it returns,
+the table's.
 
 Why: a float atomic add waits for the last one into the same L2 cache line, and a coarse dense
 level (instant-NGP's image grid: 289 to 1849 entries) takes a whole batch's adds on a few lines;
 BENCHMARKS.md ("The hash encoding") measures the scatter with and without copies."""
+
+
+def gradient_rows(table_rows: int, spread: Spread) -> int:
+    """The rows of a scatter's gradient table: the table's, then each range's copies."""
+    return table_rows + sum((copies - 1) * used for _, used, copies, _ in spread)
 
 
 def _spread_rows(rows, spread: Spread):
@@ -64,19 +70,20 @@ def _spread_rows(rows, spread: Spread):
         return rows
     flat = jnp.arange(math.prod(rows.shape[:-1]), dtype=rows.dtype).reshape(*rows.shape[:-1], 1)
     moved = rows
-    for first, used, copies in spread:
-        inside = (rows >= first) & (rows < first + used)
-        moved = jnp.where(inside, rows + (flat % copies) * used, moved)
+    for first, used, copies, spare in spread:
+        copy = flat % copies
+        inside = (rows >= first) & (rows < first + used) & (copy > 0)
+        moved = jnp.where(inside, spare + (copy - 1) * used + (rows - first), moved)
     return moved
 
 
-def _sum_copies(table, spread: Spread):
-    """Each range's copies summed into its rows, the copies' rows zero again."""
-    for first, used, copies in spread:
-        rows = table[first : first + copies * used].reshape(copies, used, table.shape[-1])
-        zeros = jnp.zeros(((copies - 1) * used, table.shape[-1]), table.dtype)
-        table = jax.lax.dynamic_update_slice(table, jnp.concatenate([rows.sum(0), zeros]), (first, 0))
-    return table
+def _sum_copies(table, spread: Spread, table_rows: int):
+    """The gradient table's first ``table_rows`` rows, each range's copies added into its rows."""
+    for first, used, copies, spare in spread:
+        others = table[spare : spare + (copies - 1) * used].reshape(copies - 1, used, table.shape[-1])
+        rows = table[first : first + used] + others.sum(0)
+        table = jax.lax.dynamic_update_slice(table, rows, (first, 0))
+    return table[:table_rows]
 
 
 def _blend_impl(rows, table, weights, *, spread):
@@ -94,10 +101,11 @@ def _scatter_impl(rows, values, weights, *, table_rows, spread):
     points read would come back short (~5% in tests/test_hash_encoding.py's float16 check).
     tiny-cuda-nn adds in float too where each add is of one value, as here (one call per feature),
     and in half only for pairs (``atomicAdd(__half2)``)."""
-    zero = jnp.zeros((table_rows, values.shape[-1]), jnp.float32)
+    zero = jnp.zeros((gradient_rows(table_rows, spread), values.shape[-1]), jnp.float32)
     moved = _spread_rows(rows, spread)
     _, pullback = jax.vjp(lambda table: _slang_blend("tables", moved, table, weights), zero)
-    return _sum_copies(pullback(values.astype(jnp.float32))[0], spread).astype(values.dtype)
+    added = pullback(values.astype(jnp.float32))[0]
+    return _sum_copies(added, spread, table_rows).astype(values.dtype)
 
 
 def _corner_products_impl(rows, table, values, *, spread):

@@ -26,7 +26,7 @@ tables flattened (or a stack of them, see ``stacked``); ``cotangent`` ``(..., L,
 float16. Parameters: ``config`` (:class:`slax.nn.HashEncodingConfig`); ``spread``
 (:data:`slax.nn._blend.Spread`, the coarse levels' rows a scatter spreads over copies);
 ``stacked``, how many leading axes of ``x`` pick which table of a stack the point reads (``vmap``
-over tables: the stack is flattened into ``tables``, one table being ``L * T`` rows); ``dtype``,
+over tables: the stack is flattened into ``tables``, one table being ``config.table_rows`` rows); ``dtype``,
 the result's dtype name for ``encode`` (the features') and ``scatter`` (the tables'), which need
 not be their operands' (a float16 network's features from float32 tables: summed in float32 and
 rounded once to it, where a cast after the kernel would be one more pass over them in XLA);
@@ -46,7 +46,7 @@ from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fu
 from slax._primitive import declare_primitive, result_aval
 from slax._signature import SLANG_SCALAR_FOR_DTYPE
 from slax.nn import _blend
-from slax.nn._blend import Spread, _sum_copies
+from slax.nn._blend import Spread, _sum_copies, gradient_rows
 
 _CORNERS_FUNCTIONS = {2: "level_corners_2d", 3: "level_corners_3d"}
 
@@ -66,15 +66,19 @@ def _slang(name: str, config, **generics):
 
 def _grid_levels(config, spread: Spread) -> dict:
     """The ``GridLevel`` struct's fields, ``(levels, 1)`` int32 arrays that the points broadcast
-    against (the last axis the chunks'); ``copies`` from ``spread`` (1 for a level not spread)."""
-    copies = [1] * config.levels
-    for first, _, count in spread:
-        copies[first // config.table_size] = count
+    against (the last axis the chunks'); ``copies`` and ``spare`` from ``spread`` (1 and 0 for a
+    level not spread)."""
+    copies, spare = [1] * config.levels, [0] * config.levels
+    for first, _, count, at in spread:
+        level = config.level_offsets.index(first)
+        copies[level], spare[level] = count, at
     fields = {
-        "index": range(config.levels),
+        "offset": config.level_offsets,
+        "entries": config.level_entries,
         "resolution": config.resolutions,
         "dense": config.dense_levels,
         "copies": copies,
+        "spare": spare,
     }
     return {name: jnp.asarray(value, jnp.int32)[:, None] for name, value in fields.items()}
 
@@ -86,7 +90,7 @@ def _origin(x, config, stacked: int):
     if not stacked:
         return 0
     tables = math.prod(x.shape[:stacked])
-    rows = jnp.arange(tables, dtype=jnp.int32) * (config.levels * config.table_size)
+    rows = jnp.arange(tables, dtype=jnp.int32) * config.table_rows
     return rows.reshape(x.shape[:stacked] + (1,) * (x.ndim - stacked + 1))
 
 
@@ -96,11 +100,11 @@ def _per_call(value):
 
 
 def _grid(x, config, stacked: int, spread: Spread) -> tuple:
-    """The arguments every fused function ends with: the levels, the table size, the points'
-    origins and the chunks (``chunk``, ``chunks``)."""
+    """The arguments every fused function ends with: the levels, the points' origins and the chunks
+    (``chunk``, ``chunks``)."""
     chunks = config.features_per_level // _chunk_size(config.features_per_level)
     chunk = jnp.arange(chunks, dtype=jnp.int32)
-    return _grid_levels(config, spread), config.table_size, _origin(x, config, stacked), chunk, chunks
+    return _grid_levels(config, spread), _origin(x, config, stacked), chunk, chunks
 
 
 def _chunked(value, config):
@@ -134,13 +138,14 @@ def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, ta
     Adds in float32 whatever the cotangents' dtype (the kernel widens them as it reads them), into
     a float32 table, and rounds each row's sum to ``dtype`` once (slax/nn/_blend.py's
     ``_scatter_impl`` says why). A point's share in a level of ``spread`` goes into copy ``point
-    mod copies`` of the level's entries, summed back after."""
+    mod copies`` of the level's entries (past the table's rows), summed back after."""
     points = jnp.arange(math.prod(x.shape[:-1]), dtype=jnp.int32).reshape(*x.shape[:-1], 1, 1)
     grid = _grid(x, config, stacked, spread)
 
     # The Slang function reads the gradient as elements of P = per_element * size values (its
     # gather_cell says why): two rows where two rows' features fit one vector. The rows pair up
-    # exactly: a table holds levels * 2^log2_table_size entries, log2_table_size >= 1.
+    # exactly: every level's entries, and so its copies', are even (HashEncodingConfig's
+    # level_entries: T >= 2, or a multiple of 8).
     size = _chunk_size(config.features_per_level)
     per_element = 2 if 2 * size <= 4 else 1
     function = _slang(name, config, P=per_element * size)
@@ -148,7 +153,7 @@ def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, ta
     def gather(gradient):
         return function(gradient, _per_call(x), *per_point, *cotangents, *grid, points)
 
-    rows = table_rows * config.features_per_level // size
+    rows = gradient_rows(table_rows, spread) * config.features_per_level // size
     # The gather's primal table: bwd_diff of a function linear in it never reads it. Not zeros: XLA
     # would make it one buffer with the zeros the gradient is added into, and copy that buffer
     # (the kernel adds into it in place) each call. On a GPU an allocation left unwritten
@@ -161,8 +166,8 @@ def _add_into_tables(name, x, per_point, cotangents, config, stacked, spread, ta
     )
     sums, pullback = jax.vjp(gather, unread)
     added = pullback(jnp.ones(sums.shape, sums.dtype))[0]
-    added = added.reshape(table_rows, config.features_per_level)
-    return _sum_copies(added, spread).astype(dtype)
+    added = added.reshape(-1, config.features_per_level)
+    return _sum_copies(added, spread, table_rows).astype(dtype)
 
 
 def _point_gradient_impl(x, tables, cotangent, *, config, stacked, spread):
@@ -221,9 +226,8 @@ def level_corners(x: jax.Array, config, stacked: int = 0) -> tuple[jax.Array, ja
     ``(..., levels, 2^d)`` (Slang's ``level_corners_2d/3d``, [Differentiable] in ``x`` to second
     order)."""
     corners = slax.load_module("nn/hash_encoding")[_CORNERS_FUNCTIONS[config.dimensions]]
-    levels = [jnp.asarray(value, jnp.int32) for value in (range(config.levels), config.resolutions)]
-    dense = jnp.asarray(config.dense_levels, jnp.int32)
-    rows, weights = corners(x[..., None, :], *levels, dense, config.table_size)
+    levels = (config.level_offsets, config.resolutions, config.dense_levels, config.level_entries)
+    rows, weights = corners(x[..., None, :], *(jnp.asarray(value, jnp.int32) for value in levels))
     return rows + jnp.asarray(_origin(x, config, stacked), jnp.int32), weights
 
 
@@ -382,7 +386,7 @@ for _primitive in (encode_p, scatter_p, point_gradient_p):
 
 def encode(x: jax.Array, tables: jax.Array, config, spread: Spread = (), dtype=None) -> jax.Array:
     """The encoding of points ``x`` float32 ``(..., d)`` in the flattened ``tables``
-    ``(levels * T, F)`` (float32 or float16): ``(..., levels, F)`` of ``dtype`` (float32 or
+    ``(config.table_rows, F)`` (float32 or float16): ``(..., levels, F)`` of ``dtype`` (float32 or
     float16; default the tables'), summed in float32 and rounded once. Differentiable in both to
     second order; the gradient in the tables adds ``spread``'s rows through copies
     (:data:`slax.nn._blend.Spread`)."""

@@ -3,11 +3,14 @@
 A point ``x`` in [0, 1]^d (d = 2 or 3) is looked up in ``levels`` grids, from ``coarsest_resolution``
 to ``finest_resolution`` cells per axis in a geometric progression: level l has
 ``floor(N_min * b^l)`` cells, ``b = exp((ln N_max - ln N_min) / (levels - 1))``. Each level's
-(resolution + 1)^d vertices index its own table of ``2^log2_table_size`` entries of
-``features_per_level`` values (float32 or float16): row-major where the grid fits in the table
-(dense), else by the paper's spatial hash, the XOR of the vertex's coordinates times (1,
-2654435761, 805459861) modulo the table's size. The encoding is the (bi/tri)linear interpolation of
-the 2^d corners' entries, per level, concatenated: ``(..., levels * features_per_level)``.
+(resolution + 1)^d vertices index its own table of ``features_per_level`` values (float32 or
+float16) an entry: row-major where the grid has at most ``T = 2^log2_table_size`` vertices (dense,
+a table of as many entries), else by the paper's spatial hash, the XOR of the vertex's coordinates
+times (1, 2654435761, 805459861) modulo T (a table of T entries). The levels' tables lie one after
+the other in one ``(rows, F)`` array, as tiny-cuda-nn's grid lays them out: a coarse level takes
+what it reads, not T entries (in 2-D, instant-NGP's image grid is a third of ``L * T``), and so
+does every pass over the tables (Adam's). The encoding is the (bi/tri)linear interpolation of the
+2^d corners' entries, per level, concatenated: ``(..., levels * features_per_level)``.
 
 In Slang (``shaders/nn/fused_encoding.slang``), one call per point and level finds the point's
 cell, its corners' rows and weights in registers and reads (or, for the gradient in the tables,
@@ -29,6 +32,7 @@ tables, which is added in float32: slax/nn/_fused_encoding.py).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -108,7 +112,8 @@ class HashEncodingConfig:
         if rows >= 2**31:
             raise ValueError(
                 f"slax.nn.HashEncodingConfig: levels * 2^log2_table_size must be below 2^31 (the "
-                f"kernels index the tables with int32), got {self.levels} * 2^{self.log2_table_size}."
+                f"kernels index the tables, and their gradient's copies, with int32), got "
+                f"{self.levels} * 2^{self.log2_table_size}."
             )
 
     @property
@@ -140,14 +145,35 @@ class HashEncodingConfig:
         return tuple((r + 1) ** self.dimensions <= self.table_size for r in self.resolutions)
 
     @property
+    def level_entries(self) -> tuple[int, ...]:
+        """Each level's table entries: T for a hashed level; for a dense one its (resolution + 1)^d
+        vertices rounded up to a multiple of 8 (at most T), as tiny-cuda-nn's, so that every level
+        starts on a 32-byte boundary of float16 or float32 entries of 2 or more features."""
+        return tuple(
+            min(self.table_size, -(-((r + 1) ** self.dimensions) // 8) * 8) if dense else self.table_size
+            for r, dense in zip(self.resolutions, self.dense_levels)
+        )
+
+    @property
+    def level_offsets(self) -> tuple[int, ...]:
+        """Each level's first row in the tables: level l's table is rows ``[level_offsets[l],
+        level_offsets[l] + level_entries[l])``."""
+        return tuple(itertools.accumulate(self.level_entries, initial=0))[:-1]
+
+    @property
+    def table_rows(self) -> int:
+        """The entries of all levels' tables together, at most L * T."""
+        return sum(self.level_entries)
+
+    @property
     def output_features(self) -> int:
         """L * F, the encoding's width."""
         return self.levels * self.features_per_level
 
     @property
-    def table_shape(self) -> tuple[int, int, int]:
-        """The tables' shape, (L, T, F)."""
-        return (self.levels, self.table_size, self.features_per_level)
+    def table_shape(self) -> tuple[int, int]:
+        """The tables' shape, ``(table_rows, F)``: the levels' tables one after the other."""
+        return (self.table_rows, self.features_per_level)
 
 
 def hash_encoding_init(key: jax.Array, config: HashEncodingConfig, dtype: Any = jnp.float32) -> jax.Array:
@@ -164,8 +190,10 @@ def hash_encoding_init(key: jax.Array, config: HashEncodingConfig, dtype: Any = 
         float32 and rounded).
 
     Returns:
-      ``(levels, 2^log2_table_size, features_per_level)`` of ``dtype``. A dense level uses the
-      first (resolution + 1)^d entries of its table; the rest stay unread (their gradient is zero).
+      ``config.table_shape`` = ``(config.table_rows, features_per_level)`` of ``dtype``: level l's
+      table is rows ``config.level_offsets[l]`` on, ``config.level_entries[l]`` of them. A dense
+      level reads the first (resolution + 1)^d of its entries (up to 7 more round its table to a
+      multiple of 8: their gradient is zero).
 
     Raises:
       TypeError: ``config`` not a :class:`HashEncodingConfig`, or ``dtype`` not float32 or float16.
@@ -198,7 +226,8 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig, dty
     reads it, where ``.astype`` would be a pass over the features each way in XLA.
 
     Args:
-      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)``, from
+      tables: float32 or float16 ``config.table_shape``, ``(config.table_rows,
+        features_per_level)``, the levels' tables one after the other, from
         :func:`hash_encoding_init`.
       x: float32 ``(..., d)``, points in [0, 1]^d. A coordinate of exactly 1 lies in the last cell;
         points outside [0, 1]^d extrapolate the border cells linearly.
@@ -217,8 +246,7 @@ def hash_encode(tables: jax.Array, x: jax.Array, config: HashEncodingConfig, dty
     _require_arguments("hash_encode", tables, x, config)
     if dtype is not None:
         _require_table_dtype("hash_encode", "dtype", dtype, _FEATURES_DTYPE)
-    table = tables.reshape(-1, config.features_per_level)
-    features = encode(x, table, config, _spread(config), dtype)
+    features = encode(x, tables, config, _spread(config), dtype)
     return features.reshape(*x.shape[:-1], config.output_features)
 
 
@@ -245,7 +273,8 @@ def hash_encode_with_jacobian(
     second derivatives in ``x``, which :func:`hash_encode` takes.
 
     Args:
-      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)``, from
+      tables: float32 or float16 ``config.table_shape``, ``(config.table_rows,
+        features_per_level)``, the levels' tables one after the other, from
         :func:`hash_encoding_init`.
       x: float32 ``(..., d)``, points in [0, 1]^d (as :func:`hash_encode`'s).
       config: the encoding's :class:`HashEncodingConfig`.
@@ -268,8 +297,7 @@ def hash_encode_with_jacobian(
     _require_arguments("hash_encode_with_jacobian", tables, x, config)
     if dtype is not None:
         _require_table_dtype("hash_encode_with_jacobian", "dtype", dtype, _FEATURES_DTYPE)
-    table = tables.reshape(-1, config.features_per_level)
-    features, jacobian = encode_jacobian(x, table, config, _spread(config), dtype)  # (..., levels[, d], F)
+    features, jacobian = encode_jacobian(x, tables, config, _spread(config), dtype)  # (..., levels[, d], F)
     features = features.reshape(*x.shape[:-1], config.output_features)
     jacobian = jnp.swapaxes(jacobian, -1, -2)  # (..., levels, F, d)
     return features, jacobian.reshape(*x.shape[:-1], config.output_features, config.dimensions)
@@ -304,8 +332,7 @@ def hash_field_with_gradient(
         features_per_level)`` of ``dtype``, e.g. :func:`slax.nn.mlp_apply` of a network with one
         output.
       params: ``apply``'s parameters, any pytree.
-      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)`` (as
-        :func:`hash_encode`'s).
+      tables: float32 or float16 ``config.table_shape`` (as :func:`hash_encode`'s).
       x: float32 ``(..., d)``, points in [0, 1]^d (as :func:`hash_encode`'s).
       config: the encoding's :class:`HashEncodingConfig`.
       dtype: the features' dtype (as :func:`hash_encode`'s); default (None) the tables'.
@@ -324,20 +351,21 @@ def hash_field_with_gradient(
     if dtype is not None:
         _require_table_dtype("hash_field_with_gradient", "dtype", dtype, _FEATURES_DTYPE)
     dtype = str(jnp.dtype(tables.dtype if dtype is None else dtype))
-    table = tables.reshape(-1, config.features_per_level)
-    return field_with_gradient(apply, params, table, x, config, _spread(config), dtype)
+    return field_with_gradient(apply, params, tables, x, config, _spread(config), dtype)
 
 
 def _spread(config: HashEncodingConfig):
     """The dense levels small enough that a batch's gradient piles onto few cache lines: their
-    entries, and how many copies of them fit in the level's unused entries (at most
-    :data:`GRADIENT_COPIES`), for :data:`slax.nn._blend.Spread`."""
+    entries, how many copies of them the gradient adds into (at most :data:`GRADIENT_COPIES`, and
+    at most as many as T entries hold, which bounds the gradient's copies by the table's T a
+    level), and where the copies start, past the tables, for :data:`slax.nn._blend.Spread`."""
     spread = []
-    for level, (resolution, dense) in enumerate(zip(config.resolutions, config.dense_levels)):
-        used = (resolution + 1) ** config.dimensions
-        copies = min(GRADIENT_COPIES, config.table_size // used)
-        if dense and used <= CONTENDED_ENTRIES and copies >= 2:
-            spread.append((level * config.table_size, used, copies))
+    spare = config.table_rows
+    for first, entries, dense in zip(config.level_offsets, config.level_entries, config.dense_levels):
+        copies = min(GRADIENT_COPIES, config.table_size // entries)
+        if dense and entries <= CONTENDED_ENTRIES and copies >= 2:
+            spread.append((first, entries, copies, spare))
+            spare += (copies - 1) * entries
     return tuple(spread)
 
 
@@ -382,9 +410,9 @@ def _require_arguments(function: str, tables, x, config: HashEncodingConfig) -> 
         )
     if tuple(tables.shape) != config.table_shape:
         raise ValueError(
-            f"slax.nn.{function}: tables must have shape (levels, 2^log2_table_size, features_per_level) "
-            f"= {config.table_shape} for this config, got {tuple(tables.shape)}; make them with "
-            "slax.nn.hash_encoding_init(key, config)."
+            f"slax.nn.{function}: tables must have shape (config.table_rows, features_per_level) "
+            f"= {config.table_shape} for this config (the levels' tables one after the other), got "
+            f"{tuple(tables.shape)}; make them with slax.nn.hash_encoding_init(key, config)."
         )
     if x.ndim < 1 or x.shape[-1] != config.dimensions:
         raise ValueError(

@@ -111,5 +111,5 @@ def field_with_gradient(
     apply: Callable[[Any, jax.Array], jax.Array], params, tables, x, config, spread, dtype
 ) -> tuple[jax.Array, jax.Array]:
     """``apply(params, encoding(x))`` ``(..., 1)`` and its gradient in ``x`` ``(..., d)``, the
-    tables flattened ``(levels * T, F)`` (slax/nn/_hash_encoding.py checks the arguments)."""
+    tables ``(config.table_rows, F)`` (slax/nn/_hash_encoding.py checks the arguments)."""
     return _hash_field(apply, config, spread, dtype, params, tables, x)

@@ -2,10 +2,11 @@
 :func:`slax.nn.hash_encode` with, and the "plain JAX" model the experiments train beside it.
 
 The same grids, cells, hash and weights as ``shaders/nn/hash_encoding.slang``, written with
-gathers (``tables[level, entry]``); JAX differentiates them, the tables' gradient being XLA's
-scatter-add. float16 tables are read as slax reads them: gathered in float32, summed in float32
-and rounded to float16 once per feature; the tables are cast to float32 before the gathers, so
-that the gradient's scatter-add is float32's too, rounded to float16 once (the cast's transpose).
+gathers (``tables[offset + entry]``, each level's table one slice of the levels'); JAX
+differentiates them, the tables' gradient being XLA's scatter-add. float16 tables are read as slax
+reads them: gathered in float32, summed in float32 and rounded to float16 once per feature; the
+tables are cast to float32 before the gathers, so that the gradient's scatter-add is float32's too,
+rounded to float16 once (the cast's transpose).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def hash_encode_reference(tables: jax.Array, x: jax.Array, config: HashEncodingC
     """:func:`slax.nn.hash_encode` in plain JAX: the same arguments, result and conventions.
 
     Args:
-      tables: float32 or float16 ``(levels, 2^log2_table_size, features_per_level)``.
+      tables: float32 or float16 ``config.table_shape``, ``(config.table_rows, features_per_level)``.
       x: float32 ``(..., d)``, points in [0, 1]^d.
       config: the encoding's :class:`HashEncodingConfig`.
 
@@ -40,9 +41,10 @@ def hash_encode_reference(tables: jax.Array, x: jax.Array, config: HashEncodingC
     _require_config("hash_encode_reference", config)
     _require_arguments("hash_encode_reference", tables, x, config)
     wide = tables.astype(jnp.float32)
+    levels = zip(config.level_offsets, config.level_entries, config.resolutions, config.dense_levels)
     features = [
-        _level(wide[level], x, resolution, dense, config)
-        for level, (resolution, dense) in enumerate(zip(config.resolutions, config.dense_levels))
+        _level(wide[first : first + entries], x, resolution, dense, config)
+        for first, entries, resolution, dense in levels
     ]
     return jnp.concatenate(features, axis=-1).astype(tables.dtype)
 

@@ -163,7 +163,7 @@ for _primitive in (encode_jacobian_p, scatter_jacobian_p):
 
 
 def encode_jacobian(x, tables, config, spread: Spread = (), dtype=None):
-    """Points ``x`` float32 ``(..., d)`` in the flattened ``tables`` ``(levels * T, F)``: the
+    """Points ``x`` float32 ``(..., d)`` in the ``tables`` ``(config.table_rows, F)``: the
     encoding ``(..., levels, F)`` of ``dtype`` (default the tables') and its Jacobian in x
     ``(..., levels, d, F)`` (``[..., l, i, f]``: feature f's derivative in ``x[..., i]``) of the
     tables' dtype. Differentiable in the tables to every order; the gradient adds ``spread``'s
