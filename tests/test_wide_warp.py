@@ -210,6 +210,15 @@ def test_power_of_two_normalisation_only_scales_up():
     assert np.array_equal(scaled[0], values[0]) and not jnp.any(scaled[2])
     assert 0.5 <= float(jnp.max(jnp.abs(scaled[1]))) < 1.0
     assert np.array_equal(nn_backends.scaled_back(scaled, exponent), values)
+    # Random groups from 1e-9 to 1e4, half's subnormals among them: the scaled values are ldexp's
+    # of the values, bit for bit, and scale back to them.
+    magnitudes = 10.0 ** jax.random.uniform(jax.random.key(0), (40, 1, 1), minval=-9, maxval=4)
+    values = (jax.random.normal(jax.random.key(1), (40, 30, 3)) * magnitudes).astype(jnp.float16)
+    for group_ndim in (0, 1, 2):
+        scaled, exponent = nn_backends.power_of_two_normalised(values, group_ndim)
+        shaped = exponent.reshape(exponent.shape + (1,) * (3 - group_ndim))
+        assert np.array_equal(scaled, jnp.ldexp(values.astype(jnp.float32), -shaped).astype(jnp.float16))
+        assert np.array_equal(nn_backends.scaled_back(scaled, exponent), values)
 
 
 @pytest.mark.one_device_kind  # the kernels are replaced by the twin: no kernel runs

@@ -330,31 +330,38 @@ def kernel(
 def power_of_two_normalised(values: jax.Array, group_ndim: int) -> tuple[jax.Array, jax.Array]:
     """``values`` (groups, then samples and columns) times a power of two per group of the
     ``group_ndim`` leading axes, raising a group whose largest magnitude is below 0.5 into [0.5, 1)
-    (a group already at or past 0.5, all zero or holding a value not finite stays as it is), in
-    their own dtype; and the exponents ``e`` (int32, per group, at most 0) with ``values ==
-    ldexp(scaled, e)``. Exact: scaling up by a power of two keeps every significand, where scaling
-    down would push a group's smallest values into half's subnormals."""
+    (a group already at or past 0.5, all zero or holding a value not finite stays as it is; one of
+    float32 values all below 2^-126 rises by 2^126), in their own dtype; and the exponents ``e``
+    (int32, per group, from -126 to 0) with ``values == ldexp(scaled, e)``. Exact: scaling up by a
+    power of two keeps every significand, where scaling down would push a group's smallest values
+    into half's subnormals. The power is a float32 factor per group, one product a value: the same
+    values as ``jnp.ldexp``'s, which takes about 20 integer operations a value."""
     wide = values.astype(jnp.float32)
     peak = jnp.max(jnp.abs(wide), axis=tuple(range(group_ndim, values.ndim)), initial=0.0)
     _, exponent = jnp.frexp(jnp.where(jnp.isfinite(peak), peak, 0.0))
-    exponent = jnp.minimum(exponent, 0).astype(jnp.int32)
-    shaped = exponent.reshape(exponent.shape + (1,) * (values.ndim - group_ndim))
-    return jnp.ldexp(wide, -shaped).astype(values.dtype), exponent
+    exponent = jnp.clip(exponent, -126, 0).astype(jnp.int32)
+    return (wide * _grouped(powers_of_two(-exponent, flat=False), values.ndim)).astype(values.dtype), exponent
 
 
-def powers_of_two(exponent: jax.Array) -> jax.Array:
-    """``2 ** exponent`` (:func:`power_of_two_normalised`'s exponents, at most 0) as float32,
-    flattened: the scales a kernel multiplies a result by in float32 before rounding it to half,
-    as :func:`scaled_back` would after it (the same values: both products are exact wherever the
-    result is a normal float32), without a pass of XLA's over the result."""
-    return jnp.ldexp(jnp.ones(exponent.shape, jnp.float32), exponent).reshape(-1)
+def powers_of_two(exponent: jax.Array, flat: bool = True) -> jax.Array:
+    """``2 ** exponent`` (from -126 to 126: normal float32 numbers, each exact) as float32,
+    flattened unless ``flat`` is off: the scales a kernel multiplies a result by in float32 before
+    rounding it to half, as :func:`scaled_back` would after it (the same values: both products are
+    exact wherever the result is a normal float32), without a pass of XLA's over the result."""
+    scales = jnp.ldexp(jnp.ones(exponent.shape, jnp.float32), exponent)
+    return scales.reshape(-1) if flat else scales
 
 
 def scaled_back(value: jax.Array, exponent: jax.Array) -> jax.Array:
     """``value`` (the groups' axes first, as ``exponent``'s) times 2 ** ``exponent`` per group, in
     its own dtype: :func:`power_of_two_normalised`'s inverse, exact wherever the result is normal."""
-    shaped = exponent.reshape(exponent.shape + (1,) * (value.ndim - exponent.ndim))
-    return jnp.ldexp(value.astype(jnp.float32), shaped).astype(value.dtype)
+    scales = _grouped(powers_of_two(exponent, flat=False), value.ndim)
+    return (value.astype(jnp.float32) * scales).astype(value.dtype)
+
+
+def _grouped(per_group: jax.Array, ndim: int) -> jax.Array:
+    """A per-group array with axes of 1 appended up to ``ndim``, to broadcast over each group."""
+    return per_group.reshape(per_group.shape + (1,) * (ndim - per_group.ndim))
 
 
 WARP_TILE_ENTRIES = (
