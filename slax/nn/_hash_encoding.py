@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from slax.nn._blend import gradient_rows
 from slax.nn._fused_encoding import encode
 from slax.nn._hash_field import field_with_gradient
 from slax.nn._jacobian_encoding import encode_jacobian
@@ -108,11 +109,14 @@ class HashEncodingConfig:
             "finest_resolution",
             f"coarsest_resolution ({self.coarsest_resolution}) with one level",
         )
+        # The kernels index the tables' rows, and the gradient's copies past them, with int32.
         rows = self.levels << self.log2_table_size
+        if rows < 2**31:
+            rows = gradient_rows(self.table_rows, _spread(self))
         if rows >= 2**31:
             raise ValueError(
-                f"slax.nn.HashEncodingConfig: levels * 2^log2_table_size must be below 2^31 (the "
-                f"kernels index the tables, and their gradient's copies, with int32), got "
+                f"slax.nn.HashEncodingConfig: the tables' rows and their gradient's copies must be below "
+                f"2^31 (the kernels index them with int32), got {rows} for levels * 2^log2_table_size = "
                 f"{self.levels} * 2^{self.log2_table_size}."
             )
 
