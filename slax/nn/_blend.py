@@ -55,7 +55,7 @@ back into the first. A scatter's gradient table has :func:`gradient_rows` rows; 
 the table's.
 
 Why: a float atomic add waits for the last one into the same L2 cache line, and a coarse dense
-level (instant-NGP's image grid: 289 to 1849 entries) takes a whole batch's adds on a few lines;
+level (instant-NGP's image grid: 289 to 1849 vertices) takes a whole batch's adds on a few lines;
 BENCHMARKS.md ("The hash encoding") measures the scatter with and without copies."""
 
 
