@@ -19,8 +19,9 @@ from collections.abc import Iterator
 import slangpy as spy
 
 from slax import _sources
-from slax._device import include_paths
+from slax._device import cpp_compiler, include_paths, writable_cache_dir
 from slax._errors import SlangCompileError
+from slax._gxx_wrapper import builds_through_wrapper
 
 GROUP_SIZE = 64
 """Threads per group: SLAX_GROUP_SIZE in shaders/slax/kernel.slang (tests/test_codegen.py pins both)."""
@@ -191,9 +192,10 @@ def compile_kernel(device: spy.Device, spec: KernelSpec) -> CompiledKernel:
 
     def build() -> spy.ComputeKernel:
         program = module.session.link_program([module], [module.entry_point(spec.entry)])
-        kernel = device.create_compute_kernel(program)
-        kernel.pipeline  # noqa: B018 -- builds the pipeline now: code generation errors (e.g. a loop
-        # that cannot be unrolled) surface here, at trace time, not at the first launch
+        with _through_slaxs_gxx(device):
+            kernel = device.create_compute_kernel(program)
+            kernel.pipeline  # noqa: B018 -- builds the pipeline now: code generation errors (e.g. a
+            # loop that cannot be unrolled) surface here, at trace time, not at the first launch
         return kernel
 
     try:
@@ -210,6 +212,16 @@ VULKAN_GUARANTEED_PUSH_CONSTANT_BYTES = 128
 """maxPushConstantsSize every Vulkan device offers; lavapipe and NVIDIA's drivers offer 256."""
 
 _SCALAR_BYTES = {"half": 2, "double": 8, "int64_t": 8, "uint64_t": 8}
+
+
+def _through_slaxs_gxx(device: spy.Device) -> contextlib.AbstractContextManager:
+    """Where ``device`` is SlangPy's CPU device building with g++ (Slang takes clang++ where there
+    is one), its builds through slax's g++ (slax/_gxx_wrapper.py: each kernel built once per cache,
+    with Slang's prelude precompiled); else nothing changed."""
+    compiler = cpp_compiler()
+    if device.info.type != spy.DeviceType.cpu or compiler is None or os.path.basename(compiler) != "g++":
+        return contextlib.nullcontext()
+    return builds_through_wrapper(str(writable_cache_dir("cpu", "g++")))
 
 
 def uniform_bytes(parameters: EntryPointParameters) -> int:

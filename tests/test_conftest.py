@@ -37,6 +37,7 @@ def test_worker_is_asked_to_hurry(request):
 """
 
 
+@pytest.mark.slow
 def test_a_worker_asked_to_hurry_at_its_end_raises_no_keyboard_interrupt(tmp_path):
     """A worker whose end outlasts execnet's 5 s gets a SIGINT, which raised KeyboardInterrupt
     wherever the worker was, often in JAX's gc callback: a ``PytestUnraisableExceptionWarning``
@@ -168,6 +169,7 @@ def test_slow():
 """
 
 
+@pytest.mark.slow
 def test_quick_runs_on_one_kind_what_the_full_run_runs_on_each_further_kind(tmp_path):
     """``--quick``: of a test some of whose parameters are marked ``one_device_kind``, the others; a
     test marked ``one_device_kind`` whole, every case; of a test marked ``quick_sample``, its sample

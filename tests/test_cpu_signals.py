@@ -267,6 +267,7 @@ print(_cpu_signals._library()._name)
 
 
 @pytest.mark.one_device_kind  # the handlers' library is built and loaded before any device
+@pytest.mark.slow
 def test_a_damaged_compiled_helper_is_rebuilt(tmp_path):
     """The handlers' library, once built into the cache directory, was loaded as found: emptied or
     garbled, every later process failed with ``OSError: ... file too short``; cut inside a

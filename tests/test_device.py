@@ -388,6 +388,7 @@ _FORK_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_child_forked_after_kernels_ran_runs_them_on_its_own_device(device_kind, tmp_path):
     """fork() copies no driver threads: reading back the parent's Vulkan (lavapipe) buffers in the
     child, and SlangPy's exit handler closing them, waited for them forever. The child makes its
@@ -409,6 +410,7 @@ def test_a_child_forked_after_kernels_ran_runs_them_on_its_own_device(device_kin
     np.testing.assert_array_equal(in_child, in_parent)
 
 
+@pytest.mark.slow
 def test_a_truncated_shader_cache_is_set_aside_not_crashed_on(device_kind, tmp_path):
     """SlangPy's shader cache (LMDB's data.mdb) cut short below the pages its header records killed
     every later process with SIGBUS, silently. A fresh process now moves it aside, says so once,

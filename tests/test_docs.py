@@ -101,7 +101,16 @@ def test_docstring_states_arguments_result_and_errors(name, function):
 SNIPPET_PAGES = [page for page in PAGES if page.name != "frameworks.md" and "```python" in page.read_text()]
 
 
-@pytest.mark.parametrize("page", SNIPPET_PAGES, ids=lambda page: page.name)
+SLOW_PAGES = {"encoding.md"}
+"""Pages whose snippets --quick leaves to the full run: they repeat what tests/test_hash_encoding.py
+runs, at a quarter of a minute."""
+
+
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p for p in SNIPPET_PAGES],
+    ids=lambda page: page.name,
+)
 def test_page_snippets_run(page, monkeypatch):
     """A page's snippets, in order, in one namespace, as a reader runs them from the repository."""
     monkeypatch.chdir(DOCS.parent)

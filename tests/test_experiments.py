@@ -384,6 +384,7 @@ def test_benchmark_trains_slax_on_one_parameter_vector_and_plain_jax_either_way(
     assert [a.shape for a in jax.tree.leaves(jax_params)] == [(16,), (16, 4), (4,), (4, 16)]
 
 
+@pytest.mark.slow
 def test_benchmark_rounds_time_every_configuration_again_without_compiling_it_again(
     tmp_path, monkeypatch, capsys
 ):
@@ -408,6 +409,7 @@ def test_benchmark_rounds_time_every_configuration_again_without_compiling_it_ag
     assert "round network" in capsys.readouterr().out  # the printed table names the round
 
 
+@pytest.mark.slow
 def test_benchmark_times_each_precision_with_plain_jax_at_the_same(tmp_path):
     """``--precision default highest``: every model's rows under each of JAX's matmul precisions, the
     precision recorded in each row (jax-f32, plain JAX at HIGHEST, only where it is not ``jax``);
@@ -534,6 +536,7 @@ def test_profile_step_table_sorts_kernels_by_time_with_their_share_of_the_step()
     ]
 
 
+@pytest.mark.slow
 def test_benchmark_times_a_wide_network_beside_plain_jax(tmp_path):
     """``--network wide``: an architecture of --width and --hidden-layers, fitted by squared error to
     random targets of its output width, its rows naming it and recording its sizes; its floor as
@@ -674,6 +677,7 @@ def test_soak_reads_memory_after_every_chunk(device_kind, tmp_path):
     assert report["readings"][-1]["loss"] < report["readings"][0]["loss"]
 
 
+@pytest.mark.slow
 def test_soak_fails_on_growth_over_the_limit(tmp_path):
     """A limit below any possible reading makes the run fail: the check is live."""
     result = _soak(tmp_path, "--steps", "100", "--chunk", "100", "--max-growth-mb=-1e6")

@@ -226,11 +226,12 @@ def test_float16_tables_match_the_twin():
 
 
 @pytest.mark.one_device_kind
-def test_float16_features_of_float32_tables_match_the_twin():
+@pytest.mark.parametrize("vmapped", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["jit", "vmap"])
+def test_float16_features_of_float32_tables_match_the_twin(vmapped):
     """``dtype=jnp.float16`` from float32 tables (a float16 network's input): the features, their
     gradients in the tables (float32) and the points of a float16 cotangent, the JVP in both, and
     an eikonal loss's gradient in the tables (the slope kernels and the point gradient with a
-    float16 cotangent), under ``jit`` and ``vmap`` over the points; and
+    float16 cotangent), under ``jit`` (with ``vmapped``, and ``vmap`` over the points); and
     ``hash_encode_with_jacobian``'s features, Jacobian, JVP and a loss's gradient in the tables;
     against the twin's float32 features cast to float16, at float16's tolerance."""
     config = small_config(3)
@@ -262,13 +263,11 @@ def test_float16_features_of_float32_tables_match_the_twin():
         return jax.vmap(encode, in_axes=(None, 0))
 
     want = outputs(want_encode, lambda f: f)
-    for mapped in (lambda f: f, over_points):
-        got = jax.jit(functools.partial(outputs, mapped=mapped), static_argnums=0)(got_encode)
-        for got_leaf, want_leaf in zip(got, want, strict=True):
-            assert got_leaf.dtype == want_leaf.dtype
-            assert (
-                relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
-            )
+    mapped = over_points if vmapped else (lambda f: f)
+    got = jax.jit(functools.partial(outputs, mapped=mapped), static_argnums=0)(got_encode)
+    for got_leaf, want_leaf in zip(got, want, strict=True):
+        assert got_leaf.dtype == want_leaf.dtype
+        assert relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
     assert got[0].dtype == jnp.float16 and got[1].dtype == jnp.float32
 
     # hash_encode_with_jacobian: float16 features, the Jacobian float32 (the tables'); its loss's
@@ -286,13 +285,14 @@ def test_float16_features_of_float32_tables_match_the_twin():
         features, jacobian = with_jacobian_reference(tables, x, config)
         return features.astype(jnp.float16), jacobian
 
+    with_jacobian = functools.partial(nn.hash_encode_with_jacobian, config=config, dtype=jnp.float16)
+
     def chunked(tables, x):  # vmap over two halves of the points
-        encode = functools.partial(nn.hash_encode_with_jacobian, config=config, dtype=jnp.float16)
-        both = jax.vmap(encode, in_axes=(None, 0))(tables, x.reshape(2, -1, x.shape[-1]))
+        both = jax.vmap(with_jacobian, in_axes=(None, 0))(tables, x.reshape(2, -1, x.shape[-1]))
         return tuple(value.reshape(x.shape[0], *value.shape[2:]) for value in both)
 
     want = jacobian_outputs(twin)
-    got = jax.jit(jacobian_outputs, static_argnums=0)(chunked)
+    got = jax.jit(jacobian_outputs, static_argnums=0)(chunked if vmapped else with_jacobian)
     for got_leaf, want_leaf in zip(got, want, strict=True):
         assert got_leaf.dtype == want_leaf.dtype
         assert relative_error(got_leaf.astype(jnp.float32), want_leaf.astype(jnp.float32)) < HALF_TOLERANCE
@@ -504,23 +504,25 @@ def test_eikonal_gradients_in_the_tables_and_the_network_match_the_twin():
 
 
 @pytest.mark.one_device_kind
-def test_a_field_with_its_gradient_matches_the_twin():
+@pytest.mark.parametrize("vmapped", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["jit", "vmap"])
+def test_a_field_with_its_gradient_matches_the_twin(vmapped):
     """``hash_field_with_gradient`` behind a ReLU MLP (the Hessian kernel's networks): values,
-    gradients in x, and an eikonal loss's gradients in the MLP and the tables, also under ``vmap``
-    over the points, against the plain-JAX twin."""
+    gradients in x, and an eikonal loss's gradients in the MLP and the tables, under ``jit`` (with
+    ``vmapped``, and ``vmap`` over the points), against the plain-JAX twin."""
     config = small_config(3)
     tables, x = tables_and_points(config, 18)
     params = nn.mlp_init(jax.random.key(19), (config.output_features, 16, 16, 1), activation="relu")
     field = through_field(nn.mlp_apply, config)
 
-    def vmapped(params, tables, x):
+    def vmapped_field(params, tables, x):
         both = jax.vmap(field, in_axes=(None, None, 0))(params, tables, x.reshape(2, -1, x.shape[-1]))
         return [value.reshape(-1, value.shape[-1]) for value in both]
 
-    assert_fields_match_the_twin((field, vmapped), config, params, tables, x, TOLERANCE)
+    assert_fields_match_the_twin((vmapped_field if vmapped else field,), config, params, tables, x, TOLERANCE)
 
 
 @pytest.mark.one_device_kind
+@pytest.mark.slow
 def test_a_field_with_its_gradient_over_a_stack_of_tables_matches_the_twin():
     """Per-example gradients in a stack of tables (``vmap`` over the tables) of an eikonal loss on
     ``hash_field_with_gradient``: each example's scatter adds into its own table."""

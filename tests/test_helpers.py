@@ -48,7 +48,13 @@ def _with_tests_on_path() -> str:
     return os.pathsep.join(path for path in [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")] if path)
 
 
-@pytest.mark.parametrize("workers", [["-n", "2"], ["-p", "no:xdist"]], ids=["two-workers", "no-xdist"])
+@pytest.mark.parametrize(
+    "workers",
+    [
+        pytest.param(["-n", "2"], id="two-workers", marks=pytest.mark.slow),
+        pytest.param(["-p", "no:xdist"], id="no-xdist"),
+    ],
+)
 def test_once_per_run_makes_its_thing_once_for_all_workers(tmp_path, workers):
     """Eight tests of one run ask for the thing, spread over two xdist workers (each gets at least
     two of them) or in one process: it is made once, and every test reads what was made."""

@@ -111,6 +111,7 @@ _OTHER_PROCESS = textwrap.dedent(
 
 
 @pytest.mark.one_device_kind
+@pytest.mark.slow
 def test_same_name_in_two_processes_runs_each_processes_source():
     env = python_env()
     env["PYTHONPATH"] = f"{ROOT / 'tests'}:{env['PYTHONPATH']}"

@@ -576,6 +576,7 @@ def test_reference_multiplies_at_the_requested_precision():
 
 
 @pytest.mark.one_device_kind
+@pytest.mark.slow  # --quick runs one route; the full run runs each, and compares them here
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_the_cpu_device_gives_the_vulkan_routes_results(dtype):
     """Both CPU routes in one process, on the same inputs: apply, its VJP and the fused loss and

@@ -58,6 +58,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+@pytest.mark.slow
 def test_ten_thousand_jitted_steps_do_not_grow_memory():
     """On the CPU path device memory is host memory (lavapipe), so peak RSS covers both."""
     params = nn.mlp_init(jax.random.key(0), (4, 16, 4))

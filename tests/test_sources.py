@@ -140,6 +140,7 @@ def test_failed_import_fails_again_and_never_crashes(tmp_path):
     assert result.stdout.split() == ["9.0", "6.0"]
 
 
+@pytest.mark.slow
 def test_edit_sequences_never_crash(tmp_path):
     """Good, broken (syntax, import, type) and good again, in every order here, each loaded and
     called twice, and a kernel whose code generation fails traced twice; in a subprocess."""

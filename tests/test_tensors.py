@@ -382,6 +382,7 @@ def test_a_grid_of_no_axes_is_refused():
 @pytest.mark.one_device_kind  # replicating tensors and summing their gradients is slax's Python and XLA's
 # partitioning; each route's tensor kernels: the tests above, and sharded values reach them as tensor
 # arguments in tests/test_sharding.py's test_sharded_values_reach_slang_by_every_path
+@pytest.mark.slow
 def test_sharded_calls_replicate_tensors_and_sum_their_gradients_once(cpu_path):
     """shard_map and plain jit over a batch-sharded array on two host devices
     (tests/scripts/tensors_sharded.py)."""

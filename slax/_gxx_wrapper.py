@@ -1,0 +1,256 @@
+"""The ``g++`` slax puts on ``PATH`` while SlangPy builds a CPU kernel: each kernel built once per
+cache, and with Slang's C++ prelude precompiled.
+
+Slang's CPU target writes a kernel as one C++ file, which SlangPy's CPU device builds with the
+system's g++ in every process that uses it (it keeps no built kernels across processes), and whose
+first ~4,300 lines are Slang's prelude (inside the include guard ``SLANG_CPP_PRELUDE_H``): for a
+small kernel, three quarters of g++'s time is parsing that prelude again. This wrapper, for a
+command that builds such a file:
+
+- takes the kernel from slax's cache where the same C++ was built before with the same flags and
+  compiler (keyed by a SHA-256 of the three, the C++ without the ``#line`` directives and blank
+  lines that differ between processes: :func:`_without_line_directives`; the file g++ would write,
+  copied, checked against its own SHA-256), so that a second process, or a program run again,
+  builds nothing;
+- else builds it with the prelude precompiled: compiled once per prelude text, flags and compiler
+  into a header (``g++ -x c++-header``, the same flags) that the build gets as ``-include``, so that
+  g++ loads it and skips the kernel's own copy by its include guard (the same machine code; a small
+  kernel's build 0.48 -> 0.24 s on a 2-core machine), and keeps what it built.
+
+Any other command (one that builds no file Slang wrote) runs as it came. Slang runs ``g++`` by
+name, found on ``PATH`` at each build, and SlangPy passes it no options of ours:
+:func:`builds_through_wrapper` puts this wrapper first on ``PATH`` around a build. The wrapper runs
+this file as a script (the standard library only, no slax or JAX to import: it runs once a build).
+Files appear whole (written aside, then renamed): builds in other processes never read half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shlex
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+
+PRELUDE_GUARD = "#ifndef SLANG_CPP_PRELUDE_H"
+"""The first line of every C++ file Slang's CPU target writes: its prelude's include guard."""
+
+
+def prelude_text(source: str) -> str | None:
+    """The prelude at the start of ``source`` (a C++ file Slang wrote): from its include guard to
+    the ``#endif`` that closes it, counting the conditional directives between; None where
+    ``source`` does not start with the guard or never closes it."""
+    if not source.startswith(PRELUDE_GUARD):
+        return None
+    depth, end = 0, 0
+    for line in source.splitlines(keepends=True):
+        end += len(line)
+        directive = _directive(line)
+        if directive in ("if", "ifdef", "ifndef"):
+            depth += 1
+        elif directive == "endif":
+            depth -= 1
+            if depth == 0:
+                return source[:end]
+    return None
+
+
+def _directive(line: str) -> str | None:
+    """The name of the preprocessor directive on ``line`` (``"ifdef"`` for ``#  ifdef X``), or None."""
+    text = line.lstrip()
+    if not text.startswith("#"):
+        return None
+    text = text[1:].lstrip()
+    end = 0
+    while end < len(text) and (text[end].isalnum() or text[end] == "_"):
+        end += 1
+    return text[:end]
+
+
+def header_flags(arguments: list[str], source: str) -> list[str]:
+    """The flags of a g++ command that builds ``source``, as a precompiled header of its prelude
+    must be built with: all but the source, the output, and what only the link reads."""
+    flags, skip = [], False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument == "-o":
+            skip = True
+        elif argument != source and argument != "-shared" and not argument.startswith(("-l", "-Wl,")):
+            flags.append(argument)
+    return flags
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode(errors="surrogateescape")).hexdigest()
+
+
+def _compiler_identity(compiler: str) -> str:
+    status = os.stat(compiler)
+    return f"{os.path.realpath(compiler)}:{status.st_size}:{status.st_mtime_ns}"
+
+
+def _write_whole(path: str, data: bytes, mode: int = 0o644) -> None:
+    aside = f"{path}.{os.getpid()}.partial"
+    with open(aside, "wb") as file:
+        file.write(data)
+    os.chmod(aside, mode)
+    os.replace(aside, path)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def precompiled_prelude(compiler: str, directory: str, prelude: str, flags: list[str]) -> str | None:
+    """The path of a ``prelude.h`` holding ``prelude`` with its ``.gch`` beside it, built by
+    ``compiler`` with ``flags`` (now, where missing) in a folder of ``directory`` named by their
+    digest; None where g++ cannot build it."""
+    folder = os.path.join(directory, "preludes", _digest(_compiler_identity(compiler), prelude, *flags)[:32])
+    header = os.path.join(folder, "prelude.h")
+    if os.path.exists(header + ".gch"):
+        return header
+    os.makedirs(folder, exist_ok=True)
+    _write_whole(header, prelude.encode(errors="surrogateescape"))
+    aside = f"{header}.gch.{os.getpid()}.partial"
+    if _run([compiler, *flags, "-x", "c++-header", header, "-o", aside], quiet=True) != 0:
+        with contextlib.suppress(OSError):
+            os.remove(aside)
+        return None
+    os.replace(aside, header + ".gch")
+    return header
+
+
+def _run(command: list[str], quiet: bool = False) -> int:
+    """``command``'s exit status (127 where it cannot start); with ``quiet``, its output goes
+    nowhere. ``posix_spawn``: no subprocess module to import once a build, and no fork of a
+    process that may have threads (the tests call :func:`build` in theirs)."""
+    actions = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)] if quiet else []
+    try:
+        pid = os.posix_spawn(command[0], command, os.environ, file_actions=actions)
+    except OSError:
+        return 127
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def build(compiler: str, directory: str, arguments: list[str]) -> int:
+    """Runs the g++ command ``arguments`` with ``compiler``, the real g++, the cache in
+    ``directory``: a build of one C++ file Slang wrote into ``-o OUTPUT`` is taken from the cache
+    or built with the prelude precompiled and kept (the module's docstring); any other command runs
+    as it came, and so does this one where the cache cannot be read or written. Returns g++'s exit
+    status."""
+    sources = [a for a in arguments if a.endswith(".cpp") and not a.startswith("-")]
+    outputs = [arguments[k + 1] for k, a in enumerate(arguments[:-1]) if a == "-o"]
+    if len(sources) != 1 or len(outputs) != 1:
+        return _run([compiler, *arguments])
+    source, output = sources[0], outputs[0]
+    try:
+        text = _read(source).decode(errors="surrogateescape")
+    except OSError:
+        return _run([compiler, *arguments])
+    prelude = prelude_text(text)
+    if prelude is None:
+        return _run([compiler, *arguments])
+    shape = [{source: "<source>", output: "<output>"}.get(a, a) for a in arguments]
+    code = _without_line_directives(text, arguments)
+    kept = os.path.join(directory, "kernels", _digest(_compiler_identity(compiler), code, *shape)[:40])
+    with contextlib.suppress(OSError):
+        kernel = _kept_kernel(kept)
+        if kernel is not None:
+            _write_whole(output, kernel, 0o755)
+            return 0
+    try:
+        header = precompiled_prelude(compiler, directory, prelude, header_flags(arguments, source))
+    except OSError:
+        header = None
+    at = arguments.index(source)
+    included = ["-include", header] if header else []
+    status = _run([compiler, *arguments[:at], *included, *arguments[at:]])
+    if status == 0:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(kept), exist_ok=True)
+            kernel = _read(output)
+            _write_whole(kept, hashlib.sha256(kernel).hexdigest().encode() + b"\n" + kernel)
+    return status
+
+
+def _without_line_directives(text: str, arguments: list[str]) -> str:
+    """``text`` without its ``#line`` directives and blank lines where they cannot change what g++
+    builds from it (no ``__LINE__`` or ``__FILE__`` in it, no debug information asked for), else as
+    it is. Slang writes the same kernel with other ``#line`` directives, and blank lines for some, in
+    a process that loaded its modules from SlangPy's module cache (no source locations) than in the
+    one that compiled them."""
+    if "__LINE__" in text or "__FILE__" in text or any(a.startswith("-g") and a != "-g0" for a in arguments):
+        return text
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if line.strip() and _directive(line) != "line")
+
+
+def _kept_kernel(path: str) -> bytes | None:
+    """The kernel kept at ``path`` (its SHA-256 in hex, a newline, the library g++ wrote), or None
+    where none is kept or what is there does not match its digest (cut short or damaged on disk: the
+    build then runs and keeps it again)."""
+    digest, _, kernel = _read(path).partition(b"\n")
+    return kernel if hashlib.sha256(kernel).hexdigest().encode() == digest else None
+
+
+# --- in slax's process ------------------------------------------------------------------------------
+
+
+def wrapper_folder(directory: str, compiler: str) -> str:
+    """A folder in ``directory`` holding a ``g++`` that runs this file with the real ``compiler``
+    and the cache in ``directory``; written now where missing."""
+    script = (
+        f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -S -E {shlex.quote(os.path.abspath(__file__))} "
+        f'{shlex.quote(compiler)} {shlex.quote(directory)} "$@"\n'
+    )
+    folder = os.path.join(directory, "bin", _digest(script)[:16])
+    if not os.path.exists(os.path.join(folder, "g++")):
+        os.makedirs(folder, exist_ok=True)
+        _write_whole(os.path.join(folder, "g++"), script.encode(errors="surrogateescape"), 0o755)
+    return folder
+
+
+_path_lock = threading.Lock()
+_builds = 0
+_path_before: str | None = None
+
+
+@contextlib.contextmanager
+def builds_through_wrapper(directory: str) -> Iterator[None]:
+    """While the body runs (SlangPy builds a CPU kernel), ``g++`` on ``PATH`` is this wrapper, with
+    its cache in ``directory``; ``PATH`` is as it was once no build is left. The change is to the
+    process's environment, which Slang reads at each build: a program that starts ``g++`` on another
+    thread meanwhile gets the wrapper, which runs a command that builds no C++ of Slang's as it
+    came. The real g++ is found on ``PATH`` as it was before any build changed it."""
+    global _builds, _path_before
+    with _path_lock:
+        path = _path_before if _builds else os.environ.get("PATH")
+        compiler = shutil.which("g++", path=path)
+        if compiler is not None:
+            folder = wrapper_folder(directory, compiler)
+            if _builds == 0:
+                _path_before = path
+                os.environ["PATH"] = folder + os.pathsep + (path or os.defpath)
+            _builds += 1
+    if compiler is None:  # g++ left PATH after the device chose it: the build fails as it would
+        yield
+        return
+    try:
+        yield
+    finally:
+        with _path_lock:
+            _builds -= 1
+            if _builds == 0:
+                if _path_before is None:
+                    os.environ.pop("PATH", None)
+                else:
+                    os.environ["PATH"] = _path_before
+
+
+if __name__ == "__main__":
+    sys.exit(build(sys.argv[1], sys.argv[2], sys.argv[3:]))
