@@ -230,14 +230,18 @@ def builds_through_wrapper(directory: str) -> Iterator[None]:
     global _builds, _path_before
     with _path_lock:
         path = _path_before if _builds else os.environ.get("PATH")
-        compiler = shutil.which("g++", path=path)
+        compiler = shutil.which("g++", path=path) if sys.executable else None
+        try:
+            folder = wrapper_folder(directory, compiler) if compiler else ""
+        except OSError:  # the cache cannot hold the wrapper: builds go to g++ as they would
+            compiler = None
         if compiler is not None:
-            folder = wrapper_folder(directory, compiler)
             if _builds == 0:
                 _path_before = path
                 os.environ["PATH"] = folder + os.pathsep + (path or os.defpath)
             _builds += 1
-    if compiler is None:  # g++ left PATH after the device chose it: the build fails as it would
+    if compiler is None:  # no g++ on PATH now (the build fails as it would), no interpreter to run
+        # the wrapper with (Python embedded in another program), or no cache for it
         yield
         return
     try:

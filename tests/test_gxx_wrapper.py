@@ -185,3 +185,26 @@ def test_the_same_kernel_with_other_line_directives_is_the_kept_one(tmp_path):
         "line_macro.cpp": 40,
         "line_macro_moved.cpp": 42,
     }
+
+
+@needs_gxx
+def test_nested_builds_share_one_wrapper_of_the_real_gxx_and_restore_path(tmp_path):
+    path = os.environ.get("PATH")
+    with _gxx_wrapper.builds_through_wrapper(str(tmp_path)):
+        outer = os.environ["PATH"]
+        with _gxx_wrapper.builds_through_wrapper(str(tmp_path)):  # another thread's build meanwhile
+            assert os.environ["PATH"] == outer
+            wrapper = shutil.which("g++")
+        assert os.environ["PATH"] == outer
+    assert os.environ.get("PATH") == path and _gxx_wrapper._builds == 0
+    assert os.path.dirname(wrapper) == outer.split(os.pathsep)[0]
+    assert f" {gxx} " in open(wrapper).read()  # the real g++, never the wrapper itself
+
+
+def test_without_a_folder_for_the_wrapper_builds_go_to_gxx_as_they_would(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    path = os.environ.get("PATH")
+    with _gxx_wrapper.builds_through_wrapper(str(not_a_folder)):
+        assert os.environ.get("PATH") == path
+    assert _gxx_wrapper._builds == 0
