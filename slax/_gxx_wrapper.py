@@ -35,6 +35,9 @@ import sys
 import threading
 from collections.abc import Iterator
 
+FORMAT = "slax-gxx-1"
+"""The cache's format, part of every key: a change to what the wrapper keeps or how it builds
+changes it, so that no entry of the old format is served."""
 PRELUDE_GUARD = "#ifndef SLANG_CPP_PRELUDE_H"
 """The first line of every C++ file Slang's CPU target writes: its prelude's include guard."""
 
@@ -85,7 +88,7 @@ def header_flags(arguments: list[str], source: str) -> list[str]:
 
 
 def _digest(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode(errors="surrogateescape")).hexdigest()
+    return hashlib.sha256("\0".join([FORMAT, *parts]).encode(errors="surrogateescape")).hexdigest()
 
 
 def _compiler_identity(compiler: str) -> str:
@@ -93,8 +96,14 @@ def _compiler_identity(compiler: str) -> str:
     return f"{os.path.realpath(compiler)}:{status.st_size}:{status.st_mtime_ns}"
 
 
+def _aside(path: str) -> str:
+    """A name beside ``path`` for a file written before it is renamed to ``path``: unique across
+    processes, also those of other hosts or containers sharing the cache (whose ids may repeat)."""
+    return f"{path}.{os.getpid()}-{os.urandom(6).hex()}.partial"
+
+
 def _write_whole(path: str, data: bytes, mode: int = 0o644) -> None:
-    aside = f"{path}.{os.getpid()}.partial"
+    aside = _aside(path)
     with open(aside, "wb") as file:
         file.write(data)
     os.chmod(aside, mode)
@@ -110,13 +119,17 @@ def precompiled_prelude(compiler: str, directory: str, prelude: str, flags: list
     """The path of a ``prelude.h`` holding ``prelude`` with its ``.gch`` beside it, built by
     ``compiler`` with ``flags`` (now, where missing) in a folder of ``directory`` named by their
     digest; None where g++ cannot build it."""
-    folder = os.path.join(directory, "preludes", _digest(_compiler_identity(compiler), prelude, *flags)[:32])
+    folder = os.path.join(
+        directory,
+        "preludes",
+        _digest(_compiler_identity(compiler), prelude, *flags)[:32],
+    )
     header = os.path.join(folder, "prelude.h")
     if os.path.exists(header + ".gch"):
         return header
     os.makedirs(folder, exist_ok=True)
     _write_whole(header, prelude.encode(errors="surrogateescape"))
-    aside = f"{header}.gch.{os.getpid()}.partial"
+    aside = _aside(header + ".gch")
     if _run([compiler, *flags, "-x", "c++-header", header, "-o", aside], quiet=True) != 0:
         with contextlib.suppress(OSError):
             os.remove(aside)
@@ -170,6 +183,8 @@ def build(compiler: str, directory: str, arguments: list[str]) -> int:
     at = arguments.index(source)
     included = ["-include", header] if header else []
     status = _run([compiler, *arguments[:at], *included, *arguments[at:]])
+    if status != 0 and header:  # as it came, where the header may be to blame (a prelude cut short)
+        status = _run([compiler, *arguments])
     if status == 0:
         with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(kept), exist_ok=True)
@@ -230,7 +245,9 @@ def builds_through_wrapper(directory: str) -> Iterator[None]:
     global _builds, _path_before
     with _path_lock:
         path = _path_before if _builds else os.environ.get("PATH")
-        compiler = shutil.which("g++", path=path) if sys.executable else None
+        runnable = sys.executable and os.path.isfile(__file__) and not getattr(sys, "frozen", False)
+        compiler = shutil.which("g++", path=path) if runnable else None
+        compiler = os.path.abspath(compiler) if compiler else None
         try:
             folder = wrapper_folder(directory, compiler) if compiler else ""
         except OSError:  # the cache cannot hold the wrapper: builds go to g++ as they would
@@ -241,7 +258,7 @@ def builds_through_wrapper(directory: str) -> Iterator[None]:
                 os.environ["PATH"] = folder + os.pathsep + (path or os.defpath)
             _builds += 1
     if compiler is None:  # no g++ on PATH now (the build fails as it would), no interpreter to run
-        # the wrapper with (Python embedded in another program), or no cache for it
+        # this file with (a frozen or embedded Python, a zipped slax), or no cache for it
         yield
         return
     try:

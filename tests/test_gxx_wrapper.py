@@ -201,6 +201,7 @@ def test_nested_builds_share_one_wrapper_of_the_real_gxx_and_restore_path(tmp_pa
     assert f" {gxx} " in open(wrapper).read()  # the real g++, never the wrapper itself
 
 
+@needs_gxx
 def test_without_a_folder_for_the_wrapper_builds_go_to_gxx_as_they_would(tmp_path):
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
@@ -208,3 +209,30 @@ def test_without_a_folder_for_the_wrapper_builds_go_to_gxx_as_they_would(tmp_pat
     with _gxx_wrapper.builds_through_wrapper(str(not_a_folder)):
         assert os.environ.get("PATH") == path
     assert _gxx_wrapper._builds == 0
+
+
+@needs_gxx
+def test_path_is_restored_when_a_build_raises(tmp_path):
+    path = os.environ.get("PATH")
+    with pytest.raises(RuntimeError, match="a build that failed"):
+        with _gxx_wrapper.builds_through_wrapper(str(tmp_path)):
+            assert os.environ["PATH"] != path
+            raise RuntimeError("a build that failed")
+    assert os.environ.get("PATH") == path and _gxx_wrapper._builds == 0
+
+
+@needs_gxx
+def test_a_build_the_precompiled_header_breaks_runs_again_as_it_came(tmp_path, monkeypatch):
+    """Where the kernel does not build with the precompiled header (a prelude taken short, say), it
+    builds as g++ would have without it, and is kept."""
+    broken = tmp_path / "broken.h"
+    broken.write_text("#define SLANG_CPP_PRELUDE_H\n#define twice(x) not C++\n")
+    monkeypatch.setattr(_gxx_wrapper, "precompiled_prelude", lambda *_: str(broken))
+    compiler, log = logging_compiler(tmp_path, then=gxx)
+    source = tmp_path / "kernel.cpp"
+    source.write_text(PRELUDE + KERNEL)
+    arguments = ["-O2", "-fPIC", "-shared", "-o", str(tmp_path / "kernel.so"), str(source)]
+    assert _gxx_wrapper.build(compiler, str(tmp_path / "cache"), arguments) == 0
+    assert [("-include" in call) for call in calls(log)] == [True, False]
+    assert ctypes.CDLL(str(tmp_path / "kernel.so")).entry(20) == 41
+    assert list((tmp_path / "cache" / "kernels").iterdir())
