@@ -241,7 +241,8 @@ def builds_through_wrapper(directory: str) -> Iterator[None]:
     its cache in ``directory``; ``PATH`` is as it was once no build is left. The change is to the
     process's environment, which Slang reads at each build: a program that starts ``g++`` on another
     thread meanwhile gets the wrapper, which runs a command that builds no C++ of Slang's as it
-    came. The real g++ is found on ``PATH`` as it was before any build changed it."""
+    came, and a change another thread makes to ``PATH`` during a build is undone with it. The real
+    g++ is found on ``PATH`` as it was before any build changed it."""
     global _builds, _path_before
     with _path_lock:
         path = _path_before if _builds else os.environ.get("PATH")
