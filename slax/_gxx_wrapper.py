@@ -258,20 +258,19 @@ def builds_through_wrapper(directory: str) -> Iterator[None]:
                 _path_before = path
                 os.environ["PATH"] = folder + os.pathsep + (path or os.defpath)
             _builds += 1
-    if compiler is None:  # no g++ on PATH now (the build fails as it would), no interpreter to run
-        # this file with (a frozen or embedded Python, a zipped slax), or no cache for it
-        yield
-        return
     try:
         yield
     finally:
-        with _path_lock:
-            _builds -= 1
-            if _builds == 0:
-                if _path_before is None:
-                    os.environ.pop("PATH", None)
-                else:
-                    os.environ["PATH"] = _path_before
+        # Without a wrapper (no g++ on PATH now, no interpreter to run this file with: a frozen or
+        # embedded Python, a zipped slax; or no cache for it) nothing was changed to undo.
+        if compiler is not None:
+            with _path_lock:
+                _builds -= 1
+                if _builds == 0:
+                    if _path_before is None:
+                        os.environ.pop("PATH", None)
+                    else:
+                        os.environ["PATH"] = _path_before
 
 
 if __name__ == "__main__":
