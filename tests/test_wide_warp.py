@@ -66,7 +66,8 @@ def test_which_networks_take_the_warp_tiles(sizes, dtype, fits):
     launch = backend.gradient_launch(arch, ON_TENSOR_CORES, "mlp_loss_grad", 1 << 18, 1 << 18)
     if fits:
         tiles = launch.share[1]
-        assert launch.threads == 256 and launch.blocks * tiles * nn_wide_warp.TILE_SAMPLES == 1 << 18
+        warps = nn_wide_warp.group_warps(sizes)
+        assert launch.threads == 32 * warps and launch.blocks * tiles * 16 * warps == 1 << 18
         summary = backend.summary(arch, ON_TENSOR_CORES, "loss_grad")
         assert "a warp per tile of 16 samples in registers" in summary
 
@@ -84,7 +85,38 @@ def test_the_descriptor_names_the_layers_and_includes_the_kernels():
     # blocks of 8 columns by 16 terms: 2 x 3 x 2, 2 x 3 x 3, 2 x 1 x 3; the input gradients' after
     # (2 x 2 x 3, 2 x 3 x 3, 2 x 3 x 1)
     assert (forward, backward) == ([0, 12, 30], [36, 48, 66]) and total == 72
-    assert f"WideLayer<48, 5, {offsets[2]}, 30, 66, 1, Identity>" in source
+    # 4 warps a thread group (group_warps): the 6 strips of 8 inputs take 2 a warp, of 1 block out
+    assert f"WideLayer<48, 5, {offsets[2]}, 30, 66, 2, Identity>" in source
+
+
+@pytest.mark.one_device_kind  # launches and sources: no kernel runs
+@pytest.mark.parametrize(
+    ("sizes", "warps"),
+    [
+        ((32, 64, 64, 3), 4),  # the image task's network: its sums take GROUP_SUM_REGISTERS
+        ((32, 32, 32, 16), 4),
+        ((32, 64, 64, 64, 16), 8),  # three 64-wide hidden layers' sums would spill at 4 warps
+        ((32, 16, 16, 16, 16, 16, 16, 16, 16, 16), 8),
+    ],
+    ids=lambda value: _ids(value) if isinstance(value, tuple) else f"{value}warps",
+)
+def test_thread_groups_of_four_warps_where_the_sums_fit(sizes, warps):
+    """Networks whose gradients' sums a thread keeps in at most GROUP_SUM_REGISTERS registers at 4
+    warps a group run groups of 4 (two a multiprocessor, one computing while the other waits at a
+    barrier), the others groups of 8; the descriptor, the launches and the sums' strips agree."""
+    assert nn_wide_warp.group_warps(sizes) == warps
+    assert (nn_wide_warp._sum_registers(sizes, 4) <= nn_wide_warp.GROUP_SUM_REGISTERS) == (warps == 4)
+    source = nn_wide_warp.wide_warp_source(sizes, ("ReLU",) * (len(sizes) - 2) + ("Identity",))
+    assert f"static const int GroupThreads = {32 * warps};" in source
+    assert nn_wide_warp.warp_tile_threads(sizes, 1000) == -(-1000 // (16 * warps)) * 32 * warps
+    arch, backend = Architecture(sizes, "float16"), nn_backends.TensorCores()
+    launch = backend.gradient_launch(arch, ON_TENSOR_CORES, "mlp_backward", 3 << 16, 1 << 16)
+    assert launch.threads == 32 * warps
+    assert launch.blocks * launch.share[1] * 16 * warps >= 1 << 16
+    first_strips = -(-2 * (-(-sizes[0] // 16)) // warps)  # the first layer's strips a warp keeps
+    blocks_out = -(-sizes[1] // 16)
+    assert f"WideLayer<{sizes[0]}, {sizes[1]}, 0, 0, " in source
+    assert f", {first_strips * blocks_out}, ReLU>" in source
 
 
 @pytest.mark.one_device_kind  # the fragments are JAX arrays: no kernel runs

@@ -570,11 +570,11 @@ class _Tiles(KernelBackend):
         return [jnp.zeros_like(s) if k % 2 == 0 else s for k, s in enumerate(sums)]
 
 
-def tile_launch(tile_samples: int, each: int, per_group: int) -> Launch:
-    """The launch of thread groups of TILE_THREADS over vmapped groups of ``per_group`` samples,
+def tile_launch(tile_samples: int, each: int, per_group: int, threads: int = TILE_THREADS) -> Launch:
+    """The launch of thread groups of ``threads`` over vmapped groups of ``per_group`` samples,
     each running ``each`` tiles of ``tile_samples``."""
     blocks = -(-per_group // (tile_samples * each))
-    return Launch(TILE_THREADS, blocks, ("tiles_per_block", each), blocks * each * tile_samples)
+    return Launch(threads, blocks, ("tiles_per_block", each), blocks * each * tile_samples)
 
 
 class Tiled(_Tiles):
@@ -616,9 +616,10 @@ class TensorCores(_Tiles):
 
     def summary(self, arch, platform, operation):
         if self._on_warp_tiles(arch, "mlp_" + operation):
+            group = _wide_warp_kernels.group_samples(arch.sizes)
             return (
                 f"a warp per tile of 16 samples in registers through every layer as float16 mma.sync, "
-                f"{_wide_warp_kernels.TILE_SAMPLES} samples per thread group sharing the weight gradient"
+                f"{group} samples per thread group sharing the weight gradient"
             )
         products = f" ({platform.products.value})" if arch.dtype == "float32" else ""
         return f"tiles of {self.layout(arch).samples} samples per thread group as mma.sync{products}"
@@ -688,7 +689,7 @@ class TensorCores(_Tiles):
         """Kernel ``entry`` of the warp tiles a warp per tile of 16 samples (no sums) on ``data``
         (per-sample arrays, ``x`` first): its per-sample result, ``width`` values a sample."""
         samples = math.prod(data[0].shape[:-1])
-        count = _wide_warp_kernels.warp_tile_threads(samples)
+        count = _wide_warp_kernels.warp_tile_threads(arch.sizes, samples)
         (result,) = run_kernel(
             wide_warp_kernel(arch, entry),
             [*data, *self.entry_operands(arch, platform, entry, params)],
@@ -713,8 +714,9 @@ class TensorCores(_Tiles):
     def gradient_launch(self, arch, platform, entry, samples, per_group):
         if not self._on_warp_tiles(arch, entry):
             return super().gradient_launch(arch, platform, entry, samples, per_group)
-        tile = _wide_warp_kernels.TILE_SAMPLES
-        return tile_launch(tile, tiles_per_block(tile, samples, per_group), per_group)
+        tile = _wide_warp_kernels.group_samples(arch.sizes)
+        threads = 32 * _wide_warp_kernels.group_warps(arch.sizes)
+        return tile_launch(tile, tiles_per_block(tile, samples, per_group), per_group, threads)
 
 
 # --- XLA ----------------------------------------------------------------------------------------------

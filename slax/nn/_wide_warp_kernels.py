@@ -17,20 +17,50 @@ import jax.numpy as jnp
 
 from slax.nn._kernels import parameter_offsets
 from slax.nn._slang_types import chain_aliases
-from slax.nn._tensor_core_kernels import WARPS
+from slax.nn._tiled_kernels import TILE_THREADS
 
 WIDE_WARP_WIDTH = 64
 """Widest layer (in or out) the kernel runs: four blocks of 16 columns. A warp then holds each
 layer's 16 samples in 16 registers, and its share of the weight gradient (a 64 x 64 layer's 32
 blocks of 16 x 8 over 8 warps) in 16 more; a 128-wide network's would take four times as many."""
-TILE_SAMPLES = 16 * WARPS
-"""Samples a thread group runs at once: 16 per warp."""
+GROUP_SUM_REGISTERS = 68
+"""The most registers a thread may keep its share of the weight and bias gradients' sums in, in
+thread groups of 4 warps (:func:`group_warps`): those of the image task's 32-64-64-3 network."""
 
 
-def warp_tile_threads(samples: int) -> int:
+def group_warps(sizes: tuple[int, ...]) -> int:
+    """Warps in a thread group of the network of ``sizes``: 4 where a thread's share of the
+    gradients' sums at 4 warps takes at most GROUP_SUM_REGISTERS registers, else 8.
+
+    The kernels use about 255 registers a thread, so a multiprocessor holds 8 warps: as one group of
+    8, every warp waits at each of the group's barriers (two a layer a tile); as two groups of 4,
+    one group computes while the other waits. Fewer warps share each layer's weight gradient, so
+    each keeps more of its sums: four 64-wide hidden layers' would spill. Measured on an H200 at
+    2^18 samples in float16 (BENCHMARKS.md, "Wide networks"): the image step 420.0 -> 399.6 us, the
+    SDF step 1100.4 -> 1069.7, a 32-64x2-16 network's 150.7 -> 135.4."""
+    return 4 if _sum_registers(sizes, 4) <= GROUP_SUM_REGISTERS else TILE_THREADS // 32
+
+
+def _sum_registers(sizes: tuple[int, ...], warps: int) -> int:
+    """Registers a thread keeps the gradients' sums in, in thread groups of ``warps`` warps: each
+    layer's strips of 16 x 8 blocks of its weight gradient (``WideLayer.Sums``) and blocks of its
+    bias gradient (``BiasBlocks``), four floats each."""
+    blocks = 0
+    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        strips, summing = math.ceil(2 * _blocks(n_in) / warps), min(warps, 2 * _blocks(n_in))
+        blocks += strips * _blocks(n_out) + math.ceil(_blocks(n_out) / summing)
+    return 4 * blocks
+
+
+def group_samples(sizes: tuple[int, ...]) -> int:
+    """Samples a thread group runs at once: 16 a warp (:func:`group_warps`)."""
+    return 16 * group_warps(sizes)
+
+
+def warp_tile_threads(sizes: tuple[int, ...], samples: int) -> int:
     """Threads of a launch a warp per tile of 16 of ``samples`` (``mlp_forward``,
-    ``mlp_input_gradient``), in whole thread groups of ``WARPS`` warps."""
-    return -(-samples // TILE_SAMPLES) * 32 * WARPS
+    ``mlp_input_gradient``), in whole thread groups (:func:`group_warps`)."""
+    return -(-samples // group_samples(sizes)) * 32 * group_warps(sizes)
 
 
 def _blocks(width: int) -> int:
@@ -91,7 +121,7 @@ def wide_warp_source(sizes: tuple[int, ...], activations: tuple[str, ...]) -> st
     forward, backward, _ = fragment_offsets(sizes)
     layers = []
     for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        strips = math.ceil(2 * _blocks(n_in) / WARPS)
+        strips = math.ceil(2 * _blocks(n_in) / group_warps(sizes))
         layers.append(
             f"WideLayer<{n_in}, {n_out}, {offsets[k]}, {forward[k]}, {backward[k]}, "
             f"{strips * _blocks(n_out)}, {activations[k]}>"
@@ -102,6 +132,7 @@ import nn.tiled;
 import nn.warp_mma;
 static const int Inputs = {sizes[0]};
 static const int Outputs = {sizes[-1]};
+static const int GroupThreads = {32 * group_warps(sizes)};
 static const int ParameterCount = {parameters};
 static const int MaxBlocks = {max(_blocks(width) for width in sizes)};
 {chain_aliases("WideNetwork", ["WideChain<"] * (len(layers) - 1), layers)}#include "nn/wide_warp.slang"
