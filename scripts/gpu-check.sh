@@ -21,6 +21,9 @@ failures=0
 : > "$out/summary.txt"
 PY="${PYTHON:-$(command -v python || command -v python3)}"
 export PY
+# The test tools the GPU machine lacks (pytest-xdist, hypothesis), where scripts/gpu-test-bundle.sh
+# packed them and the run carried .gpu-tests.
+[ -d .gpu-tests/site ] && export PYTHONPATH="$PWD/.gpu-tests/site${PYTHONPATH:+:$PYTHONPATH}"
 
 selected() {  # selected NAME: was NAME asked for (or were no steps named)?
   [ "${#wanted[@]}" = 0 ] && return 0
@@ -181,8 +184,10 @@ if [ "$gpus" -ge 2 ]; then
     --json "$out/profile-gpus.json"
 fi
 # The test suite with JAX on CUDA, where pytest is installed, on each launch route: in 8 processes
-# where pytest-xdist is, each taking GPU memory as it needs it rather than 75% of it up front; the
-# tests that read the whole GPU's memory count (marked whole_device) after them, alone.
+# where pytest-xdist is (the GPU machine's image lacks it: scripts/gpu-test-bundle.sh packs it, and
+# a run that carries .gpu-tests has it), each taking GPU memory as it needs it rather than 75% of it
+# up front; the tests that read the whole GPU's memory count (marked whole_device) after them,
+# alone. Each route is its own call: `bash scripts/gpu-check.sh tests-ptx`, then `tests-slangpy`.
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   parallel=()
   "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8)
