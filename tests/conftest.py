@@ -20,7 +20,9 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import json
 import os
+import pathlib
 import signal
 import sys
 
@@ -228,17 +230,34 @@ def pytest_collection_modifyitems(config, items):
 SLOW_WEIGHT = 10
 """What a test marked ``slow`` counts for in :func:`_longest_files_first`, where another counts 1."""
 
+QUICK_SECONDS = pathlib.Path(__file__).with_name("quick_seconds.json")
+"""Each test file's seconds under ``scripts/test.sh --quick`` from a cold cache on a 2-core machine
+(its tests' setup, call and teardown, as ``--durations=0`` lists them, summed), which orders
+``--quick``'s files (:func:`_longest_files_first`). Counts of tests misorder them: 12 tests of
+test_nn_activations.py take 56 s, 48 of test_bridge.py 4 s; by counts the former came among the
+last files given out, where a long file can leave one worker running alone.
+A stale entry costs only balance; measure again when a file's time changes by much."""
+
+SECONDS_PER_UNLISTED_TEST = 1.5
+"""A test's expected seconds under ``--quick`` in a file :data:`QUICK_SECONDS` does not list: the
+suite's mean."""
+
 
 def _longest_files_first(items) -> None:
     """Orders the files, each keeping its tests in order, by their expected time, longest first:
-    a file's count of tests, a test marked ``slow`` counting :data:`SLOW_WEIGHT`. scripts/test.sh
-    gives each pytest-xdist worker whole files (``--dist loadfile``) in this order: a file's tests
-    share the kernels they compile, which a worker then compiles once (the CPU device keeps no
-    compiled kernel on disk for another process to read), and the longest files start first, so
-    the last to end is a short one."""
+    under ``--quick`` the seconds :data:`QUICK_SECONDS` gives; in the full run a file's count of
+    tests, a test marked ``slow`` counting :data:`SLOW_WEIGHT`. scripts/test.sh gives each
+    pytest-xdist worker whole files (``--dist loadfile``) in this order: a file's tests share the
+    kernels they compile, which a worker then compiles once (the CPU device keeps no compiled
+    kernel on disk for another process to read), and the longest files start first, so the last
+    to end is a short one and both workers end together."""
     weight: collections.Counter = collections.Counter()
     for item in items:
         weight[item.path] += SLOW_WEIGHT if item.get_closest_marker("slow") else 1
+    if _quick:
+        seconds = json.loads(QUICK_SECONDS.read_text())
+        for path, count in weight.items():
+            weight[path] = seconds.get(path.name, count * SECONDS_PER_UNLISTED_TEST)
     items.sort(key=lambda item: -weight[item.path])
 
 
