@@ -5,7 +5,7 @@
 #                                  # on the route on each CPU route here (tests/conftest.py), in
 #                                  # parallel (pytest-xdist); ~30 min on a 2-core machine
 #   bash scripts/test.sh --quick   # the tests not marked slow, on one route, sweeps by a sample
-#                                  # taking every value once (tests/conftest.py): ~10 min on 2
+#                                  # taking every value once (tests/conftest.py): ~9 min on 2
 #                                  # cores from a cold cache, ~5 min run again
 #   bash scripts/test.sh ARGS...   # ARGS go to pytest as they are (add -n 2 for parallel workers)
 #
@@ -41,11 +41,11 @@ workers=$((cores < 4 ? cores : 4))
 if [ $# -eq 0 ]; then
   echo "test: the whole suite (CI's first leg) under JAX $jax_version, in $workers parallel processes:"
   echo "test: every test once, and each test whose result depends on the route on every CPU route this"
-  echo "test: machine has; ~30 minutes on 2 cores (bash scripts/test.sh --quick: ~10 minutes)."
+  echo "test: machine has; ~30 minutes on 2 cores (bash scripts/test.sh --quick: ~9 minutes)."
   set -- -n "$workers" --dist loadfile --no-loadscope-reorder
 elif [ "$*" = "--quick" ]; then
   echo "test: the quick run under JAX $jax_version, in $workers parallel processes: the tests not marked"
-  echo "test: slow, on one route, sweeps by a sample; ~10 minutes on 2 cores (bash scripts/test.sh"
+  echo "test: slow, on one route, sweeps by a sample; ~9 minutes on 2 cores (bash scripts/test.sh"
   echo "test: runs them all)."
   set -- --quick -n "$workers" --dist loadfile --no-loadscope-reorder
 fi
