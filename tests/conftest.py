@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -106,12 +107,19 @@ which compile a small program in about 40% less time (210 eager operations of th
 suite's ~6,000 compiles are such programs (JAX's eager operations, mostly on the twins' side); a
 tenth came off test_hash_encoding.py's time. The arithmetic is IEEE either way; a sum's order or a
 contraction into an FMA may differ, within the suite's tolerances. The flag concerns XLA's CPU
-back end alone; a jaxlib that lacks it stops as its back ends start, naming it. Set before JAX
-starts its back ends (which read ``XLA_FLAGS`` once), and for the processes tests start."""
+back end alone, and only jaxlib 0.10 (the suite's first CI leg) gets it: jaxlib 0.12's XLA no
+longer knows it and, named in ``XLA_FLAGS``, stops the process as its back ends start. Set before
+JAX starts its back ends (which read ``XLA_FLAGS`` once), and for the processes tests start."""
+XLA_CPU_FLAGS_JAXLIB = (0, 10)
+"""The jaxlib release (major, minor) whose XLA the suite measured :data:`XLA_CPU_FLAGS` on."""
 
 
 def _compile_cpu_programs_quickly() -> None:
-    """Adds :data:`XLA_CPU_FLAGS` to ``XLA_FLAGS``, each flag not named there already."""
+    """Adds :data:`XLA_CPU_FLAGS` to ``XLA_FLAGS`` under the jaxlib release that has them
+    (:data:`XLA_CPU_FLAGS_JAXLIB`), each flag not named there already."""
+    release = tuple(int(part) for part in importlib.metadata.version("jaxlib").split(".")[:2])
+    if release != XLA_CPU_FLAGS_JAXLIB:
+        return
     given = os.environ.get("XLA_FLAGS", "")
     for flag in XLA_CPU_FLAGS.split():
         if flag.split("=")[0] not in given:
