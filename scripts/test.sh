@@ -3,7 +3,7 @@
 #
 #   bash scripts/test.sh           # what CI's first leg runs: every test, those whose result depends
 #                                  # on the route on each CPU route here (tests/conftest.py), in
-#                                  # parallel (pytest-xdist); ~30 min on a 2-core machine
+#                                  # parallel (pytest-xdist); ~25 min on a 2-core machine
 #   bash scripts/test.sh --quick   # the tests not marked slow, on one route, sweeps by a sample
 #                                  # taking every value once (tests/conftest.py): ~9 min on 2
 #                                  # cores from a cold cache, ~5 min run again
@@ -41,7 +41,7 @@ workers=$((cores < 4 ? cores : 4))
 if [ $# -eq 0 ]; then
   echo "test: the whole suite (CI's first leg) under JAX $jax_version, in $workers parallel processes:"
   echo "test: every test once, and each test whose result depends on the route on every CPU route this"
-  echo "test: machine has; ~30 minutes on 2 cores (bash scripts/test.sh --quick: ~9 minutes)."
+  echo "test: machine has; ~25 minutes on 2 cores (bash scripts/test.sh --quick: ~9 minutes)."
   set -- -n "$workers" --dist loadfile --no-loadscope-reorder
 elif [ "$*" = "--quick" ]; then
   echo "test: the quick run under JAX $jax_version, in $workers parallel processes: the tests not marked"

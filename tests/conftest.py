@@ -7,7 +7,7 @@ first kind and a sample of them on the others.
 ``slow``: of a sweep, its sample; of a test some of whose parameters are marked ``one_device_kind``,
 the others (its representative few); and of a test marked ``quick_sample`` (a sweep the full run
 runs whole on every kind), its sample too; each kernel family and entry point keeps a test. From a
-cold cache it takes about 9 minutes on 2 cores, about 5 run again (the full run: about 30 minutes).
+cold cache it takes about 9 minutes on 2 cores, about 5 run again (the full run: about 25 minutes).
 
 The markers decide what CI's legs run (``.ci/run``): the first runs everything (the README's test
 command); the other JAX releases run the tests marked ``jax_version``, those that exercise how slax
