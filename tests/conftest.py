@@ -102,14 +102,13 @@ which it never writes), so only plain JAX's programs are shared. GPU sessions co
 XLA_CPU_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 """XLA flags for the suite's processes, through ``XLA_FLAGS`` (a flag named there already is left
 as it is): XLA's CPU back end emits fusions with its LLVM IR emitters instead of its MLIR ones,
-which compile a small program in about 40% less time (210 eager operations of the suite's kinds,
-``add``, ``astype``, ``sum``, ``broadcast_to``: 9.0 -> 5.4 s on a 2-core machine). Most of the
-suite's ~6,000 compiles are such programs (JAX's eager operations, mostly on the twins' side); a
-tenth came off test_hash_encoding.py's time. The arithmetic is IEEE either way; a sum's order or a
-contraction into an FMA may differ, within the suite's tolerances. The flag concerns XLA's CPU
-back end alone, and only jaxlib 0.10 (the suite's first CI leg) gets it: jaxlib 0.12's XLA no
-longer knows it and, named in ``XLA_FLAGS``, stops the process as its back ends start. Set before
-JAX starts its back ends (which read ``XLA_FLAGS`` once), and for the processes tests start."""
+which compile a small program in about 40% less time, and most of the suite's compiles are such
+programs (JAX's eager operations, mostly on the twins' side). The arithmetic is IEEE either way;
+a sum's order or a contraction into an FMA may differ, within the suite's tolerances. The flag
+concerns XLA's CPU back end alone, and only jaxlib 0.10 (the suite's first CI leg) gets it:
+jaxlib 0.12's XLA no longer knows it and, named in ``XLA_FLAGS``, stops the process as its back
+ends start. Set before JAX starts its back ends (which read ``XLA_FLAGS`` once), and for the
+processes tests start."""
 XLA_CPU_FLAGS_JAXLIB = (0, 10)
 """The jaxlib release (major, minor) whose XLA the suite measured :data:`XLA_CPU_FLAGS` on."""
 

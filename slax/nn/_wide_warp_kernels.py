@@ -36,21 +36,22 @@ def group_warps(sizes: tuple[int, ...]) -> int:
     The kernels use about 255 registers a thread, so a multiprocessor holds 8 warps: as one group of
     8, every warp waits at each of the group's barriers (two a layer a tile); as two groups of 4,
     one group computes while the other waits. Fewer warps share each layer's weight gradient, so
-    each keeps more of its sums: four 64-wide hidden layers' would spill. Measured on an H200 at
-    2^18 samples in float16 (BENCHMARKS.md, "Wide networks"): the image step 420.0 -> 399.6 us, the
-    SDF step 1100.4 -> 1069.7, a 32-64x2-16 network's 150.7 -> 135.4."""
+    each keeps more of its sums: four 64-wide hidden layers' would spill (BENCHMARKS.md, "The hash
+    encoding", has the steps at 4 and 8 warps)."""
     return 4 if _sum_registers(sizes, 4) <= GROUP_SUM_REGISTERS else TILE_THREADS // 32
 
 
+def _layer_sums(n_in: int, n_out: int, warps: int) -> tuple[int, int]:
+    """The float4 blocks of a layer's sums a thread keeps in thread groups of ``warps`` warps: of
+    its weight gradient (its strips of 16 x 8 blocks, ``WideLayer.Sums``) and of its bias gradient
+    (``WideLayer.BiasBlocks``)."""
+    strips, summing = math.ceil(2 * _blocks(n_in) / warps), min(warps, 2 * _blocks(n_in))
+    return strips * _blocks(n_out), math.ceil(_blocks(n_out) / summing)
+
+
 def _sum_registers(sizes: tuple[int, ...], warps: int) -> int:
-    """Registers a thread keeps the gradients' sums in, in thread groups of ``warps`` warps: each
-    layer's strips of 16 x 8 blocks of its weight gradient (``WideLayer.Sums``) and blocks of its
-    bias gradient (``BiasBlocks``), four floats each."""
-    blocks = 0
-    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
-        strips, summing = math.ceil(2 * _blocks(n_in) / warps), min(warps, 2 * _blocks(n_in))
-        blocks += strips * _blocks(n_out) + math.ceil(_blocks(n_out) / summing)
-    return 4 * blocks
+    """Registers a thread keeps the gradients' sums in, in thread groups of ``warps`` warps."""
+    return 4 * sum(sum(_layer_sums(n_in, n_out, warps)) for n_in, n_out in zip(sizes[:-1], sizes[1:]))
 
 
 def group_samples(sizes: tuple[int, ...]) -> int:
@@ -120,12 +121,12 @@ def wide_warp_source(sizes: tuple[int, ...], activations: tuple[str, ...]) -> st
     parameters where :func:`~slax.nn._kernels.parameter_offsets` puts them."""
     offsets, parameters = parameter_offsets(sizes)
     forward, backward, _ = fragment_offsets(sizes)
+    warps = group_warps(sizes)
     layers = []
     for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        strips = math.ceil(2 * _blocks(n_in) / group_warps(sizes))
+        sums, _ = _layer_sums(n_in, n_out, warps)
         layers.append(
-            f"WideLayer<{n_in}, {n_out}, {offsets[k]}, {forward[k]}, {backward[k]}, "
-            f"{strips * _blocks(n_out)}, {activations[k]}>"
+            f"WideLayer<{n_in}, {n_out}, {offsets[k]}, {forward[k]}, {backward[k]}, {sums}, {activations[k]}>"
         )
     return f"""import slax.kernel;
 import nn.mlp;
@@ -133,7 +134,7 @@ import nn.tiled;
 import nn.warp_mma;
 static const int Inputs = {sizes[0]};
 static const int Outputs = {sizes[-1]};
-static const int GroupThreads = {32 * group_warps(sizes)};
+static const int GroupThreads = {32 * warps};
 static const int ParameterCount = {parameters};
 static const int MaxBlocks = {max(_blocks(width) for width in sizes)};
 {chain_aliases("WideNetwork", ["WideChain<"] * (len(layers) - 1), layers)}#include "nn/wide_warp.slang"
