@@ -183,18 +183,16 @@ if [ "$gpus" -ge 2 ]; then
   step profile-gpus 300 "$PY" experiments/profile_step.py --devices 2 --batch 4194304 --launch ptx slangpy \
     --json "$out/profile-gpus.json"
 fi
-# The test suite with JAX on CUDA, where pytest is installed, on each launch route: in 8 processes
-# where pytest-xdist is (the GPU machine's image lacks it: scripts/gpu-test-bundle.sh packs it, and
-# a run that carries .gpu-tests has it), each taking GPU memory as it needs it rather than 75% of it
-# up front; the tests that read the whole GPU's memory count (marked whole_device) after them,
-# alone. Each route is its own call: `bash scripts/gpu-check.sh tests-ptx`, then `tests-slangpy`.
+# The test suite with JAX on CUDA, where pytest is installed, on each launch route
+# (scripts/gpu-tests.sh): its files in shards of about equal time, in pytest-xdist's processes where
+# the run carried .gpu-tests (scripts/gpu-test-bundle.sh). One route is one call on a machine of two
+# GPUs (`tests-ptx`: a shard a GPU, at once), two on one GPU (`tests-ptx-1of2`, then `tests-ptx-2of2`).
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
-  parallel=()
-  "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8)
   for launch in slangpy ptx; do
-    step "tests-$launch" 600 env XLA_PYTHON_CLIENT_PREALLOCATE=false SLAX_CUDA_LAUNCH="$launch" bash -c \
-      '"$0" -m pytest -q -p no:cacheprovider "$@" -m "not whole_device" tests && "$0" -m pytest -q -p no:cacheprovider -m whole_device tests' \
-      "$PY" "${parallel[@]}"
+    step "tests-$launch" 600 bash scripts/gpu-tests.sh "$launch"
+    for k in 1 2; do
+      step "tests-$launch-${k}of2" 600 bash scripts/gpu-tests.sh "$launch" "$k/2"
+    done
   done
 fi
 [ "$listing" = 1 ] && exit 0
