@@ -406,8 +406,8 @@ def fused_kernels(monkeypatch):
 @pytest.fixture
 def lowered(monkeypatch, fused_kernels):
     """The MLP kernels lowered while the test runs: (architecture, entry point, tensor cores), the
-    wide float16 warp tiles' kernels as (architecture, entry point, "warp tiles"). How their float32
-    products run is tests/test_ptx_launch.py's to check."""
+    warp tiles' kernels (float16, or float32 at one TF32 pass) as (architecture, entry point, "warp
+    tiles"). How their float32 products run is tests/test_ptx_launch.py's to check."""
     from slax.nn import _backends
 
     kernels = []

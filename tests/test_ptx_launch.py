@@ -44,6 +44,7 @@ from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
 from slax.nn._architecture import Architecture
 from slax.nn._backends import Platform, TensorCores, ThreadSums
 from slax.nn._kernels import mlp_source
+from slax.nn._precision import Float32Products
 
 # It lowers for CUDA (the CPU routes are not involved), through jaxlib's Triton launcher; it
 # compiles every kind of kernel to PTX and assembles it, which takes minutes. CI runs on every JAX
@@ -56,6 +57,9 @@ pytestmark = [pytest.mark.one_device_kind, pytest.mark.slow]
 PTXAS = CUDA_TOOLS / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
 PTX_TYPE = {"array": "u64", "u32": "u32", "i32": "u32", "fp32": "f32"}
 SM_90 = Platform("cuda", tensor_cores=True, capability=90)
+SM_90_DEFAULT = Platform("cuda", True, 90, Float32Products.TF32)
+"""An H100's or H200's tensor cores at JAX's DEFAULT precision, the report's: float32 products as
+one TF32 pass."""
 """Where the report's programs lower (``SLAX_CUDA_COMPUTE_CAPABILITY=90``), tensor cores on."""
 
 needs_tools = pytest.mark.skipif(
@@ -252,19 +256,22 @@ def test_mlp_kernels_lower_in_both_precisions(report):
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
         assert fused["name"] == "mlp_loss_grad"
-        # 4-16-16-4 (420 parameters) is wide and lowered for CUDA on tensor cores: its thread groups
-        # of 256 threads (8 warps), as many as the tensor-core layout's launch has for 1000 samples
+        # 4-16-16-4 (420 parameters) is wide and lowered for CUDA on tensor cores, at JAX's DEFAULT
+        # precision on the warp tiles in both dtypes: thread groups of 4 warps, as many as their
+        # launch has for 1000 samples
         arch = Architecture((4, 16, 16, 4), dtype)
-        launch = TensorCores().gradient_launch(arch, SM_90, "mlp_loss_grad", 1000, 1000)
-        assert (fused["grid"], fused["num_warps"]) == ([launch.blocks, 1, 1], launch.threads // 32)
-        # float32: the forward pass keeps the hidden activations, which the backward pass reads;
-        # float16: the warp tiles' backward recomputes them in registers. The gradient of the
-        # parameters alone computes no input gradient
+        launch = TensorCores().gradient_launch(arch, SM_90_DEFAULT, "mlp_loss_grad", 1000, 1000)
+        assert (
+            (fused["grid"], fused["num_warps"])
+            == ([launch.blocks, 1, 1], launch.threads // 32)
+            == ([16, 1, 1], 4)
+        )
+        # the warp tiles' backward recomputes the hidden activations in registers: the forward pass
+        # keeps none. The gradient of the parameters alone computes no input gradient
         forward, backward = _launches(report, f"mlp_apply_grad_{dtype}")
-        kept = "mlp_forward_hidden" if dtype == "float32" else "mlp_forward"
-        assert (forward["name"], backward["name"]) == (kept, "mlp_backward_params")
+        assert (forward["name"], backward["name"]) == ("mlp_forward", "mlp_backward_params")
     forward, backward = _launches(report, "mlp_apply_grad_with_input_float32")
-    assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward")
+    assert (forward["name"], backward["name"]) == ("mlp_forward", "mlp_backward")
 
 
 @needs_tools
@@ -319,6 +326,30 @@ def test_wide_float16_loss_and_gradient_lowers_to_warp_tiles(report):
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert "ld.global.v2.u32" in ptx
     assert "tf32" not in ptx
+    assert len(re.findall(r"\bshfl\.sync", ptx)) == 5
+
+
+@needs_tools
+def test_wide_float32_loss_and_gradient_lowers_to_tf32_warp_tiles(report):
+    """Lowered for CUDA at JAX's DEFAULT precision, a wide float32 network's fused loss and gradient
+    is the warp-tile kernel in its TF32 format (shaders/nn/wide_warp_tf32.slang), launched as the
+    tensor_cores backend says: one TF32 mma.sync a block, the weight gradient's operands loaded as
+    they stand from the turned-over rows (ldmatrix, not .trans), each B fragment one 8-byte load, no
+    tile copies and no 3xTF32 split (one rounding mask an operand, not a hi and lo part: no
+    subtraction of a float's TF32 part from it)."""
+    (launch,) = _launches(report, "mlp_loss_and_grad_float32")
+    want = TensorCores().gradient_launch(
+        Architecture((4, 16, 16, 4), "float32"), SM_90_DEFAULT, "mlp_loss_grad", 1000, 1000
+    )
+    assert (launch["name"], launch["grid"], launch["num_warps"]) == (
+        "mlp_loss_grad",
+        [want.blocks, 1, 1],
+        want.threads // 32,
+    )
+    ptx = launch["ptx"]
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "f16" not in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and ".trans" not in ptx
+    assert "ld.global.v2.u32" in ptx and "cp.async" not in ptx
     assert len(re.findall(r"\bshfl\.sync", ptx)) == 5
 
 
@@ -411,13 +442,13 @@ split2): what the 3xTF32 products do to each operand and one TF32 pass does not.
 
 
 @needs_tools
-@pytest.mark.parametrize("case", ["mlp_loss_and_grad_float32", "eikonal_grad_3-64x3-1_float32"])
+@pytest.mark.parametrize("case", ["eikonal_grad_3-64x3-1_float32"])
 def test_float32_products_follow_jax_precision(report, case):
-    """A float32 network's tensor-core kernels take JAX's precision rule (slax/nn/_precision.py):
-    at JAX's default (DEFAULT, one TF32 pass, as XLA's products on these GPUs) mma.sync reads
-    each operand as it is; at HIGHEST, asked by ``precision="highest"`` (the fused loss and
-    gradient) or by ``jax.default_matmul_precision`` (the eikonal gradient), the same kernels
-    split each float into TF32 parts for three passes (3xTF32)."""
+    """A float32 network's tensor-core tiles take JAX's precision rule (slax/nn/_precision.py): at
+    JAX's default (DEFAULT, one TF32 pass, as XLA's products on these GPUs) mma.sync reads each
+    operand as it is; at HIGHEST, asked by ``jax.default_matmul_precision``, the same kernels
+    split each float into TF32 parts for three passes (3xTF32). (A network whose tiles fit the
+    warp tiles' registers runs there at DEFAULT: test_wide_float32_lowers_to_tf32_warp_tiles.)"""
     default, highest = _launches(report, case), _launches(report, f"{case}_highest")
     assert [launch["name"] for launch in default] == [launch["name"] for launch in highest]
     tensor_core_kernels = 0
@@ -456,24 +487,21 @@ def test_wide_mlps_lower_to_tensor_cores_unless_switched_off(report):
     copies (cp.async), awaited before their barrier: by 16 bytes where rows stay 16-byte aligned
     (4-16-16-4's), by 4 where a width is not a multiple of 4 floats (5-16-16-3's input and output
     gradient, the hidden tiles by 16); half ones by loads that convert them."""
+    tf32 = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+    half = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    # at JAX's DEFAULT precision, 4-16-16-4 in both dtypes: the warp tiles, in registers (no copies)
     for dtype in ("float32", "float16"):
         (fused,) = _launches(report, f"mlp_loss_and_grad_{dtype}")
-        # float16's loss and gradient: the warp tiles (test_wide_float16_loss_and_gradient_lowers...)
-        tf32 = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
-        assert (tf32 in fused["ptx"]) == (dtype == "float32")
         assert re.search(r"^\.target sm_80$", fused["ptx"], re.MULTILINE)
-        half = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"  # float16: the warp tiles
-        for launch in _launches(report, f"mlp_apply_grad_{dtype}"):
-            assert (tf32 if dtype == "float32" else half) in launch["ptx"], launch["name"]
         for launch in (fused, *_launches(report, f"mlp_apply_grad_{dtype}")):
+            assert (tf32 if dtype == "float32" else half) in launch["ptx"], launch["name"]
+            assert _tile_copies(launch["ptx"]) == {"16": 0, "4": 0, "wait": 0}, launch["name"]
+    # at HIGHEST, float32: the tensor-core tiles, their tiles copied 16 bytes at a time
+    for case in ("mlp_loss_and_grad_float32_highest", "mlp_apply_grad_with_input_float32_highest"):
+        for launch in _launches(report, case):
             counts = _tile_copies(launch["ptx"])
-            if dtype == "float32":
-                assert counts["16"] and not counts["4"] and counts["wait"], launch["name"]
-            else:
-                assert counts == {"16": 0, "4": 0, "wait": 0}, launch["name"]
-    for launch in _launches(report, "mlp_apply_grad_with_input_float32"):
-        counts = _tile_copies(launch["ptx"])
-        assert counts["16"] and not counts["4"] and counts["wait"], launch["name"]
+            assert tf32 in launch["ptx"] and TF32_SPLIT.search(launch["ptx"]), launch["name"]
+            assert counts["16"] and not counts["4"] and counts["wait"], launch["name"]
     forward, backward = _launches(report, "mlp_apply_grad_odd_widths_float32")
     assert (forward["name"], backward["name"]) == ("mlp_forward_hidden", "mlp_backward_params")
     forward_copies, backward_copies = _tile_copies(forward["ptx"]), _tile_copies(backward["ptx"])

@@ -20,6 +20,7 @@ from slax._config import _parse_switch
 from slax.nn import _primitives as nn_primitives
 from slax.nn._backends import BackendRequest, Platform
 from slax.nn._kernels import hidden_width, kernel_layout
+from slax.nn._precision import float32_products
 from slax.nn._wide_warp_kernels import wide_warp_fits
 
 DTYPES = ["float32", "float16"]
@@ -176,7 +177,9 @@ def test_wide_networks_match_the_reference(sizes, dtype, device_kind, lowered):
         assert relative_error(got_leaf, want_leaf) < TOLERANCE[dtype]
     forward = "mlp_forward_hidden" if hidden_width(sizes) else "mlp_forward"
     tensor_cores = device_kind == "cuda" and slax.config.tensor_cores
-    if tensor_cores and wide_warp_fits(sizes, dtype):  # every operation on the warp tiles
+    if tensor_cores and wide_warp_fits(
+        sizes, dtype, float32_products("mlp_apply")
+    ):  # every operation on the warp tiles
         entries = ("mlp_loss_grad", "mlp_forward", "mlp_backward", "mlp_backward_params")
         assert {key[1:] for key in lowered} == {(entry, "warp tiles") for entry in entries}
         return
@@ -204,7 +207,9 @@ def test_tensor_cores_match_the_reference_and_the_tiled_kernels(sizes, dtype, de
     for on, off, reference in zip(results[True], results[False], want, strict=True):
         assert relative_error(on, reference) < TOLERANCE[dtype]
         assert relative_error(on, off) < TOLERANCE[dtype]
-    on = "warp tiles" if wide_warp_fits(sizes, dtype) else True  # float16's every operation at most 64 wide
+    on = (
+        "warp tiles" if wide_warp_fits(sizes, dtype, float32_products("mlp_apply")) else True
+    )  # float16's every operation at most 64 wide
     assert {key[2] for key in lowered} == {on, False}
 
 

@@ -10,7 +10,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from _helpers import assert_float16_loss_and_grad_match_reference, draw_uniform, relative_error
+from _helpers import assert_loss_and_grad_match_reference, draw_uniform, relative_error
 
 import slax
 from slax import nn
@@ -167,7 +167,7 @@ def test_warp_rows_match_the_reference(sizes, device_kind):
     with slax.config.override(mlp_backend="warp_rows"):
         summary = nn.describe(params, rows)["mlp_loss_and_grad"]
         assert "each layer's input and output gradient written out" in summary
-        assert_float16_loss_and_grad_match_reference(params, sum(sizes), TOLERANCE)
+        assert_loss_and_grad_match_reference(params, sum(sizes), TOLERANCE)
 
 
 def _rows_as_the_kernel_writes_them(sizes, flat):

@@ -1,7 +1,7 @@
-"""A wide float16 network's fused loss and gradient on tensor cores, each warp's tile of 16 samples in
-registers through every layer (shaders/nn/wide_warp.slang): which networks take it, its weights'
-fragments, its reflection on every device kind, and on a CUDA GPU its results against the float32
-reference. Its PTX: tests/test_ptx_launch.py."""
+"""A wide network's fused loss and gradient on tensor cores, each warp's tile of 16 samples in
+registers through every layer (shaders/nn/wide_warp.slang), in float16 and in float32 at one TF32
+pass: which networks take it, its weights' fragments, its reflection on every device kind, and on
+a CUDA GPU its results against the float32 reference. Its PTX: tests/test_ptx_launch.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers import (
-    assert_float16_loss_and_grad_match_reference,
+    assert_loss_and_grad_match_reference,
     draw_uniform,
     eikonal_loss,
     mlp_inputs,
@@ -27,7 +27,9 @@ from slax.nn import _backends as nn_backends
 from slax.nn import _wide_warp_kernels as nn_wide_warp
 from slax.nn._architecture import Architecture
 
-ON_TENSOR_CORES = nn_backends.Platform("cuda", tensor_cores=True, capability=90)
+ON_TENSOR_CORES = nn_backends.Platform("cuda", True, 90, nn_backends.Float32Products.TF32)
+"""An H100's or H200's tensor cores, float32 products at JAX's DEFAULT precision (one TF32 pass)."""
+AT_HIGHEST = nn_backends.Platform("cuda", True, 90, nn_backends.Float32Products.FLOAT32)
 
 WIDE = [
     (32, 64, 64, 16),
@@ -47,6 +49,13 @@ TOLERANCE = 1e-2
 rounded to half): slax.testing's float16 tolerance. The kernel rounds each sample's gradient at a
 layer's output to half where it multiplies and where the bias gradient sums it (2^-11 a term), and
 its float sums run in another order than XLA's, so an activation can round the other way."""
+TF32_WIDE = [(32, 64, 64, 3), (32, 64, 64, 16), (20, 48, 48, 5), (16, 32, 16, 32, 8), (33, 16, 16, 16, 17)]
+"""Float32 networks the kernel runs at one TF32 pass: the image task's, the 64-wide benchmark's,
+widths off multiples of 16, layers narrower than their neighbours, odd widths in and out."""
+TF32_TOLERANCE = 4e-3
+"""Normwise relative error of a float32 network's loss and gradients at one TF32 pass against the
+float32 reference at full precision: each operand rounded to TF32 (2^-11 relative), as XLA's
+DEFAULT products round them, summed in float32."""
 
 
 def _ids(sizes):
@@ -54,31 +63,42 @@ def _ids(sizes):
 
 
 @pytest.mark.parametrize(
-    ("sizes", "dtype", "fits"),
+    ("sizes", "dtype", "platform", "fits"),
     [
-        ((32, 64, 64, 16), "float16", True),
-        ((20, 48, 48, 5), "float16", True),
-        ((32, 64, 64, 16), "float32", False),  # float32 stays on the 3xTF32 tiles
-        ((32, 128, 128, 16), "float16", False),  # wider than 64: four times the registers a warp
-        ((32, 65, 16), "float16", False),
+        ((32, 64, 64, 16), "float16", ON_TENSOR_CORES, True),
+        ((20, 48, 48, 5), "float16", ON_TENSOR_CORES, True),
+        ((32, 64, 64, 16), "float32", ON_TENSOR_CORES, True),  # one TF32 pass, JAX's DEFAULT
+        ((32, 64, 64, 3), "float32", ON_TENSOR_CORES, True),
+        ((32, 64, 64, 16), "float32", AT_HIGHEST, False),  # float32's accuracy: the 3xTF32 tiles
+        ((32, 64, 64, 64, 64, 16), "float32", ON_TENSOR_CORES, False),  # tiles and sums past 160 registers
+        ((32, 64, 64, 64, 64, 16), "float16", ON_TENSOR_CORES, True),
+        (
+            (32, 128, 128, 16),
+            "float16",
+            ON_TENSOR_CORES,
+            False,
+        ),  # wider than 64: four times the registers a warp
+        ((32, 65, 16), "float16", ON_TENSOR_CORES, False),
     ],
 )
-def test_which_networks_take_the_warp_tiles(sizes, dtype, fits):
+def test_which_networks_take_the_warp_tiles(sizes, dtype, platform, fits):
     """The tensor_cores backend runs every entry point of a float16 network at most 64 wide in the
-    warp tiles (their own kernels, operands and launches), and every other network in its tiles."""
+    warp tiles (their own kernels, operands and launches), and of a float32 one at one TF32 pass
+    whose tiles and sums fit TF32_REGISTERS; every other network in its tiles."""
     arch, backend = Architecture(sizes, dtype), nn_backends.TensorCores()
-    assert nn_wide_warp.wide_warp_fits(sizes, dtype) == fits
-    assert backend.wide_warp(arch) == fits
+    assert nn_wide_warp.wide_warp_fits(sizes, dtype, platform.products) == fits
+    assert backend.wide_warp(arch, platform) == fits
     for entry in ("mlp_loss_grad", "mlp_backward", "mlp_backward_params", "mlp_forward"):
-        spec = backend.kernel(arch, ON_TENSOR_CORES, entry)
+        spec = backend.kernel(arch, platform, entry)
         assert ("typealias WideNetwork" in (spec.source or "")) == fits
-    launch = backend.gradient_launch(arch, ON_TENSOR_CORES, "mlp_loss_grad", 1 << 18, 1 << 18)
+    launch = backend.gradient_launch(arch, platform, "mlp_loss_grad", 1 << 18, 1 << 18)
     if fits:
         tiles = launch.share[1]
-        warps = nn_wide_warp.group_warps(sizes)
+        warps = nn_wide_warp.group_warps(sizes, dtype)
         assert launch.threads == 32 * warps and launch.blocks * tiles * 16 * warps == 1 << 18
-        summary = backend.summary(arch, ON_TENSOR_CORES, "loss_grad")
-        assert "a warp per tile of 16 samples in registers" in summary
+        summary = backend.summary(arch, platform, "loss_grad")
+        products = "TF32" if dtype == "float32" else "float16"
+        assert f"a warp per tile of 16 samples in registers through every layer as {products}" in summary
 
 
 def test_the_descriptor_names_the_layers_and_includes_the_kernels():
@@ -96,6 +116,24 @@ def test_the_descriptor_names_the_layers_and_includes_the_kernels():
     assert (forward, backward) == ([0, 12, 30], [36, 48, 66]) and total == 72
     # 4 warps a thread group (group_warps): the 6 strips of 8 inputs take 2 a warp, of 1 block out
     assert f"WideLayer<48, 5, {offsets[2]}, 30, 66, 2, Identity>" in source
+    assert '#include "nn/wide_warp_half.slang"' in source
+
+
+def test_the_tf32_descriptor_marks_the_first_and_hidden_layers():
+    """A float32 network's descriptor includes the TF32 format; its blocks of 8 terms take twice the
+    fragments of 16 halves; its first layer reads its input again (Reloads) and its hidden layers
+    round their outputs (Hidden); its groups are 4 warps."""
+    sizes = (20, 48, 48, 5)
+    offsets, _ = nn_backends.parameter_offsets(sizes)
+    source = nn_wide_warp.wide_warp_source(sizes, ("ReLU", "ReLU", "Identity"), "float32")
+    assert '#include "nn/wide_warp_tf32.slang"' in source and "{" not in source
+    assert "static const int GroupThreads = 128;" in source
+    forward, backward, total = nn_wide_warp.fragment_offsets(sizes, "float32")
+    # blocks of 8 columns by 8 terms: 6 x 4, 6 x 6, 2 x 6; the input gradients' 4 x 6, 6 x 6, 6 x 2
+    assert (forward, backward) == ([0, 24, 60], [72, 96, 132]) and total == 144
+    assert "WideLayer<20, 48, 0, 0, 72, 3, ReLU, true, true>" in source
+    assert "WideLayer<48, 48, 1008, 24, 96, 6, ReLU, false, true>" in source
+    assert f"WideLayer<48, 5, {offsets[2]}, 60, 132, 2, Identity, false, false>" in source
 
 
 @pytest.mark.one_device_kind  # launches and sources: no kernel runs
@@ -151,6 +189,70 @@ def test_fragments_are_mma_b_fragments_of_halves(shape):
                 np.testing.assert_array_equal(halves[j, s, lane], np.asarray(want, np.float16))
 
 
+@pytest.mark.one_device_kind  # the fragments are JAX arrays: no kernel runs
+@pytest.mark.parametrize("shape", [(16, 32), (20, 48), (5, 48), (48, 5)], ids=_ids)
+def test_tf32_fragments_take_a_blocks_terms_in_the_tiles_order(shape):
+    """Each block of ``_tf32_b_fragments(M)`` (M: N x K) holds, for lane 4g + t, M[g][2t] and
+    M[g][2t + 1] of its 8 x 8 block rounded to TF32 (to nearest, low 13 bits clear): B = M^T's
+    terms t and t + 4 where a tile's C fragment, read as an A fragment, holds columns 2t and
+    2t + 1; blocks of 8 columns of B, then of 8 rows; N and K padded to 16."""
+    m = np.asarray(draw_uniform(jax.random.key(shape[0] * 10 + shape[1]), shape, "float32"))
+    words = np.asarray(nn_wide_warp._tf32_b_fragments(jnp.asarray(m)))
+    n_blocks, k_blocks = 2 * -(-shape[0] // 16), 2 * -(-shape[1] // 16)
+    assert words.shape == (n_blocks * k_blocks * 64,) and not np.any(words & 0x1FFF)
+    values = words.view(np.float32).reshape(n_blocks, k_blocks, 32, 2)
+    padded = np.zeros((8 * n_blocks, 8 * k_blocks), np.float32)
+    padded[: shape[0], : shape[1]] = m
+    for j in range(n_blocks):
+        for s in range(k_blocks):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                want = padded[8 * j + g, 8 * s + 2 * t : 8 * s + 2 * t + 2]
+                np.testing.assert_allclose(values[j, s, lane], want, rtol=2.0**-11, atol=0)
+
+
+@pytest.mark.one_device_kind  # numpy: no kernel runs
+def test_the_tf32_tiles_c_fragments_are_the_next_layers_a_fragments():
+    """The TF32 format's layout, lane by lane in numpy: a tile's C fragments of h (lane (g, t):
+    rows g, g + 8, columns 2t, 2t + 1 of each block of 8), passed to mma.sync's A operand as
+    (x, z, y, w), times the weights' B fragments (_tf32_b_fragments), give h W^T as C fragments,
+    the next layer's input with no exchange between lanes (the input gradient's dz W takes W^T's
+    fragments the same way)."""
+    rng = np.random.default_rng(5)
+    n_in, n_out = 24, 40
+    h = rng.standard_normal((16, n_in)).astype(np.float32)
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    tf32 = lambda v: np.asarray(nn_wide_warp.tf32_rounded(jnp.asarray(v, jnp.float32)))  # noqa: E731
+    in_blocks, out_blocks = 2 * -(-n_in // 16), 2 * -(-n_out // 16)
+    hp = np.zeros((16, 8 * in_blocks), np.float32)
+    hp[:, :n_in] = tf32(h)
+    fragments = np.asarray(nn_wide_warp._tf32_b_fragments(jnp.asarray(w))).view(np.float32)
+    fragments = fragments.reshape(out_blocks, in_blocks, 32, 2)
+
+    def c_fragment(matrix, block, lane):  # rows g, g + 8; columns 2t, 2t + 1 of the block
+        g, t = divmod(lane, 4)
+        c = 8 * block + 2 * t
+        return np.array([matrix[g, c], matrix[g, c + 1], matrix[g + 8, c], matrix[g + 8, c + 1]])
+
+    def mma(c, a, b):  # m16n8k8 from the lanes' fragments: A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+        A, B = np.zeros((16, 8)), np.zeros((8, 8))
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4] = a[lane]
+            B[t, g], B[t + 4, g] = b[lane]
+        product = A @ B
+        return [c[lane] + c_fragment(product, 0, lane) for lane in range(32)]
+
+    for j in range(out_blocks):
+        z = [np.zeros(4) for _ in range(32)]
+        for k in range(in_blocks):
+            a = [c_fragment(hp, k, lane)[[0, 2, 1, 3]] for lane in range(32)]
+            z = mma(z, a, fragments[j, k])
+        want = hp @ np.pad(tf32(w), ((0, 8 * out_blocks - n_out), (0, 8 * in_blocks - n_in))).T
+        for lane in range(32):
+            np.testing.assert_allclose(z[lane], c_fragment(want, j, lane), rtol=1e-5, atol=1e-5)
+
+
 def test_every_device_kind_reflects_the_kernel(device_kind):
     """On the PTX route slax reads a kernel's parameters from SlangPy's reflection on
     ``slax.config.reflection_device`` (SlangPy's CPU device where no Vulkan driver is): the kernel
@@ -180,64 +282,95 @@ def test_every_device_kind_reflects_the_kernel(device_kind):
     assert [name for name, _ in parameters.scalars] == scalars
 
 
-@pytest.mark.parametrize("sizes", WIDE, ids=_ids)
-def test_warp_tiles_match_the_reference(sizes, device_kind, fused_kernels):
+def _at_default_precision():
+    """JAX's DEFAULT matmul precision, at which a float32 network's products are one TF32 pass (the
+    suite runs at HIGHEST: tests/conftest.py)."""
+    return jax.default_matmul_precision("default")
+
+
+def _wide_cases(count=None):
+    """(sizes, dtype, activation) of the float16 networks and, at one TF32 pass, the float32 ones."""
+    halves = [(sizes, "float16", "leaky_relu") for sizes in WIDE[:count]]
+    activations = ["relu", "leaky_relu", "sigmoid", "tanh", "relu"]
+    floats = [(sizes, "float32", a) for sizes, a in zip(TF32_WIDE[:count], activations, strict=False)]
+    return halves + floats
+
+
+def _case_ids(case):
+    return f"{_ids(case[0])}-{case[1]}-{case[2]}"
+
+
+@pytest.mark.parametrize("case", _wide_cases(), ids=_case_ids)
+def test_warp_tiles_match_the_reference(case, device_kind, fused_kernels):
     """On a CUDA GPU, the loss and gradients of two vmapped groups of 1000 samples, of one of 333
     and of one of 5 (thread groups of 64 or 128 samples, rows past a group's end repeating its last
-    sample and counting for nothing) agree with the float32 reference within TOLERANCE, and are the
-    same bits on a second run."""
+    sample and counting for nothing) agree with the float32 reference within TOLERANCE (float16)
+    or TF32_TOLERANCE (float32, at JAX's DEFAULT precision), and are the same bits on a second
+    run."""
     if device_kind != "cuda":
         pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the tiled kernels run")
-    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, "float16")
-    rows = jnp.zeros((1000, sizes[0]), jnp.float16)
-    assert "a warp per tile of 16 samples in registers" in nn.describe(params, rows)["mlp_loss_and_grad"]
-    assert_float16_loss_and_grad_match_reference(params, sum(sizes), TOLERANCE)
+    sizes, dtype, activation = case
+    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, dtype, activation=activation)
+    rows = jnp.zeros((1000, sizes[0]), dtype)
+    products = "TF32" if dtype == "float32" else "float16"
+    tolerance = TF32_TOLERANCE if dtype == "float32" else TOLERANCE
+    with _at_default_precision():
+        said = nn.describe(params, rows)["mlp_loss_and_grad"]
+        assert f"a warp per tile of 16 samples in registers through every layer as {products}" in said
+        assert_loss_and_grad_match_reference(params, sum(sizes), tolerance)
 
 
-@pytest.mark.parametrize("sizes", WIDE[:4], ids=_ids)
-def test_mlp_apply_and_its_gradients_on_the_warp_tiles_match_the_reference(sizes, device_kind, lowered):
+@pytest.mark.parametrize("case", _wide_cases(4), ids=_case_ids)
+def test_mlp_apply_and_its_gradients_on_the_warp_tiles_match_the_reference(case, device_kind, lowered):
     """On a CUDA GPU, mlp_apply and jax.grad of a loss of it run the warp tiles' kernels: the forward
     pass (mlp_forward), the gradient in the parameters (mlp_backward_params), in the parameters and
-    x (mlp_backward) and in x alone (mlp_input_gradient, no sums), each within TOLERANCE of the
-    float32 reference for 1000 samples of a mean loss (cotangents of 1e-3, where the kernels'
-    half gradients need the power-of-two scaling), per-example gradients vmapped over two groups of
-    333 too; the same bits on a second run."""
+    x (mlp_backward) and in x alone (mlp_input_gradient, no sums), each within TOLERANCE (float32:
+    TF32_TOLERANCE) of the float32 reference for 1000 samples of a mean loss (cotangents of 1e-3,
+    where the float16 kernels' half gradients need the power-of-two scaling), per-example gradients
+    vmapped over two groups of 333 too; the same bits on a second run."""
     if device_kind != "cuda":
         pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the tiled kernels run")
     from _training import cast
 
-    params = nn.mlp_init(jax.random.key(sum(sizes) + 1), sizes, "float16")
-    x = mlp_inputs(params, jax.random.key(8), 1000, "float16")
-    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float16")
+    with _at_default_precision():
+        sizes, dtype, activation = case
+        tolerance = TF32_TOLERANCE if dtype == "float32" else TOLERANCE
+        params = nn.mlp_init(jax.random.key(sum(sizes) + 1), sizes, dtype, activation=activation)
+        x = mlp_inputs(params, jax.random.key(8), 1000, dtype)
+        reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
 
-    def loss(apply):
-        return lambda params, x: jnp.mean(jnp.sin(1.3 * apply(params, x).astype(jnp.float32)))
+        def loss(apply):
+            return lambda params, x: jnp.mean(jnp.sin(1.3 * apply(params, x).astype(jnp.float32)))
 
-    def warp_tiles():
-        return sorted({key[1] for key in lowered if key[2] == "warp tiles"})
+        def warp_tiles():
+            return sorted({key[1] for key in lowered if key[2] == "warp tiles"})
 
-    lowered.clear()
-    got = jax.jit(nn.mlp_apply)(params, x)
-    assert warp_tiles() == ["mlp_forward"]
-    assert relative_error(got, reference(*cast((params, x), jnp.float32))) < TOLERANCE
-    for argnums, entry in [(0, "mlp_backward_params"), ((0, 1), "mlp_backward"), (1, "mlp_input_gradient")]:
         lowered.clear()
-        gradient = jax.jit(jax.grad(loss(nn.mlp_apply), argnums))
-        got, again = gradient(params, x), gradient(params, x)
-        assert warp_tiles() == sorted(["mlp_forward", entry])
-        want = jax.grad(loss(reference), argnums)(*cast((params, x), jnp.float32))
-        for leaf, repeat, wanted in zip(
-            jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
-        ):
-            assert np.array_equal(leaf, repeat), f"{entry}: not deterministic"
-            assert relative_error(leaf, wanted) < TOLERANCE, entry
-    grouped = jax.jit(jax.vmap(jax.grad(loss(nn.mlp_apply), (0, 1)), (None, 0)))(
-        params, x[:666].reshape(2, 333, -1)
-    )
-    for k in range(2):
-        want = jax.grad(loss(reference), (0, 1))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
-        for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
-            assert relative_error(leaf[k], wanted) < TOLERANCE
+        got = jax.jit(nn.mlp_apply)(params, x)
+        assert warp_tiles() == ["mlp_forward"]
+        assert relative_error(got, reference(*cast((params, x), jnp.float32))) < tolerance
+        for argnums, entry in [
+            (0, "mlp_backward_params"),
+            ((0, 1), "mlp_backward"),
+            (1, "mlp_input_gradient"),
+        ]:
+            lowered.clear()
+            gradient = jax.jit(jax.grad(loss(nn.mlp_apply), argnums))
+            got, again = gradient(params, x), gradient(params, x)
+            assert warp_tiles() == sorted(["mlp_forward", entry])
+            want = jax.grad(loss(reference), argnums)(*cast((params, x), jnp.float32))
+            for leaf, repeat, wanted in zip(
+                jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
+            ):
+                assert np.array_equal(leaf, repeat), f"{entry}: not deterministic"
+                assert relative_error(leaf, wanted) < tolerance, entry
+        grouped = jax.jit(jax.vmap(jax.grad(loss(nn.mlp_apply), (0, 1)), (None, 0)))(
+            params, x[:666].reshape(2, 333, -1)
+        )
+        for k in range(2):
+            want = jax.grad(loss(reference), (0, 1))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
+            for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
+                assert relative_error(leaf[k], wanted) < tolerance
 
 
 @pytest.mark.one_device_kind  # JAX arithmetic: no kernel runs
@@ -335,7 +468,9 @@ WARP_TILES, TILES = "the warp tiles' Hessian kernel", "the tensor_cores kernels'
         ((3, 64, 64, 64, 1), "float16", "leaky_relu", ON_TENSOR_CORES, WARP_TILES),
         ((20, 48, 48, 5), "float16", "relu", ON_TENSOR_CORES, WARP_TILES),
         ((3, 64, 64, 64, 1), "float16", "tanh", ON_TENSOR_CORES, None),  # its second derivative
-        ((3, 64, 64, 64, 1), "float32", "leaky_relu", ON_TENSOR_CORES, TILES),  # no float32 warp tiles
+        ((3, 64, 64, 64, 1), "float32", "leaky_relu", ON_TENSOR_CORES, TILES),  # past TF32_REGISTERS
+        ((32, 64, 64, 1), "float32", "relu", ON_TENSOR_CORES, WARP_TILES),  # one TF32 pass
+        ((32, 64, 64, 1), "float32", "relu", AT_HIGHEST, TILES),
         ((3, 128, 128, 1), "float16", "leaky_relu", ON_TENSOR_CORES, TILES),  # wider than the warp tiles
         ((3, 128, 128, 1), "float32", "tanh", ON_TENSOR_CORES, None),
         ((3, 64, 64, 64, 1), "float16", "leaky_relu", nn_backends.Platform("cuda", False, 90), None),
@@ -409,48 +544,57 @@ def test_the_hessian_kernel_takes_directions_scaled_into_halfs_normal_range(
     assert jnp.all((peaks[0] >= 0.5) & (peaks[0] < 1.0)), peaks
 
 
-@pytest.mark.parametrize("sizes", HESSIAN, ids=_ids)
-def test_the_hessian_kernel_matches_the_reference(sizes, device_kind, monkeypatch):
+@pytest.mark.parametrize(
+    ("sizes", "dtype"),
+    [
+        *((sizes, "float16") for sizes in HESSIAN),
+        ((32, 64, 64, 1), "float32"),
+        *((s, "float32") for s in HESSIAN[1:]),
+    ],
+    ids=lambda value: _ids(value) if isinstance(value, tuple) else value,
+)
+def test_the_hessian_kernel_matches_the_reference(sizes, dtype, device_kind, monkeypatch):
     """On a CUDA GPU, as "auto" chooses: the gradient in the parameters of an eikonal loss runs the
     warp tiles' Hessian kernel (mlp_hessian_sums) for what the second derivative adds, and agrees
-    with the float32 reference within TOLERANCE, for 1000 samples and vmapped over two groups of
-    333 (each group's gradient its own); the same bits on a second run. A tanh network (its second
-    derivative not zero) takes the twin instead."""
+    with the float32 reference within TOLERANCE (float32 at one TF32 pass: TF32_TOLERANCE), for
+    1000 samples and vmapped over two groups of 333 (each group's gradient its own); the same bits
+    on a second run. A tanh network (its second derivative not zero) takes the twin instead."""
     if device_kind != "cuda":
         pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the twin runs")
     from _training import cast
 
-    entries = []
-    make = nn_backends.wide_warp_kernel
-    monkeypatch.setattr(
-        nn_backends, "wide_warp_kernel", lambda arch, entry: entries.append(entry) or make(arch, entry)
-    )
-    activation = "relu" if sizes == HESSIAN[1] else "leaky_relu"
-    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, "float16", activation=activation)
-    x = mlp_inputs(params, jax.random.key(7), 1000, "float16")
-    reference = functools.partial(nn.mlp_apply_reference, storage_dtype="float16")
-    gradient = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply)))
-    got, again = gradient(params, x), gradient(params, x)
-    want = jax.grad(eikonal_loss(reference))(*cast((params, x), jnp.float32))
-    for leaf, repeat, wanted in zip(
-        jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
-    ):
-        assert np.array_equal(leaf, repeat), "the sums are not deterministic"
-        assert relative_error(leaf, wanted) < TOLERANCE
-    assert "mlp_hessian_sums" in entries
-    grouped = jax.jit(jax.vmap(jax.grad(eikonal_loss(nn.mlp_apply)), (None, 0)))(
-        params, x[:666].reshape(2, 333, -1)
-    )
-    for k in range(2):
-        want = jax.grad(eikonal_loss(reference))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
-        for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
-            assert relative_error(leaf[k], wanted) < TOLERANCE
-    entries.clear()
-    smooth = nn.mlp_init(jax.random.key(1), sizes, "float16", activation="tanh")
-    got = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply)))(smooth, x)
-    want = jax.grad(eikonal_loss(functools.partial(nn.mlp_apply_reference, storage_dtype="float16")))(
-        *cast((smooth, x), jnp.float32)
-    )
-    for leaf, wanted in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert relative_error(leaf, wanted) < TOLERANCE
-    assert "mlp_hessian_sums" not in entries
+    with _at_default_precision():
+        tolerance = TF32_TOLERANCE if dtype == "float32" else TOLERANCE
+
+        entries = []
+        make = nn_backends.wide_warp_kernel
+        monkeypatch.setattr(
+            nn_backends, "wide_warp_kernel", lambda arch, entry: entries.append(entry) or make(arch, entry)
+        )
+        activation = "relu" if sizes in (HESSIAN[1], (32, 64, 64, 1)) else "leaky_relu"
+        params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, dtype, activation=activation)
+        x = mlp_inputs(params, jax.random.key(7), 1000, dtype)
+        reference = functools.partial(nn.mlp_apply_reference, storage_dtype=dtype)
+        gradient = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply)))
+        got, again = gradient(params, x), gradient(params, x)
+        want = jax.grad(eikonal_loss(reference))(*cast((params, x), jnp.float32))
+        for leaf, repeat, wanted in zip(
+            jax.tree.leaves(got), jax.tree.leaves(again), jax.tree.leaves(want), strict=True
+        ):
+            assert np.array_equal(leaf, repeat), "the sums are not deterministic"
+            assert relative_error(leaf, wanted) < tolerance
+        assert "mlp_hessian_sums" in entries
+        grouped = jax.jit(jax.vmap(jax.grad(eikonal_loss(nn.mlp_apply)), (None, 0)))(
+            params, x[:666].reshape(2, 333, -1)
+        )
+        for k in range(2):
+            want = jax.grad(eikonal_loss(reference))(*cast((params, x[333 * k : 333 * (k + 1)]), jnp.float32))
+            for leaf, wanted in zip(jax.tree.leaves(grouped), jax.tree.leaves(want), strict=True):
+                assert relative_error(leaf[k], wanted) < tolerance
+        entries.clear()
+        smooth = nn.mlp_init(jax.random.key(1), sizes, dtype, activation="tanh")
+        got = jax.jit(jax.grad(eikonal_loss(nn.mlp_apply)))(smooth, x)
+        want = jax.grad(eikonal_loss(reference))(*cast((smooth, x), jnp.float32))
+        for leaf, wanted in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert relative_error(leaf, wanted) < tolerance
+        assert "mlp_hessian_sums" not in entries

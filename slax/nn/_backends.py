@@ -359,6 +359,12 @@ def scaled_back(value: jax.Array, exponent: jax.Array) -> jax.Array:
     return (value.astype(jnp.float32) * scales).astype(value.dtype)
 
 
+def _unread_scales() -> jax.Array:
+    """The ``dx_scales`` operand of a float32 network's warp tiles, which read none
+    (``ScaledGradients`` of ``shaders/nn/wide_warp_tf32.slang``)."""
+    return jnp.ones((1,), jnp.float32)
+
+
 def _grouped(per_group: jax.Array, ndim: int) -> jax.Array:
     """A per-group array with axes of 1 appended up to ``ndim``, to broadcast over each group."""
     return per_group.reshape(per_group.shape + (1,) * (ndim - per_group.ndim))
@@ -378,9 +384,9 @@ WARP_TILE_ENTRIES = (
 @functools.cache
 def wide_warp_kernel(arch: Architecture, entry: str) -> KernelSpec:
     """Kernel ``entry`` (one of :data:`WARP_TILE_ENTRIES`) of ``arch`` on the warp tiles
-    (slax/nn/_wide_warp_kernels.py)."""
+    (slax/nn/_wide_warp_kernels.py): a float32 network's at one TF32 pass."""
     activations = tuple(ACTIVATIONS[name].slang for name in arch.activations)
-    source = _wide_warp_kernels.wide_warp_source(arch.sizes, activations)
+    source = _wide_warp_kernels.wide_warp_source(arch.sizes, activations, arch.dtype)
     return KernelSpec(entry, source=source)
 
 
@@ -526,9 +532,9 @@ class _Tiles(KernelBackend):
         (:meth:`hessian_tiles`)."""
         if self.unfit(arch, platform) or not linear_pieces(arch):
             return None
-        return self.hessian_tiles(arch)
+        return self.hessian_tiles(arch, platform)
 
-    def hessian_tiles(self, arch: Architecture) -> str | None:
+    def hessian_tiles(self, arch: Architecture, platform: Platform) -> str | None:
         """Which of the family's Hessian kernels runs ``arch``, a network it runs whose activations
         are linear pieces, or None where its tiles do not fit with their tangents."""
         tile = self.layout(arch, True)
@@ -615,10 +621,11 @@ class TensorCores(_Tiles):
         return _kept_input(arch, "the tensor-core products read a hidden layer's kept tile as their input")
 
     def summary(self, arch, platform, operation):
-        if self._on_warp_tiles(arch, "mlp_" + operation):
-            group = _wide_warp_kernels.group_samples(arch.sizes)
+        if self._on_warp_tiles(arch, platform, "mlp_" + operation):
+            group = _wide_warp_kernels.group_samples(arch.sizes, arch.dtype)
+            products = "TF32" if arch.dtype == "float32" else "float16"
             return (
-                f"a warp per tile of 16 samples in registers through every layer as float16 mma.sync, "
+                f"a warp per tile of 16 samples in registers through every layer as {products} mma.sync, "
                 f"{group} samples per thread group sharing the weight gradient"
             )
         products = f" ({platform.products.value})" if arch.dtype == "float32" else ""
@@ -628,30 +635,31 @@ class TensorCores(_Tiles):
         return True
 
     @staticmethod
-    def wide_warp(arch: Architecture) -> bool:
-        """Whether its kernels for ``arch`` are the warp tiles' (``shaders/nn/wide_warp.slang``)."""
-        return _wide_warp_kernels.wide_warp_fits(arch.sizes, arch.dtype)
+    def wide_warp(arch: Architecture, platform: Platform) -> bool:
+        """Whether its kernels for ``arch`` on ``platform`` are the warp tiles'
+        (``shaders/nn/wide_warp.slang``): float16 networks at most 64 wide, and float32 ones whose
+        products are one TF32 pass where their tiles fit a thread's registers."""
+        return _wide_warp_kernels.wide_warp_fits(arch.sizes, arch.dtype, platform.products)
 
-    def _on_warp_tiles(self, arch: Architecture, entry: str) -> bool:
+    def _on_warp_tiles(self, arch: Architecture, platform: Platform, entry: str) -> bool:
         """Whether kernel ``entry`` of ``arch`` is the warp tiles': its own source, operands and launch."""
-        return entry in WARP_TILE_ENTRIES and self.wide_warp(arch)
+        return entry in WARP_TILE_ENTRIES and self.wide_warp(arch, platform)
 
     def kernel(self, arch, platform, entry):
-        if self._on_warp_tiles(arch, entry):
+        if self._on_warp_tiles(arch, platform, entry):
             return wide_warp_kernel(arch, entry)
         return super().kernel(arch, platform, entry)
 
-    def hessian_tiles(self, arch):
-        """The warp tiles' Hessian kernel for the networks they run (float16 ones at most 64 wide),
-        else the tensor-core tiles'."""
-        if self.wide_warp(arch):
+    def hessian_tiles(self, arch, platform):
+        """The warp tiles' Hessian kernel for the networks they run, else the tensor-core tiles'."""
+        if self.wide_warp(arch, platform):
             return "the warp tiles' Hessian kernel"
-        return super().hessian_tiles(arch)
+        return super().hessian_tiles(arch, platform)
 
     def forward(self, arch, platform, x, params, keep_hidden, routes):
         """On the warp tiles, ``mlp_forward``; the hidden activations' place holds zeros, since the
         warp tiles' backward recomputes them in registers."""
-        if not self.wide_warp(arch):
+        if not self.wide_warp(arch, platform):
             return super().forward(arch, platform, x, params, keep_hidden, routes)
         y = self._warp_tiles(arch, platform, "mlp_forward", [x], params, arch.sizes[-1], routes)
         if not keep_hidden:
@@ -659,26 +667,34 @@ class TensorCores(_Tiles):
         return [y, jnp.zeros(x.shape[:-1] + (_kernels.hidden_width(arch.sizes),), arch.dtype)]
 
     def backward(self, arch, platform, data, params, group_ndim, input_gradient, param_output, routes):
-        """On the warp tiles, from ``x`` (the forward pass again, in registers) and ``dy``, entering
-        scaled up by a power of two per group (:func:`power_of_two_normalised`; the results leave
-        unscaled): the tiles round each layer's output gradient to half, where a mean loss's
-        cotangents over many samples (2 / N of a residual: 8e-6 at 2^18) lie near or below half's
-        normal range (6e-5). The kernels scale dx back themselves (:func:`powers_of_two`), the
-        parameters' sums are scaled back here. The input gradient alone (``param_output`` off) runs
-        ``mlp_input_gradient``, a warp per tile with no sums, its dy scaled per sample (no sum
-        mixes samples there)."""
-        if not self.wide_warp(arch):
+        """On the warp tiles, from ``x`` (the forward pass again, in registers) and ``dy``. A float16
+        network's dy enters scaled up by a power of two per group (:func:`power_of_two_normalised`;
+        the results leave unscaled): the tiles round each layer's output gradient to half, where a
+        mean loss's cotangents over many samples (2 / N of a residual: 8e-6 at 2^18) lie near or
+        below half's normal range (6e-5). The kernels scale dx back themselves
+        (:func:`powers_of_two`), the parameters' sums are scaled back here. A float32 network's
+        tiles hold floats, whose range those cotangents are far inside: dy enters as it is (the
+        kernels read no scales). The input gradient alone (``param_output`` off) runs
+        ``mlp_input_gradient``, a warp per tile with no sums, its dy scaled per sample (no sum mixes
+        samples there)."""
+        if not self.wide_warp(arch, platform):
             return super().backward(
                 arch, platform, data, params, group_ndim, input_gradient, param_output, routes
             )
         x, dy = data[0], data[-1]
+        halves = arch.dtype == "float16"
         if not param_output:
             if not input_gradient:
                 return []
-            dy, exponent = power_of_two_normalised(dy, dy.ndim - 1)
-            scales = powers_of_two(exponent)
+            scales = _unread_scales()
+            if halves:
+                dy, exponent = power_of_two_normalised(dy, dy.ndim - 1)
+                scales = powers_of_two(exponent)
             entry = "mlp_input_gradient"
             return [self._warp_tiles(arch, platform, entry, [x, dy, scales], params, arch.sizes[0], routes)]
+        if not halves:
+            data = [x, dy, _unread_scales()] if input_gradient else [x, dy]
+            return super().backward(arch, platform, data, params, group_ndim, input_gradient, True, routes)
         dy, exponent = power_of_two_normalised(dy, group_ndim)
         data = [x, dy, powers_of_two(exponent)] if input_gradient else [x, dy]
         results = super().backward(arch, platform, data, params, group_ndim, input_gradient, True, routes)
@@ -689,7 +705,7 @@ class TensorCores(_Tiles):
         """Kernel ``entry`` of the warp tiles a warp per tile of 16 samples (no sums) on ``data``
         (per-sample arrays, ``x`` first): its per-sample result, ``width`` values a sample."""
         samples = math.prod(data[0].shape[:-1])
-        count = _wide_warp_kernels.warp_tile_threads(arch.sizes, samples)
+        count = _wide_warp_kernels.warp_tile_threads(arch.sizes, samples, arch.dtype)
         (result,) = run_kernel(
             wide_warp_kernel(arch, entry),
             [*data, *self.entry_operands(arch, platform, entry, params)],
@@ -706,16 +722,16 @@ class TensorCores(_Tiles):
         return [packed(params), weight_fragments(params[1::2], arch.dtype, platform.products)]
 
     def entry_operands(self, arch, platform, entry, params):
-        """The warp tiles' kernels read the weights as B fragments of halves."""
-        if self._on_warp_tiles(arch, entry):
-            return [packed(params), _wide_warp_kernels.half_fragments(params[1::2])]
+        """The warp tiles' kernels read the weights as their format's B fragments."""
+        if self._on_warp_tiles(arch, platform, entry):
+            return [packed(params), _wide_warp_kernels.warp_fragments(params[1::2], arch.dtype)]
         return self.operands(arch, platform, params)
 
     def gradient_launch(self, arch, platform, entry, samples, per_group):
-        if not self._on_warp_tiles(arch, entry):
+        if not self._on_warp_tiles(arch, platform, entry):
             return super().gradient_launch(arch, platform, entry, samples, per_group)
-        tile = _wide_warp_kernels.group_samples(arch.sizes)
-        threads = 32 * _wide_warp_kernels.group_warps(arch.sizes)
+        tile = _wide_warp_kernels.group_samples(arch.sizes, arch.dtype)
+        threads = 32 * _wide_warp_kernels.group_warps(arch.sizes, arch.dtype)
         return tile_launch(tile, tiles_per_block(tile, samples, per_group), per_group, threads)
 
 

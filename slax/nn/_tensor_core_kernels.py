@@ -215,7 +215,7 @@ def pieces(
     return (2 if tangents else held), held, 2
 
 
-def _tf32(values):
+def tf32_rounded(values):
     """``values`` (float32) rounded to TF32, to nearest with ties away from zero (cvt.rna.tf32.f32):
     the low 13 of the 23 mantissa bits cleared after adding half of their weight."""
     bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
@@ -234,9 +234,9 @@ def b_fragments(matrix, weight_pieces: int):
     padded = jnp.pad(matrix, ((0, 8 * blocks_n - n), (0, 8 * blocks_k - k)))
     # [j][g][s][h][t]: row 8j + g, column 8s + 4h + t  ->  [j][s][g][t][h]
     blocks = padded.reshape(blocks_n, 8, blocks_k, 2, 4).transpose(0, 2, 1, 4, 3)
-    hi = _tf32(blocks)
+    hi = tf32_rounded(blocks)
     if weight_pieces > 1:
-        hi = jnp.stack([hi, _tf32(blocks - hi)], axis=-2)  # [j][s][g][t][piece][h]
+        hi = jnp.stack([hi, tf32_rounded(blocks - hi)], axis=-2)  # [j][s][g][t][piece][h]
     return hi.reshape(-1)
 
 

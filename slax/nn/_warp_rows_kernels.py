@@ -24,7 +24,7 @@ from slax._kernel_primitive import run_kernel
 from slax.nn._kernels import parameter_offsets
 from slax.nn._slang_types import chain_aliases
 from slax.nn._tiled_kernels import TILE_THREADS
-from slax.nn._wide_warp_kernels import fragment_offsets, half_fragments
+from slax.nn._wide_warp_kernels import fragment_offsets, warp_fragments
 
 WARP_ROWS_WIDTH = 128
 """Widest layer the kernel runs: eight blocks of 16 columns. A warp holds one layer's tile at a
@@ -96,7 +96,7 @@ def loss_grad(
     count = blocks * TILE_THREADS
     losses, first_dz, hidden_h, hidden_dz, last_h, last_dz = run_kernel(
         spec,
-        [x, target, packed, half_fragments(params[1::2])],
+        [x, target, packed, warp_fragments(params[1::2], "float16")],
         (
             ((samples,), "float32"),
             ((samples, width), "float16"),

@@ -302,11 +302,17 @@ def kernel_cases(rng: np.random.Generator, programs: dict) -> dict:
         lambda *a: slax.nn.mlp_loss_and_grad(*a, precision="highest"),
         *args,
     )
-    # widths 5 and 3 (not multiples of 4 floats): tiles copied 4 bytes at a time, dy's padding rows
-    # zero-filled
+    # the tensor-core tiles' float32 kernels, at HIGHEST (at DEFAULT these networks run on the TF32
+    # warp tiles): the gradient with x's; widths 5 and 3 (not multiples of 4 floats), tiles copied 4
+    # bytes at a time, dy's padding rows zero-filled
+    _, *args = programs["mlp_apply_grad_with_input_float32"]
+    cases["mlp_apply_grad_with_input_float32_highest"] = (
+        jax.grad(lambda p, d: slax.nn.mlp_apply(p, d, precision="highest").sum(), (0, 1)),
+        *args,
+    )
     odd = slax.nn.mlp_init(jax.random.key(1), (5, 16, 16, 3), jnp.float32)
     cases["mlp_apply_grad_odd_widths_float32"] = (
-        jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum()),
+        jax.grad(lambda p, d: slax.nn.mlp_apply(p, d, precision="highest").sum()),
         odd,
         jnp.asarray(rng.uniform(size=(1000, 5)), jnp.float32),
     )
