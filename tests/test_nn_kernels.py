@@ -83,6 +83,9 @@ DEEP_SOURCES = {
     "tiled_hessian": lambda: mlp_source(_sixteen_hidden(64), "float32", tangents=True),
     "tensor_cores": lambda: mlp_source(_sixteen_hidden(16), "float16", tensor_cores=True),
     "wide_warp": lambda: wide_warp_source(_sixteen_hidden(64), _activations(_sixteen_hidden(64))),
+    "wide_warp_tf32": lambda: wide_warp_source(
+        _sixteen_hidden(64), _activations(_sixteen_hidden(64)), "float32"
+    ),
     "warp_rows": lambda: warp_rows_source(_sixteen_hidden(128), _activations(_sixteen_hidden(128))),
 }
 

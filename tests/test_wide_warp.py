@@ -189,6 +189,24 @@ def test_fragments_are_mma_b_fragments_of_halves(shape):
                 np.testing.assert_array_equal(halves[j, s, lane], np.asarray(want, np.float16))
 
 
+@pytest.mark.one_device_kind  # JAX arithmetic: no kernel runs
+def test_tf32_rounding_is_to_nearest_and_keeps_nans():
+    """tf32_rounded (the weights' rounding; the kernels round activations to the same values with
+    cvt.rna.tf32.f32) clears the low 13 mantissa bits, to nearest with ties away from zero, keeps
+    infinities, and keeps NaN a NaN: the GPU's NaN (0x7fffffff) and its negation (0xffffffff) plus
+    half a TF32 unit would wrap to -0 and +0, silently finite."""
+    bits = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800000, 0xFF800000, 0x3F801000, 0x3F800FFF],
+                    np.uint32)  # fmt: skip
+    rounded = np.asarray(nn_wide_warp.tf32_rounded(jnp.asarray(bits.view(np.float32))))
+    assert np.isnan(rounded[:3]).all()
+    assert rounded[3] == np.inf and rounded[4] == -np.inf
+    assert rounded.view(np.uint32)[5:].tolist() == [0x3F802000, 0x3F800000]  # a tie away, below it down
+    values = np.asarray(draw_uniform(jax.random.key(3), (1000,), "float32")) * 1e3
+    rounded = np.asarray(nn_wide_warp.tf32_rounded(jnp.asarray(values)))
+    assert not np.any(rounded.view(np.uint32) & 0x1FFF)
+    assert np.all(np.abs(rounded - values) <= np.abs(values) * 2.0**-11)
+
+
 @pytest.mark.one_device_kind  # the fragments are JAX arrays: no kernel runs
 @pytest.mark.parametrize("shape", [(16, 32), (20, 48), (5, 48), (48, 5)], ids=_ids)
 def test_tf32_fragments_take_a_blocks_terms_in_the_tiles_order(shape):
@@ -318,6 +336,26 @@ def test_warp_tiles_match_the_reference(case, device_kind, fused_kernels):
         said = nn.describe(params, rows)["mlp_loss_and_grad"]
         assert f"a warp per tile of 16 samples in registers through every layer as {products}" in said
         assert_loss_and_grad_match_reference(params, sum(sizes), tolerance)
+
+
+def test_tf32_warp_tiles_carry_nans_as_xlas_products_do(device_kind):
+    """On a CUDA GPU at JAX's DEFAULT precision, a float32 tanh network on the TF32 warp tiles: a
+    sample of NaN inputs (the GPU's own NaN, which the tiles' TF32 rounding must not turn into
+    zero) gives NaN outputs and the other samples their reference values; its NaN reaches the
+    weight gradient, as through XLA's products."""
+    if device_kind != "cuda":
+        pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the tiled kernels run")
+    sizes = (32, 64, 64, 3)
+    params = nn.mlp_init(jax.random.key(4), sizes, "float32", activation="tanh")
+    x = draw_uniform(jax.random.key(5), (100, sizes[0]), "float32")
+    nan_row = x.at[7].set(jnp.sqrt(x[7] - 2.0))  # the GPU's own NaN, 0x7fffffff
+    with _at_default_precision():
+        y = jax.jit(nn.mlp_apply)(params, nan_row)
+        assert jnp.isnan(y[7]).all() and not jnp.isnan(jnp.delete(y, 7, axis=0)).any()
+        want = nn.mlp_apply_reference(params, jnp.delete(x, 7, axis=0))
+        assert relative_error(jnp.delete(y, 7, axis=0), want) < TF32_TOLERANCE
+        weights = jax.jit(jax.grad(lambda p, x: nn.mlp_apply(p, x).sum()))(params, nan_row)
+        assert all(jnp.isnan(layer["weight"]).any() for layer in weights)
 
 
 @pytest.mark.parametrize("case", _wide_cases(4), ids=_case_ids)

@@ -30,7 +30,9 @@ groups, the scalar that says how much each runs) and its Slang specialisation (s
 - ``tensor_cores``: wide networks on CUDA GPUs of compute capability 8.0 and newer, the tiles'
   products as ``mma.sync`` (``shaders/nn/tensor_cores.slang``). A float16 network at most 64 wide
   runs every operation in warp tiles of halves instead, each warp's 16 samples in registers
-  through every layer (``shaders/nn/wide_warp.slang``): the backend's kernels for it, with their
+  through every layer (``shaders/nn/wide_warp.slang``), and so does a float32 network at one TF32
+  pass whose tiles and sums fit a thread's registers (``_wide_warp_kernels.TF32_REGISTERS``): the
+  backend's kernels for it, with their
   own operands and launches (:meth:`KernelBackend.entry_operands`), a backward pass that
   recomputes the forward pass's activations rather than reading them, an input gradient without
   the parameters' sums, and, for networks of LeakyReLU, ReLU and linear layers, its

@@ -217,9 +217,11 @@ def pieces(
 
 def tf32_rounded(values):
     """``values`` (float32) rounded to TF32, to nearest with ties away from zero (cvt.rna.tf32.f32):
-    the low 13 of the 23 mantissa bits cleared after adding half of their weight."""
+    the low 13 of the 23 mantissa bits cleared after adding half of their weight; NaN stays NaN (the
+    GPU's NaN, 0x7fffffff, plus that half would wrap to -0)."""
     bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
-    return jax.lax.bitcast_convert_type((bits + jnp.uint32(0x1000)) & jnp.uint32(0xFFFFE000), jnp.float32)
+    rounded = jax.lax.bitcast_convert_type((bits + jnp.uint32(0x1000)) & jnp.uint32(0xFFFFE000), jnp.float32)
+    return jnp.where(jnp.isnan(values), values, rounded)
 
 
 def b_fragments(matrix, weight_pieces: int):

@@ -25,9 +25,9 @@ from slax.nn._tiled_kernels import TILE_THREADS
 
 WIDE_WARP_WIDTH = 64
 """Widest layer (in or out) the kernel runs: four blocks of 16 columns. A warp then holds each
-layer's 16 samples in 16 registers, and its share of the weight gradient (a 64 x 64 layer's 32
-blocks of 16 x 8 over a group's 8 or 4 warps) in 16 or 32 more; a 128-wide network's would take
-four times as many."""
+layer's 16 samples in 16 registers (as halves; as floats 32), and its share of the weight gradient
+(a 64 x 64 layer's 32 blocks of 16 x 8 over a group's 8 or 4 warps) in 16 or 32 more; a 128-wide
+network's would take four times as many."""
 GROUP_SUM_REGISTERS = 68
 """The most registers a thread may keep its share of the weight and bias gradients' sums in, in
 thread groups of 4 warps (:func:`group_warps`): those of the image task's 32-64-64-3 network."""
