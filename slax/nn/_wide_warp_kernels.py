@@ -56,8 +56,8 @@ def group_warps(sizes: tuple[int, ...], dtype: str = "float16") -> int:
 
 def _layer_sums(n_in: int, n_out: int, warps: int) -> tuple[int, int]:
     """The float4 blocks of a layer's sums a thread keeps in thread groups of ``warps`` warps: of
-    its weight gradient (its strips of 16 x 8 blocks, ``WideLayer.Sums``) and of its bias gradient
-    (``WideLayer.BiasBlocks``)."""
+    its weight gradient (its strips of 16 x 8 blocks, ``WideSums.Sums``) and of its bias gradient
+    (``WideSums.BiasBlocks``, shaders/nn/wide_warp.slang)."""
     strips, summing = math.ceil(2 * _blocks(n_in) / warps), min(warps, 2 * _blocks(n_in))
     return strips * _blocks(n_out), math.ceil(_blocks(n_out) / summing)
 
