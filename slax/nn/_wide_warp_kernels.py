@@ -34,8 +34,8 @@ thread groups of 4 warps (:func:`group_warps`): those of the image task's 32-64-
 TF32_REGISTERS = 160
 """The most registers a thread of the TF32 format may keep its gradients' sums and its tile's
 hidden activations in (:func:`wide_warp_fits`): a float a value, twice the halves' registers. The
-image and SDF tasks' 32-64-64-3 and 32-64-64-1 take 132 (ptxas spills about 100 bytes a thread in
-their backward kernels); four 64-wide hidden layers would take 268."""
+image and SDF tasks' 32-64-64-3 and 32-64-64-1 take 132, within which ptxas spills little
+(BENCHMARKS.md); four 64-wide hidden layers would take 268."""
 
 
 def group_warps(sizes: tuple[int, ...], dtype: str = "float16") -> int:
