@@ -68,21 +68,34 @@ def parameter_state(
     """How a training loop keeps ``params``: ``(stored, loss_and_grad over stored, to_params)``.
 
     With ``flat``, the stored parameters are one vector, ``jax.flatten_util.ravel_pytree(params)``,
-    and the loss's gradient comes back as one too; else they are ``params`` as they are. For
-    slax's MLP the vector is the kernels' own parameter layout (slax/nn/_kernels.py): with float32
-    kernels a step packs nothing for them (in float16 they read a float32 copy of the half
-    parameters, one small fusion), the gradient is one slice of the kernel's summed row, and Adam
-    updates all parameters together instead of array by array (BENCHMARKS.md, "Flat
-    parameters")."""
+    and the loss's gradient comes back as one too; a dict of a model's parts (the hash-encoded
+    models' ``{"tables", "mlp"}``) becomes a dict of one vector a part, so that a part the kernels
+    read whole (an encoding's tables) is never concatenated with another. Else they are ``params``
+    as they are. For slax's MLP the vector is the kernels' own parameter layout
+    (slax/nn/_kernels.py): with float32 kernels a step packs nothing for them (in float16 they read
+    a float32 copy of the half parameters, one small fusion), the gradient is one slice of the
+    kernel's summed row, and Adam updates all parameters together instead of array by array
+    (BENCHMARKS.md, "Flat parameters")."""
     if not flat:
         return params, loss_and_grad, lambda stored: stored
-    vector, unravel = ravel_pytree(params)
+    stored, unravel = _raveled(params)
 
-    def flat_loss_and_grad(vector, *batch):
-        loss, grads = loss_and_grad(unravel(vector), *batch)
-        return loss, ravel_pytree(grads)[0]
+    def flat_loss_and_grad(stored, *batch):
+        loss, grads = loss_and_grad(unravel(stored), *batch)
+        return loss, _raveled(grads)[0]
 
-    return vector, flat_loss_and_grad, unravel
+    return stored, flat_loss_and_grad, unravel
+
+
+def _raveled(params: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """``ravel_pytree(params)``, or for a dict, a dict of each entry's: (stored, unravel)."""
+    if not isinstance(params, dict):
+        return ravel_pytree(params)
+    parts = {name: ravel_pytree(part) for name, part in params.items()}
+    return (
+        {name: vector for name, (vector, _) in parts.items()},
+        lambda stored: {name: unravel(stored[name]) for name, (_, unravel) in parts.items()},
+    )
 
 
 def training_step(

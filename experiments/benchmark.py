@@ -59,13 +59,14 @@ plain-JAX row: it has no matmuls and no layers) gathers and scatter-adds. Its fl
 FLOPs: the batch (uv and targets) written and read, and Adam's pass over the texture.
 
 ``--network ngp_image ngp_sdf`` times instant-NGP's hash-encoded steps, ngp_image.py's and
-ngp_sdf.py's, with their model, loss and Adam (the same functions; their tables and MLP kept as
-they are, not one vector, as the scripts train them): ``--levels`` levels of 2^``--log2-table-size``
+ngp_sdf.py's, with their model, loss and Adam (the same functions; slax's tables and MLP each kept
+as one vector, as the scripts train them): ``--levels`` levels of 2^``--log2-table-size``
 entries, resolutions 16 to 2048 (default: the issue's 16 levels of 2^19), then a 64-64 MLP to 3
 colours or 1 distance; the image a procedural 2048x2048 one, the SDF the torus under the eikonal
-loss. Rows name them ``ngp_sdf-16x2^19``; their one plain-JAX row is ``jax`` (the scripts' plain
-JAX). Their floor's bytes add Adam's pass over every parameter (the tables' dense gradient, the
-parameters and both moments read, the parameters and moments written), which bounds them:
+loss. Rows name them ``ngp_sdf-16x2^19``; their plain-JAX rows are ``jax`` and ``jax/flat`` (the
+scripts' plain JAX, its tables and MLP as arrays and kept flat). Their floor's bytes add Adam's
+pass over every parameter (the tables' dense gradient, the parameters and both moments read, the
+parameters and moments written), which bounds them:
 
     python experiments/benchmark.py --network ngp_image ngp_sdf --batch 262144 --dtype float16 \
         --launch ptx --json runs/bench-ngp.json
@@ -292,8 +293,10 @@ JAX_ROWS = (("jax", "jax", False), ("jax/flat", "jax", True), ("jax-f32", "jax-f
 precision with per-layer arrays and kept as one vector (each row's ratio is to the faster of these
 two), then full float32 with per-layer arrays."""
 SINGLE_JAX_ROWS = (("jax", "jax", False),)
-"""The plain-JAX row of the texture fit (its one array has no layers to keep flat, and no matmuls)
-and of the hash-encoded steps (the scripts' plain JAX, its parameters as they train them)."""
+"""The plain-JAX row of the texture fit (its one array has no layers to keep flat, and no matmuls)."""
+NGP_JAX_ROWS = JAX_ROWS[:2]
+"""The plain-JAX rows of the hash-encoded steps: the scripts' twin (whose products are the
+default precision's; its full float32 is not the task's), its parameters as arrays and kept flat."""
 
 
 def _ngp_config(network: str) -> tuple[nn.HashEncodingConfig, int]:
@@ -322,10 +325,10 @@ def _ngp_batch_drawer(network: str, batch: int):
 
 
 def trains_flat(network: str, model: str) -> bool:
-    """Whether ``model``'s parameters of ``network`` are trained as one vector: as the experiments
-    keep them (``_training.keeps_parameters_flat``), except the texture fit's one array and the
-    hash-encoded steps' tables and MLP, which ngp_image.py and ngp_sdf.py train as they are."""
-    return keeps_parameters_flat(model) and network != "texture" and not harness.ngp_architecture(network)
+    """Whether ``model``'s parameters of ``network`` are trained as one vector (the hash-encoded
+    steps': one a part, tables and MLP): as the experiments keep them
+    (``_training.keeps_parameters_flat``), except the texture fit's one array."""
+    return keeps_parameters_flat(model) and network != "texture"
 
 
 def loss_and_grad(network: str, model: str, dtype):
@@ -528,8 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             (row, "slax", trains_flat(network, "slax"), launch, cores, device, name)
             for row, launch, cores, device, name in slax_rows
         ]
-        single = network == "texture" or harness.ngp_architecture(network)
-        jax_rows = SINGLE_JAX_ROWS if single else JAX_ROWS
+        jax_rows = JAX_ROWS
+        if network == "texture":
+            jax_rows = SINGLE_JAX_ROWS
+        elif harness.ngp_architecture(network):
+            jax_rows = NGP_JAX_ROWS
         if precision == "highest":  # jax-f32 is jax
             jax_rows = tuple(row for row in jax_rows if row[1] != "jax-f32")
         table += [

@@ -166,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
             data_key,
             args,
             out,
-            flat=False,
             evaluate=image_psnr(predict),
         )
         curves[name], evaluations[name] = run.losses, run.evaluations

@@ -146,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
             data_key,
             args,
             out,
-            flat=False,
         )
         trained[name], curves[name] = (fields[name], final), run.losses
         results[name] = run.results(args.batch, sdf.evaluate(fields[name], final, test_key))

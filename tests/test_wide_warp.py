@@ -156,6 +156,8 @@ def test_thread_groups_of_four_warps_where_the_sums_fit(sizes, warps):
     source = nn_wide_warp.wide_warp_source(sizes, ("ReLU",) * (len(sizes) - 2) + ("Identity",))
     assert f"static const int GroupThreads = {32 * warps};" in source
     assert nn_wide_warp.warp_tile_threads(sizes, 1000) == -(-1000 // (16 * warps)) * 32 * warps
+    assert nn_wide_warp.warp_tile_threads(sizes, 1000, tiles=2) == -(-1000 // (32 * warps)) * 32 * warps
+    assert f"static const int ForwardTiles = {nn_wide_warp.FORWARD_TILES['float16']};" in source
     arch, backend = Architecture(sizes, "float16"), nn_backends.TensorCores()
     launch = backend.gradient_launch(arch, ON_TENSOR_CORES, "mlp_backward", 3 << 16, 1 << 16)
     assert launch.threads == 32 * warps

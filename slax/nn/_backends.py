@@ -704,10 +704,12 @@ class TensorCores(_Tiles):
         return dx + [scaled_back(r, exponent) for r in results[len(dx) :]]
 
     def _warp_tiles(self, arch, platform, entry, data, params, width, routes) -> jax.Array:
-        """Kernel ``entry`` of the warp tiles a warp per tile of 16 samples (no sums) on ``data``
-        (per-sample arrays, ``x`` first): its per-sample result, ``width`` values a sample."""
+        """Kernel ``entry`` of the warp tiles with no sums (a warp per tile of 16 samples, or
+        ``FORWARD_TILES`` of them for ``mlp_forward``) on ``data`` (per-sample arrays, ``x``
+        first): its per-sample result, ``width`` values a sample."""
         samples = math.prod(data[0].shape[:-1])
-        count = _wide_warp_kernels.warp_tile_threads(arch.sizes, samples, arch.dtype)
+        tiles = _wide_warp_kernels.FORWARD_TILES[arch.dtype] if entry == "mlp_forward" else 1
+        count = _wide_warp_kernels.warp_tile_threads(arch.sizes, samples, arch.dtype, tiles)
         (result,) = run_kernel(
             wide_warp_kernel(arch, entry),
             [*data, *self.entry_operands(arch, platform, entry, params)],
@@ -726,7 +728,8 @@ class TensorCores(_Tiles):
     def entry_operands(self, arch, platform, entry, params):
         """The warp tiles' kernels read the weights as their format's B fragments."""
         if self._on_warp_tiles(arch, platform, entry):
-            return [packed(params), _wide_warp_kernels.warp_fragments(params[1::2], arch.dtype)]
+            flat = packed(params)
+            return [flat, _wide_warp_kernels.warp_fragments(flat, arch.sizes, arch.dtype)]
         return self.operands(arch, platform, params)
 
     def gradient_launch(self, arch, platform, entry, samples, per_group):

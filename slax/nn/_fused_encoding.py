@@ -40,6 +40,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import slax
 from slax._jax_api import Zero, instantiate_zeros, is_undefined_primal, lower_fun, primitive_jvps
@@ -80,7 +81,15 @@ def _grid_levels(config, spread: Spread) -> dict:
         "copies": copies,
         "spare": spare,
     }
-    return {name: jnp.asarray(value, jnp.int32)[:, None] for name, value in fields.items()}
+    return {name: _level_field(value) for name, value in fields.items()}
+
+
+def _level_field(values) -> jax.Array:
+    """A field's ``(levels, 1)`` values, or ``(1, 1)`` where every level's is the same (a level's
+    copies and spare rows where no level spreads): XLA turns a constant of one repeated value into
+    a broadcast, which a kernel of its own would write for every call."""
+    values = np.asarray(values, np.int32)[:, None]
+    return jnp.asarray(values[:1] if (values == values[0]).all() else values)
 
 
 def _origin(x, config, stacked: int):

@@ -96,7 +96,7 @@ def loss_grad(
     count = blocks * TILE_THREADS
     losses, first_dz, hidden_h, hidden_dz, last_h, last_dz = run_kernel(
         spec,
-        [x, target, packed, warp_fragments(params[1::2], "float16")],
+        [x, target, packed, warp_fragments(packed, sizes, "float16")],
         (
             ((samples,), "float32"),
             ((samples, width), "float16"),

@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from slax.nn._kernels import parameter_offsets
 from slax.nn._precision import Float32Products
@@ -72,10 +73,16 @@ def group_samples(sizes: tuple[int, ...], dtype: str = "float16") -> int:
     return 16 * group_warps(sizes, dtype)
 
 
-def warp_tile_threads(sizes: tuple[int, ...], samples: int, dtype: str = "float16") -> int:
-    """Threads of a launch a warp per tile of 16 of ``samples`` (``mlp_forward``,
-    ``mlp_input_gradient``), in whole thread groups (:func:`group_warps`)."""
-    return -(-samples // group_samples(sizes, dtype)) * 32 * group_warps(sizes, dtype)
+FORWARD_TILES = {"float16": 2, "float32": 2}
+"""Tiles of 16 samples a warp of ``mlp_forward`` runs, by dtype: each layer's products run for
+every tile in turn, sharing each B fragment the warp loads."""
+
+
+def warp_tile_threads(sizes: tuple[int, ...], samples: int, dtype: str = "float16", tiles: int = 1) -> int:
+    """Threads of a launch whose warps run ``tiles`` tiles of 16 of ``samples`` each
+    (``mlp_forward``: :data:`FORWARD_TILES`; ``mlp_input_gradient``: one), in whole thread groups
+    (:func:`group_warps`)."""
+    return -(-samples // (tiles * group_samples(sizes, dtype))) * 32 * group_warps(sizes, dtype)
 
 
 def _blocks(width: int) -> int:
@@ -122,41 +129,71 @@ def fragment_offsets(sizes: tuple[int, ...], dtype: str = "float16") -> tuple[li
     return forward, backward, total
 
 
-def _b_fragments(matrix: jax.Array) -> jax.Array:
-    """``matrix`` (N x K) as mma.sync m16n8k16 B fragments of B = matrix^T (K x N), halves: for each
-    block of 8 columns of B (8 rows of ``matrix``) and 16 rows (terms), in that order, lane l = 4 g +
-    t's two words, the halves of B[2t][g], B[2t + 1][g] and of B[2t + 8][g], B[2t + 9][g] (the
-    first of each pair in the low 16 bits), zeros past the matrix's edges: N padded to whole blocks
-    of 16 (the kernel's column blocks), K to blocks of 16. 64 words a block."""
+def _fragment_order(matrix, dtype: str):
+    """``matrix`` (N x K; a JAX array, or numpy's, padded with -1) flattened in the order of the
+    ``dtype`` format's B fragments of B = matrix^T (K x N), N and K padded to whole blocks of 16 with
+    zeros. float16, mma.sync m16n8k16: for each block of 8 columns of B (8 rows of ``matrix``) and
+    16 rows (terms), in that order, lane l = 4 g + t's four halves B[2t][g], B[2t + 1][g],
+    B[2t + 8][g], B[2t + 9][g]. float32, m16n8k8: for each block of 8 columns and 8 rows, lane l's
+    two values matrix[g][2t] and matrix[g][2t + 1] of the block, the block's 8 terms in the order
+    the TF32 format reads a tile's 8 columns (0, 2, 4, 6, 1, 3, 5, 7). 128 halves or 64 floats a
+    block."""
     n, k = matrix.shape
+    xp = np if isinstance(matrix, np.ndarray) else jnp
+    pad = -1 if xp is np else 0
+    if dtype == "float32":
+        blocks_n, blocks_k = 2 * _blocks(n), 2 * _blocks(k)
+        padded = xp.pad(matrix, ((0, 8 * blocks_n - n), (0, 8 * blocks_k - k)), constant_values=pad)
+        # [j][g][s][t][p]: row 8j + g, column 8s + 2t + p  ->  [j][s][g][t][p]
+        return padded.reshape(blocks_n, 8, blocks_k, 4, 2).transpose(0, 2, 1, 3, 4).reshape(-1)
     blocks_n, blocks_k = 2 * _blocks(n), _blocks(k)
-    padded = jnp.pad(matrix.astype(jnp.float16), ((0, 8 * blocks_n - n), (0, 16 * blocks_k - k)))
+    padded = xp.pad(matrix, ((0, 8 * blocks_n - n), (0, 16 * blocks_k - k)), constant_values=pad)
     # [j][g][s][h][t][p]: row 8j + g, column 16s + 8h + 2t + p  ->  [j][s][g][t][h][p]
-    blocks = padded.reshape(blocks_n, 8, blocks_k, 2, 4, 2).transpose(0, 2, 1, 4, 3, 5)
-    return jax.lax.bitcast_convert_type(blocks.reshape(-1, 2), jnp.uint32)
+    return padded.reshape(blocks_n, 8, blocks_k, 2, 4, 2).transpose(0, 2, 1, 4, 3, 5).reshape(-1)
+
+
+def _fragment_words(values: jax.Array, dtype: str) -> jax.Array:
+    """Fragment values in :func:`_fragment_order` as the kernels' uint32 words: pairs of halves
+    (the first in the low 16 bits), or TF32 values (float32, rounded)."""
+    if dtype == "float32":
+        return jax.lax.bitcast_convert_type(tf32_rounded(values.astype(jnp.float32)), jnp.uint32)
+    return jax.lax.bitcast_convert_type(values.astype(jnp.float16).reshape(-1, 2), jnp.uint32)
+
+
+def _b_fragments(matrix: jax.Array) -> jax.Array:
+    """``matrix`` (N x K) as mma.sync m16n8k16 B fragments of halves of B = matrix^T
+    (:func:`_fragment_order`): 64 words a block."""
+    return _fragment_words(_fragment_order(matrix, "float16"), "float16")
 
 
 def _tf32_b_fragments(matrix: jax.Array) -> jax.Array:
-    """``matrix`` (N x K) as mma.sync m16n8k8 B fragments of B = matrix^T (K x N), rounded to TF32,
-    with each block's 8 terms in the order the TF32 format reads a tile's 8 columns (0, 2, 4, 6,
-    1, 3, 5, 7): for each block of 8 columns of B (8 rows of ``matrix``) and 8 rows, in that order,
-    lane l = 4 g + t's two words, matrix[g][2t] and matrix[g][2t + 1] of the block, zeros past the
-    edges: N and K padded to whole blocks of 16. 64 words a block."""
-    n, k = matrix.shape
-    blocks_n, blocks_k = 2 * _blocks(n), 2 * _blocks(k)
-    padded = jnp.pad(matrix.astype(jnp.float32), ((0, 8 * blocks_n - n), (0, 8 * blocks_k - k)))
-    # [j][g][s][t][p]: row 8j + g, column 8s + 2t + p  ->  [j][s][g][t][p]
-    blocks = padded.reshape(blocks_n, 8, blocks_k, 4, 2).transpose(0, 2, 1, 3, 4)
-    return jax.lax.bitcast_convert_type(tf32_rounded(blocks).reshape(-1), jnp.uint32)
+    """``matrix`` (N x K) as mma.sync m16n8k8 B fragments of TF32 values of B = matrix^T
+    (:func:`_fragment_order`): 64 words a block."""
+    return _fragment_words(_fragment_order(matrix, "float32"), "float32")
 
 
-def warp_fragments(weights: list[jax.Array], dtype: str) -> jax.Array:
-    """The kernel's fragments operand (uint32, :func:`fragment_offsets`' layout) from each layer's
-    weight (Out x In): every layer's W^T as B fragments for the forward pass, then every layer's W
-    for the input gradients (one small XLA fusion); of halves for a float16 network (its parameters
-    are halves: the conversion is exact), of TF32 values for a float32 one."""
-    fragments = _tf32_b_fragments if dtype == "float32" else _b_fragments
-    return jnp.concatenate([fragments(w) for w in weights] + [fragments(w.T) for w in weights])
+@functools.cache
+def _fragment_sources(sizes: tuple[int, ...], dtype: str) -> np.ndarray:
+    """For each value of :func:`warp_fragments`, its index in the flat parameters, or -1 (a pad)."""
+    offsets, _ = parameter_offsets(sizes)
+    weights = [
+        start + n_out + np.arange(n_out * n_in).reshape(n_out, n_in)
+        for start, n_in, n_out in zip(offsets, sizes[:-1], sizes[1:])
+    ]
+    orders = [_fragment_order(w, dtype) for w in weights] + [_fragment_order(w.T, dtype) for w in weights]
+    return np.concatenate(orders).astype(np.int32)
+
+
+def warp_fragments(flat: jax.Array, sizes: tuple[int, ...], dtype: str) -> jax.Array:
+    """The kernel's fragments operand (uint32, :func:`fragment_offsets`' layout) from the flat
+    parameters (slax/nn/_kernels.py's layout, float32): every layer's W^T as B fragments for the
+    forward pass, then every layer's W for the input gradients; of halves for a float16 network
+    (its parameters are halves: the conversion is exact), of TF32 values for a float32 one. One
+    gather from ``flat``, one XLA fusion: reordered a layer at a time, each layer's fragments took
+    a fusion of their own and a concatenation another."""
+    sources = _fragment_sources(tuple(sizes), dtype)
+    values = jnp.where(sources >= 0, flat[np.maximum(sources, 0)], 0.0)
+    return _fragment_words(values, dtype)
 
 
 @functools.cache
@@ -186,6 +223,7 @@ static const int Outputs = {sizes[-1]};
 static const int GroupThreads = {32 * warps};
 static const int ParameterCount = {parameters};
 static const int MaxBlocks = {max(_blocks(width) for width in sizes)};
+static const int ForwardTiles = {FORWARD_TILES[dtype]};
 {chain_aliases("WideNetwork", ["WideChain<"] * (len(layers) - 1), layers)}#include "{format_file}"
 #include "nn/wide_warp.slang"
 """
