@@ -73,9 +73,12 @@ def group_samples(sizes: tuple[int, ...], dtype: str = "float16") -> int:
     return 16 * group_warps(sizes, dtype)
 
 
-FORWARD_TILES = {"float16": 2, "float32": 2}
+FORWARD_TILES = {"float16": 2, "float32": 1}
 """Tiles of 16 samples a warp of ``mlp_forward`` runs, by dtype: each layer's products run for
-every tile in turn, sharing each B fragment the warp loads."""
+every tile in turn, sharing each B fragment the warp loads. Measured on an H200 (BENCHMARKS.md,
+"The MLP kept flat ..."): the image task's float16 forward took 22.3 us at one tile and 16.5 at
+two, and its step was slower at four; the TF32 forward took 32.5 us at one tile and 32.7 at two
+(170 registers against 84), its loads not what bounds it."""
 
 
 def warp_tile_threads(sizes: tuple[int, ...], samples: int, dtype: str = "float16", tiles: int = 1) -> int:
