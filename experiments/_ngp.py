@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from _training import cast
+from _training import PARTS, cast, keeps_parameters_flat
 
 from slax import nn
 
@@ -89,6 +89,36 @@ def model(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[[Any
         return run(params["mlp"], encode(params["tables"], x))
 
     return predict
+
+
+def squared_error(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[..., jax.Array]:
+    """``(params, x (..., d), target (..., outputs) float32) -> float32``: the mean squared error
+    of :func:`model`'s outputs, over samples and outputs, against the target rounded to the MLP's
+    dtype in both models (as ``slax.nn.mlp_squared_error`` takes it). slax's is
+    ``mlp_squared_error`` on the encoding's features, whose gradient runs the network's forward
+    pass, the loss and both gradients in one launch where the warp tiles run it; plain JAX's the
+    twin's outputs minus the target."""
+    if name == "slax":
+
+        def loss(params, x, target):
+            features = nn.hash_encode(params["tables"], x, config, dtype=dtype)
+            mlp = cast(params["mlp"], dtype)
+            return nn.mlp_squared_error(mlp, features, target.astype(dtype)) / target.shape[-1]
+
+        return loss
+    predict = model(name, config, dtype)
+
+    def twin_loss(params, x, target):
+        return jnp.mean((predict(params, x) - target.astype(dtype).astype(jnp.float32)) ** 2)
+
+    return twin_loss
+
+
+def kept_flat(name: str) -> bool | str:
+    """How the scripts keep model ``name``'s parameters (``_training.parameter_state``'s ``flat``):
+    slax's tables and MLP each as one vector (``PARTS``: the MLP's the kernels' own layout), plain
+    JAX's as arrays."""
+    return PARTS if keeps_parameters_flat(name) else False
 
 
 def optimizer(lr: float, steps: int) -> optax.GradientTransformation:

@@ -62,35 +62,38 @@ def keeps_parameters_flat(model: str) -> bool:
     return model == "slax"
 
 
+PARTS = "parts"
+""":func:`parameter_state`'s ``flat`` for a dict of a model's parts (the hash-encoded models'
+``{"tables", "mlp"}``): one vector a part."""
+
+
 def parameter_state(
-    params: Any, loss_and_grad: LossAndGrad, flat: bool
+    params: Any, loss_and_grad: LossAndGrad, flat: bool | str
 ) -> tuple[Any, LossAndGrad, Callable[[Any], Any]]:
     """How a training loop keeps ``params``: ``(stored, loss_and_grad over stored, to_params)``.
 
     With ``flat``, the stored parameters are one vector, ``jax.flatten_util.ravel_pytree(params)``,
-    and the loss's gradient comes back as one too; a dict of a model's parts (the hash-encoded
-    models' ``{"tables", "mlp"}``) becomes a dict of one vector a part, so that a part the kernels
-    read whole (an encoding's tables) is never concatenated with another. Else they are ``params``
-    as they are. For slax's MLP the vector is the kernels' own parameter layout
-    (slax/nn/_kernels.py): with float32 kernels a step packs nothing for them (in float16 they read
-    a float32 copy of the half parameters, one small fusion), the gradient is one slice of the
-    kernel's summed row, and Adam updates all parameters together instead of array by array
-    (BENCHMARKS.md, "Flat parameters")."""
+    and the loss's gradient comes back as one too; with :data:`PARTS`, ``params`` is a dict of a
+    model's parts and each part is one vector, so that a part its kernels read whole (an encoding's
+    tables) is never concatenated with another. Else they are ``params`` as they are. For slax's
+    MLP the vector is the kernels' own parameter layout (slax/nn/_kernels.py): with float32 kernels
+    a step packs nothing for them (in float16 they read a float32 copy of the half parameters, one
+    small fusion), the gradient is one slice of the kernel's summed row, and Adam updates all
+    parameters together instead of array by array (BENCHMARKS.md, "Flat parameters")."""
     if not flat:
         return params, loss_and_grad, lambda stored: stored
-    stored, unravel = _raveled(params)
+    ravel = _raveled_parts if flat == PARTS else ravel_pytree
+    stored, unravel = ravel(params)
 
     def flat_loss_and_grad(stored, *batch):
         loss, grads = loss_and_grad(unravel(stored), *batch)
-        return loss, _raveled(grads)[0]
+        return loss, ravel(grads)[0]
 
     return stored, flat_loss_and_grad, unravel
 
 
-def _raveled(params: Any) -> tuple[Any, Callable[[Any], Any]]:
-    """``ravel_pytree(params)``, or for a dict, a dict of each entry's: (stored, unravel)."""
-    if not isinstance(params, dict):
-        return ravel_pytree(params)
+def _raveled_parts(params: dict) -> tuple[dict, Callable[[dict], dict]]:
+    """``ravel_pytree`` of each part of ``params``: (stored, unravel)."""
     parts = {name: ravel_pytree(part) for name, part in params.items()}
     return (
         {name: vector for name, (vector, _) in parts.items()},
@@ -300,7 +303,7 @@ def fit(
     args: argparse.Namespace,
     out: pathlib.Path,
     *,
-    flat: bool | None = None,
+    flat: bool | str | None = None,
     evaluate: Callable[[Any], float] | None = None,
 ) -> tuple[TrainingRun, Any]:
     """Trains model ``name`` from ``params`` as every training experiment does; returns the run and

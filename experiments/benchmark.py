@@ -212,6 +212,7 @@ import optax
 import sdf
 import texture
 from _training import (
+    PARTS,
     batch_sharding,
     cast,
     keeps_parameters_flat,
@@ -294,7 +295,7 @@ precision with per-layer arrays and kept as one vector (each row's ratio is to t
 two), then full float32 with per-layer arrays."""
 SINGLE_JAX_ROWS = (("jax", "jax", False),)
 """The plain-JAX row of the texture fit (its one array has no layers to keep flat, and no matmuls)."""
-NGP_JAX_ROWS = JAX_ROWS[:2]
+NGP_JAX_ROWS = (("jax", "jax", False), ("jax/flat", "jax", PARTS))
 """The plain-JAX rows of the hash-encoded steps: the scripts' twin (whose products are the
 default precision's; its full float32 is not the task's), its parameters as arrays and kept flat."""
 
@@ -324,10 +325,12 @@ def _ngp_batch_drawer(network: str, batch: int):
     return texture.batch_drawer(texture.bilinear_reference, image, batch)
 
 
-def trains_flat(network: str, model: str) -> bool:
-    """Whether ``model``'s parameters of ``network`` are trained as one vector (the hash-encoded
-    steps': one a part, tables and MLP): as the experiments keep them
-    (``_training.keeps_parameters_flat``), except the texture fit's one array."""
+def trains_flat(network: str, model: str) -> bool | str:
+    """Whether ``model``'s parameters of ``network`` are trained as one vector, as the experiments
+    keep them (``_training.keeps_parameters_flat``; ``PARTS``, one a part, for the hash-encoded
+    steps' tables and MLP), except the texture fit's one array."""
+    if harness.ngp_architecture(network):
+        return ngp.kept_flat(model)
     return keeps_parameters_flat(model) and network != "texture"
 
 
@@ -343,7 +346,7 @@ def loss_and_grad(network: str, model: str, dtype):
     if ngp_workload is not None:
         config, _ = _ngp_config(network)
         if ngp_workload["task"] == "ngp_image":
-            return ngp_image.loss_and_grad(ngp.model(model, config, dtype))
+            return ngp_image.loss_and_grad(model, config, dtype)
         return jax.value_and_grad(sdf.sdf_loss(ngp_sdf.field_with_gradient(model, config, dtype)))
     precision = JAX_PRECISIONS.get(model)
     if network == "polynomial" or harness.wide_architecture(network):  # squared error

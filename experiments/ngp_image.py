@@ -11,7 +11,9 @@ initialisation on the same points.
 
 --dtype float16 runs both MLPs in half precision, as instant-NGP does, with the tables float32: the
 encoding's output is float16 for the MLP, which runs on a half copy of float32 parameters
-(experiments/_ngp.py says why), and the loss is float32's.
+(experiments/_ngp.py says why), and the loss is float32's, against the target rounded to half in
+both models. slax's loss is ``slax.nn.mlp_squared_error`` on the encoding's features: its gradient
+runs the network's forward pass, the loss and both gradients in one launch on a GPU.
 
 The image is procedural, sharp at every scale: a checkerboard of 16 squares a side, each with a ring
 whose radius grows across the image, in three colours (--size pixels a side; 2048 is the issue's
@@ -91,10 +93,10 @@ def procedural_image(size: int) -> np.ndarray:
     return image.astype(np.float32)
 
 
-def loss_and_grad(predict):
-    """``(params, uv, target) -> (loss, grads)``: the mean squared error of ``predict(params, uv)``
-    (:func:`_ngp.model`, float32)."""
-    return jax.value_and_grad(lambda params, uv, target: jnp.mean((predict(params, uv) - target) ** 2))
+def loss_and_grad(name: str, config, dtype):
+    """``(params, uv, target) -> (loss, grads)``: the mean squared error of model ``name``'s colours
+    (:func:`_ngp.squared_error`, float32)."""
+    return jax.value_and_grad(ngp.squared_error(name, config, dtype))
 
 
 def reconstruct(predict, params, size: int) -> np.ndarray:
@@ -143,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     draw_batch = texture.batch_drawer(texture.bilinear_reference, image, args.batch)
     predictors = {name: ngp.model(name, config, jnp.dtype(args.dtype)) for name in ("slax", "jax")}
     disagreement = gradient_disagreement(
-        {name: loss_and_grad(predict) for name, predict in predictors.items()}, params, draw_batch(grad_key)
+        {name: loss_and_grad(name, config, jnp.dtype(args.dtype)) for name in predictors},
+        params,
+        draw_batch(grad_key),
     )
     print(
         f"step-0 gradient disagreement slax vs jax: max abs {disagreement['max_abs_difference']:.3g}, "
@@ -160,12 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         run, final = fit(
             name,
             params,
-            loss_and_grad(predict),
+            loss_and_grad(name, config, jnp.dtype(args.dtype)),
             optimizer,
             draw_batch,
             data_key,
             args,
             out,
+            flat=ngp.kept_flat(name),
             evaluate=image_psnr(predict),
         )
         curves[name], evaluations[name] = run.losses, run.evaluations

@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             data_key,
             args,
             out,
+            flat=ngp.kept_flat(name),
         )
         trained[name], curves[name] = (fields[name], final), run.losses
         results[name] = run.results(args.batch, sdf.evaluate(fields[name], final, test_key))

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return optax.apply_updates(tables, updates), state
 
     def step(name):
-        gradient = ngp_image.loss_and_grad(ngp.model(name, config, jnp.float32))
+        gradient = ngp_image.loss_and_grad(name, config, jnp.float32)
 
         def run(params, state):
             loss, grads = gradient(params, x, target)

@@ -154,10 +154,13 @@ def assert_float32_mlp_matches_reference(
         assert relative_error(got, want) < RELATIVE_TOLERANCE["float32"]
 
 
-def assert_loss_and_grad_match_reference(params, seed: int, tolerance: float) -> None:
-    """A wide network's ``mlp_loss_and_grad``, vmapped over two groups of 1000 samples, one of 333
-    and one of 5 (random inputs and targets from ``seed``; thread groups and warps of whole tiles,
-    the last tile's rows past the group's end counting for nothing): each group's loss and
+def assert_loss_and_grad_match_reference(
+    params, seed: int, tolerance: float, input_gradient: bool = False
+) -> None:
+    """A wide network's ``mlp_loss_and_grad`` (with ``input_gradient``, ``jax.value_and_grad`` of
+    ``mlp_squared_error`` in the parameters and x), vmapped over two groups of 1000 samples, one
+    of 333 and one of 5 (random inputs and targets from ``seed``; thread groups and warps of whole
+    tiles, the last tile's rows past the group's end counting for nothing): each group's loss and
     gradients within ``tolerance`` of the float32 reference's at full precision (a float16
     network's activations rounded to half), and the same bits on a second run."""
     from _training import cast
@@ -167,8 +170,11 @@ def assert_loss_and_grad_match_reference(params, seed: int, tolerance: float) ->
     dtype = str(params[0]["weight"].dtype)
     sizes = (params[0]["weight"].shape[1], *(layer["weight"].shape[0] for layer in params))
     keys = jax.random.split(jax.random.key(seed), 2)
-    reference = jax.jit(jax.value_and_grad(functools.partial(nn.mlp_loss_reference, storage_dtype=dtype)))
-    function = jax.jit(jax.vmap(nn.mlp_loss_and_grad, in_axes=(None, 0, 0)))
+    argnums = (0, 1) if input_gradient else 0
+    loss = functools.partial(nn.mlp_loss_reference, storage_dtype=dtype)
+    reference = jax.jit(jax.value_and_grad(loss, argnums))
+    fused = jax.value_and_grad(nn.mlp_squared_error, argnums) if input_gradient else nn.mlp_loss_and_grad
+    function = jax.jit(jax.vmap(fused, in_axes=(None, 0, 0)))
     for groups, batch in ((2, 1000), (1, 333), (1, 5)):
         x = mlp_inputs(params, keys[0], groups * batch, dtype).reshape(groups, batch, sizes[0])
         target = draw_uniform(keys[1], (groups, batch, sizes[-1]), dtype)

@@ -496,7 +496,7 @@ def test_benchmark_times_the_hash_encoded_steps_beside_plain_jax(tmp_path):
         for model in (f"slax/{slax.launch_route()}", "jax", "jax/flat")
     ]
     assert [tuple(r["sizes"]) for r in rows] == [(4, 64, 64, 3)] * 3
-    assert [r["flat_parameters"] for r in rows] == [True, False, True]
+    assert [r["flat_parameters"] for r in rows] == ["parts", False, "parts"]
     # The tables: in 2-D the coarsest level's 17^2 vertices (296 entries, a multiple of 8) and the
     # finest's 2^10; in 3-D 17^3 vertices do not fit 2^10, and both levels hash.
     hidden = (4 * 64 + 64) + (64 * 64 + 64)
@@ -521,7 +521,7 @@ def test_the_hash_encoded_models_keep_each_part_as_one_vector():
         return jnp.sum(p["tables"] ** 2) + jnp.sum(nn.mlp_apply(p["mlp"], x) * y)
 
     model = jax.value_and_grad(loss)
-    stored, loss_and_grad, to_params = _training.parameter_state(params, model, True)
+    stored, loss_and_grad, to_params = _training.parameter_state(params, model, _training.PARTS)
     assert {name: part.shape for name, part in stored.items()} == {"tables": (12,), "mlp": (17,)}
     x, y = jax.random.normal(jax.random.key(1), (3, 2)), jax.random.normal(jax.random.key(2), (3, 1))
     loss, grads = loss_and_grad(stored, x, y)

@@ -11,6 +11,7 @@ import optax
 import pytest
 from _helpers import (
     assert_float32_mlp_matches_reference,
+    assert_loss_and_grad_match_reference,
     draw_uniform,
     mlp_inputs,
     parameter_product,
@@ -147,6 +148,55 @@ def test_loss_and_grad_matches_reference(dtype):
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
         assert got.dtype == jnp.float32
         assert relative_error(got, want) < tolerance
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32_ON_EVERY_JAX, "float16"])
+@pytest.mark.parametrize("sizes", [(3, 7, 5), (4, 16, 16, 4)])
+def test_the_squared_error_and_its_gradients_match_the_reference(sizes, dtype):
+    """``jax.value_and_grad`` of ``mlp_squared_error`` in the parameters and x (here the backend's
+    forward and backward kernels; on the warp tiles one launch, tests/test_wide_warp.py), vmapped
+    over groups of 1000, 333 and 5 samples: each group's loss and gradients within the dtype's
+    tolerance of the float32 reference's."""
+    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, dtype)
+    assert_loss_and_grad_match_reference(params, 3, RELATIVE_TOLERANCE[dtype], input_gradient=True)
+
+
+@pytest.mark.one_device_kind  # its kernels run on every route in
+# test_the_squared_error_and_its_gradients_match_the_reference
+def test_the_squared_errors_gradient_flows_into_what_computed_x_and_the_target():
+    """The gradient in x continues into the JAX code that computed x (an encoding's place), and
+    the target's gradient is the reference's; its dtypes are the arguments'."""
+    keys = jax.random.split(jax.random.key(9), 4)
+    params = nn.mlp_init(keys[0], (3, 7, 5))
+    z, a = draw_uniform(keys[1], (64, 4), "float32"), draw_uniform(keys[2], (4, 3), "float32")
+    target = draw_uniform(keys[3], (64, 5), "float32")
+
+    def loss(apply_loss, a, target):
+        return apply_loss(params, jnp.tanh(z @ a), target)
+
+    got = jax.jit(jax.grad(functools.partial(loss, nn.mlp_squared_error), (0, 1)))(a, target)
+    want = jax.grad(functools.partial(loss, nn.mlp_loss_reference), (0, 1))(a, target)
+    for g, w in zip(got, want):
+        assert g.dtype == jnp.float32 and relative_error(g, w) < RELATIVE_TOLERANCE["float32"]
+
+
+@NO_KERNEL_RUNS
+def test_the_squared_error_refuses_forward_mode_second_derivatives_and_unmatched_targets():
+    params = nn.mlp_init(jax.random.key(0), (3, 7, 5))
+    x = draw_uniform(jax.random.key(1), (16, 3), "float32")
+    target = draw_uniform(jax.random.key(2), (16, 5), "float32")
+
+    def loss(x):
+        return nn.mlp_squared_error(params, x, target)
+
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(loss, (x,), (x,))
+    with pytest.raises(TypeError, match="mlp_squared_error is differentiable once"):
+        jax.grad(lambda x: jnp.sum(jax.grad(loss)(x) ** 2))(x)
+    with pytest.raises(ValueError, match=r"slax.nn.mlp_squared_error: target must have shape \(16, 5\)"):
+        nn.mlp_squared_error(params, x, target[:, :4])
+    with pytest.raises(TypeError, match="slax.nn.mlp_squared_error: x has dtype float16"):
+        nn.mlp_squared_error(params, x.astype(jnp.float16), target)
 
 
 # push constants are Vulkan's

@@ -275,6 +275,25 @@ def test_mlp_kernels_lower_in_both_precisions(report):
 
 
 @needs_tools
+@pytest.mark.jax_version
+def test_the_squared_errors_gradient_lowers_to_one_warp_tile_launch(report):
+    """Lowered for CUDA, ``jax.grad`` of ``slax.nn.mlp_squared_error`` in the parameters and x, on
+    the warp tiles in both dtypes: one launch of ``mlp_loss_grad_input``, as the fused loss's
+    (thread groups of 4 warps), writing dx beside the sums; no forward launch of its own."""
+    for dtype in ("float32", "float16"):
+        (fused,) = _launches(report, f"mlp_squared_error_grad_{dtype}")
+        arch = Architecture((4, 16, 16, 4), dtype)
+        launch = TensorCores().gradient_launch(arch, SM_90_DEFAULT, "mlp_loss_grad_input", 1000, 1000)
+        assert (fused["name"], fused["grid"], fused["num_warps"]) == (
+            "mlp_loss_grad_input",
+            [launch.blocks, 1, 1],
+            launch.threads // 32,
+        )
+        mma = "m16n8k8.row.col.f32.tf32" if dtype == "float32" else "m16n8k16.row.col.f32.f16"
+        assert f"mma.sync.aligned.{mma}" in fused["ptx"]
+
+
+@needs_tools
 @pytest.mark.parametrize(
     ("sizes", "dtype", "tensor_cores"),
     [((4, 16, 4), "float16", True), ((9, 12, 3), "float16", True), ((4, 16, 4), "float32", False)],

@@ -140,6 +140,34 @@ def test_data_parallel_step_all_reduces_the_kernels_row_and_keeps_its_state_on_e
     assert result.stdout.split() == ["False", "{True}", "{2}", "True"], result.stdout
 
 
+_SQUARED_ERROR_OVER_TWO_DEVICES = """
+import jax, jax.numpy as jnp, numpy as np
+from _training import batch_sharding
+from slax import nn
+
+params = nn.mlp_init(jax.random.key(0), (4, 16, 4))
+x = jax.random.uniform(jax.random.key(1), (64, 4))
+target = jnp.sin(3 * x)
+grad = jax.jit(jax.value_and_grad(nn.mlp_squared_error, (0, 1)))
+one = grad(params, x, target)
+sharding = batch_sharding(2)
+two = grad(params, jax.device_put(x, sharding), jax.device_put(target, sharding))
+close = [np.allclose(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two))]
+print(all(close), len(two[1][1].sharding.device_set))
+"""
+
+
+@JAX
+@pytest.mark.one_device_kind  # a shard's kernels: test_plain_jit_over_sharded_batches_partitions_each_call
+def test_the_squared_errors_gradient_over_two_devices_is_the_whole_batchs(cpu_path):
+    """``jax.value_and_grad`` of ``mlp_squared_error`` over a batch split between two devices: the
+    loss, the parameters' gradients (means over the devices) and x's gradient (each device's share
+    of the whole batch's mean, left split) equal one device's."""
+    result = _run("-c", _SQUARED_ERROR_OVER_TWO_DEVICES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["True", "2"], result.stdout
+
+
 @pytest.mark.slow
 @ON_ONE_ROUTE
 def test_benchmark_times_each_device_count_in_one_run(cpu_path, tmp_path):

@@ -232,7 +232,8 @@ def test_the_rows_sum_to_the_loss_and_gradients_of_each_group(monkeypatch, shape
     monkeypatch.setattr(nn_warp_rows, "run_kernel", _rows_as_the_kernel_writes_them(sizes, flat))
     x = draw_uniform(jax.random.key(2), shape, "float16")
     target = draw_uniform(jax.random.key(3), shape[:-1] + (sizes[-1],), "float16")
-    got = nn_warp_rows.loss_grad(None, sizes, x, target, flat, group_ndim, 0.25, None, None)
+    packed = nn_backends.packed(flat)
+    got = nn_warp_rows.loss_grad(None, sizes, x, target, flat, group_ndim, 0.25, packed, None)
     want = loss_grad_twin(x, target, flat, "float16", ("leaky_relu",) * 3 + ("none",), group_ndim, 0.25)
     assert [array.shape for array in got] == [array.shape for array in want]
     assert all(array.dtype == jnp.float32 for array in got)

@@ -340,6 +340,22 @@ def test_warp_tiles_match_the_reference(case, device_kind, fused_kernels):
         assert_loss_and_grad_match_reference(params, sum(sizes), tolerance)
 
 
+@pytest.mark.parametrize("case", _wide_cases(4), ids=_case_ids)
+def test_the_squared_errors_gradient_on_the_warp_tiles_matches_the_reference(case, device_kind):
+    """On a CUDA GPU, ``jax.value_and_grad`` of ``mlp_squared_error`` in the parameters and x, one
+    launch of ``mlp_loss_grad_input`` per call (the forward pass, the loss, its gradients and dx),
+    vmapped as test_warp_tiles_match_the_reference's groups: within TOLERANCE (float16) or
+    TF32_TOLERANCE (float32, at JAX's DEFAULT precision) of the float32 reference, dx included, and
+    the same bits on a second run."""
+    if device_kind != "cuda":
+        pytest.skip("JAX on a CUDA GPU runs the warp tiles; elsewhere the backends' forward and backward")
+    sizes, dtype, activation = case
+    params = nn.mlp_init(jax.random.key(sum(sizes)), sizes, dtype, activation=activation)
+    tolerance = TF32_TOLERANCE if dtype == "float32" else TOLERANCE
+    with _at_default_precision():
+        assert_loss_and_grad_match_reference(params, sum(sizes) + 1, tolerance, input_gradient=True)
+
+
 def test_tf32_warp_tiles_carry_nans_as_xlas_products_do(device_kind):
     """On a CUDA GPU at JAX's DEFAULT precision, a float32 tanh network on the TF32 warp tiles: a
     sample of NaN inputs (the GPU's own NaN, which the tiles' TF32 rounding must not turn into

@@ -9,7 +9,7 @@ from slax.nn._hash_encoding import (
     hash_field_with_gradient,
 )
 from slax.nn._hash_reference import hash_encode_reference
-from slax.nn._mlp import Params, describe, mlp_apply, mlp_init, mlp_loss_and_grad
+from slax.nn._mlp import Params, describe, mlp_apply, mlp_init, mlp_loss_and_grad, mlp_squared_error
 from slax.nn._params import MLPParams
 from slax.nn._reference import mlp_apply_reference, mlp_loss_reference
 
@@ -28,4 +28,5 @@ __all__ = [
     "mlp_init",
     "mlp_loss_and_grad",
     "mlp_loss_reference",
+    "mlp_squared_error",
 ]

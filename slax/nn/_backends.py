@@ -171,6 +171,23 @@ class Backend(abc.ABC):
     def loss_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes) -> list:
         """``[loss, *gradients]``, per group."""
 
+    def loss_input_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes) -> list:
+        """``[loss, dx, *gradients]``: :meth:`loss_grad`'s, and ``dx``, the loss's gradient at each
+        sample's input (``x``'s shape and dtype). Here the backend's forward and backward passes,
+        as ``jax.grad`` of the loss written with ``slax.nn.mlp_apply`` runs them: the residual
+        ``y - target`` enters the backward pass as dy (in the network's dtype: a mean loss's
+        factor ``2 loss_scale`` would push half's dy below its normal range), and the factor
+        multiplies its results in float32. A backend with a kernel for all of it overrides this."""
+        keep_hidden = _kernels.hidden_width(arch.sizes) > 0
+        y, *hidden = self.forward(arch, platform, x, params, keep_hidden, routes)
+        residual = y.astype(jnp.float32) - target.astype(jnp.float32)
+        loss = loss_scale * jnp.sum(residual**2, axis=tuple(range(group_ndim, x.ndim)))
+        dy = residual.astype(arch.dtype)
+        dx, *grads = self.backward(arch, platform, [x, *hidden, dy], params, group_ndim, True, True, routes)
+        factor = 2.0 * loss_scale
+        dx = (dx.astype(jnp.float32) * factor).astype(arch.dtype)
+        return [loss, dx, *(g * factor for g in grads)]
+
     def second_order_summary(self, arch: Architecture, platform: Platform) -> str:
         """How second derivatives of ``arch`` run on ``platform``, for :func:`slax.nn.describe`."""
         return (
@@ -378,6 +395,7 @@ WARP_TILE_ENTRIES = (
     "mlp_backward_params",
     "mlp_input_gradient",
     "mlp_loss_grad",
+    "mlp_loss_grad_input",
     "mlp_hessian_sums",
 )
 """The entry points of the warp tiles (``shaders/nn/wide_warp.slang``)."""
@@ -702,6 +720,15 @@ class TensorCores(_Tiles):
         results = super().backward(arch, platform, data, params, group_ndim, input_gradient, True, routes)
         dx = results[: int(input_gradient)]
         return dx + [scaled_back(r, exponent) for r in results[len(dx) :]]
+
+    def loss_input_grad(self, arch, platform, x, target, params, group_ndim, loss_scale, routes):
+        """On the warp tiles, one launch (``mlp_loss_grad_input``): the loss, its gradients and dx
+        from each tile's forward pass in registers."""
+        if not self._on_warp_tiles(arch, platform, "mlp_loss_grad_input"):
+            return super().loss_input_grad(arch, platform, x, target, params, group_ndim, loss_scale, routes)
+        scalars = (("loss_scale", float(loss_scale)),)
+        entry, dx = "mlp_loss_grad_input", [(x.shape, arch.dtype)]
+        return self.gradient(arch, platform, entry, [x, target], params, group_ndim, dx, scalars, routes)
 
     def _warp_tiles(self, arch, platform, entry, data, params, width, routes) -> jax.Array:
         """Kernel ``entry`` of the warp tiles with no sums (a warp per tile of 16 samples, or

@@ -171,13 +171,7 @@ def mlp_loss_and_grad(
         :func:`mlp_loss_reference` says too).
     """
     arch = _architecture("mlp_loss_and_grad", params, x)
-    require_samples("mlp_loss_and_grad", x)
-    _require_array("mlp_loss_and_grad", "target", target)
-    if target.shape != x.shape[:-1] + (arch.sizes[-1],) or target.dtype != x.dtype:
-        raise ValueError(
-            f"slax.nn.mlp_loss_and_grad: target must have shape {x.shape[:-1] + (arch.sizes[-1],)} and "
-            f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
-        )
+    _check_target("mlp_loss_and_grad", arch, x, target)
     request = BackendRequest.current("mlp_loss_and_grad", precision)
     _refuse_unfit(arch, x, request)
     routes = current_routes()
@@ -194,6 +188,7 @@ def mlp_loss_and_grad(
             arch=arch,
             group_ndim=0,
             loss_scale=1.0 / math.prod(x.shape[:-1]),
+            input_gradient=False,
             request=request,
             routes=routes,
         )
@@ -209,6 +204,95 @@ def mlp_loss_and_grad(
     batched = [has_batch, has_batch] + [False] * (len(leaves) - 2)
     loss, *grads = across_devices(call, leaves, batched, [False] * (1 + len(leaves) - 2))
     return loss, params.with_layers(_unflat(grads)) if isinstance(params, MLPParams) else _unflat(grads)
+
+
+def mlp_squared_error(
+    params: Params, x: jax.Array, target: jax.Array, *, precision: PrecisionLike = None
+) -> jax.Array:
+    """The batch mean of each sample's squared L2 error ``|mlp(x) - target|^2``, a loss whose
+    gradient runs in one Slang dispatch.
+
+    :func:`mlp_loss_and_grad`'s loss, for a network whose input other JAX code computes (an
+    encoding): under ``jax.grad``, ``jax.value_and_grad`` or ``jax.vjp``, the forward pass, the
+    loss and its gradients in the parameters and in ``x`` come from one launch where the backend
+    has a kernel for them (the warp tiles), else from the backend's forward and backward kernels,
+    and the gradient in ``x`` flows on into what computed it. ``jnp.mean(jnp.sum((mlp_apply(params,
+    x) - target) ** 2, -1))`` is the same loss, whose gradient runs the forward kernel, XLA's loss
+    and the backward kernel. In float16 the residual enters the backward pass in float, and the
+    mean's factor multiplies the sums in float (``mlp_apply``'s gradient takes the loss's
+    cotangent in half, where a mean over many samples' is near or below half's normal range).
+
+    Reverse mode, once: ``jax.jvp`` and second derivatives are refused; write the loss with
+    :func:`mlp_apply` for those. Composes with jit, vmap (each vmapped group its own mean),
+    lax.scan and sharded batches (the mean over the whole batch).
+
+    Args:
+      params: the network's parameters, from :func:`mlp_init` (:data:`Params`).
+      x: inputs ``(batch, in)``, of the parameters' dtype.
+      target: ``(batch, out)``, of ``x``'s dtype.
+      precision: a float32 network's matrix products, as :func:`mlp_apply`'s.
+
+    Returns:
+      The loss, a float32 scalar; its gradients have the parameters', ``x``'s and ``target``'s
+      dtypes.
+
+    Raises:
+      TypeError: as :func:`mlp_loss_and_grad`; forward-mode or second derivatives.
+      ValueError: as :func:`mlp_loss_and_grad`.
+    """
+    arch = _architecture("mlp_squared_error", params, x)
+    _check_target("mlp_squared_error", arch, x, target)
+    request = BackendRequest.current("mlp_squared_error", precision)
+    _refuse_unfit(arch, x, request)
+    routes = current_routes()
+    layers, _ = split_params(params)
+
+    def network(flat):
+        return params.with_layers(_unflat(flat)) if isinstance(params, MLPParams) else _unflat(flat)
+
+    def loss_of(flat, x, target):
+        y = mlp_apply(network(flat), x, precision=precision)
+        return jnp.mean(jnp.sum((y.astype(jnp.float32) - target.astype(jnp.float32)) ** 2, -1))
+
+    def call(axes, x, target, *flat):
+        """The loss, dx and the gradients of this device's samples; the loss and gradients the
+        means over the devices (``axes``; equal shards), and dx the share of the whole batch's mean."""
+        x, target, *flat = vary_alike([x, target, *flat])
+        loss, dx, *grads = mlp_loss_grad_p.bind(
+            x,
+            target,
+            *flat,
+            arch=arch,
+            group_ndim=0,
+            loss_scale=1.0 / math.prod(x.shape[:-1]),
+            input_gradient=True,
+            request=request,
+            routes=routes,
+        )
+        check_finite("slax.nn.mlp_squared_error's kernel", [x, target, *flat], [loss, dx, *grads])
+        *grads, loss = mean_over_devices([*grads, loss], axes)
+        if axes:
+            dx = (dx.astype(jnp.float32) / jax.lax.psum(1, axes)).astype(dx.dtype)
+        return loss, dx, *grads
+
+    def forward(flat, x, target):
+        has_batch = x.ndim > 1
+        leaves = [x, target, *flat]
+        batched = [has_batch, has_batch] + [False] * len(flat)
+        loss, dx, *grads = across_devices(call, leaves, batched, [False, has_batch] + [False] * len(flat))
+        return loss, (dx, grads, flat, x, target)
+
+    def backward(saved, cotangent):
+        dx, grads, flat, x, target = saved
+        dflat = [(cotangent * g).astype(p.dtype) for g, p in zip(grads, flat)]
+        dx = (cotangent * dx.astype(jnp.float32)).astype(x.dtype)
+        # The target's gradient (which XLA drops, with its forward pass, where nothing reads it).
+        _, pullback = jax.vjp(loss_of, flat, x, target)
+        return dflat, dx, pullback(cotangent)[2]
+
+    loss = jax.custom_vjp(loss_of)
+    loss.defvjp(forward, backward)
+    return loss(flat_layers(layers), x, target)
 
 
 def describe(
@@ -254,6 +338,18 @@ def describe(
 
 
 # --- checks and flattening -------------------------------------------------------------------------
+
+
+def _check_target(function: str, arch: Architecture, x, target) -> None:
+    """Refuses a batch of no samples and a target that is not an array of ``(batch, out)`` in
+    ``x``'s dtype."""
+    require_samples(function, x)
+    _require_array(function, "target", target)
+    if target.shape != x.shape[:-1] + (arch.sizes[-1],) or target.dtype != x.dtype:
+        raise ValueError(
+            f"slax.nn.{function}: target must have shape {x.shape[:-1] + (arch.sizes[-1],)} and "
+            f"dtype {x.dtype} to match x; got {target.shape} {target.dtype}."
+        )
 
 
 def _check_dtype(function: str, name: str, dtype) -> None:

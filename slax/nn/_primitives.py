@@ -72,9 +72,12 @@ def _backward_abstract_eval(
     return dx + [result_aval(shape, jnp.float32, operands) for shape in sums]
 
 
-def _loss_grad_abstract_eval(x, target, *params, arch, group_ndim, loss_scale, request, routes):
+def _loss_grad_abstract_eval(
+    x, target, *params, arch, group_ndim, loss_scale, input_gradient, request, routes
+):
     operands = (x, target, *params)
-    return [result_aval(x.shape[:group_ndim], jnp.float32, operands)] + [
+    dx = [result_aval(x.shape, x.dtype, operands)] if input_gradient else []
+    return [result_aval(x.shape[:group_ndim], jnp.float32, operands), *dx] + [
         result_aval(shape, jnp.float32, operands) for shape in _grad_shapes(x, arch, group_ndim)
     ]
 
@@ -112,12 +115,23 @@ def _backward_dead_code(used_outputs: list[bool], equation):
     return [True] * len(equation.invars), equation.replace(params=params, outvars=outvars)
 
 
-def _loss_grad(x, target, *params, arch, group_ndim, loss_scale, request, routes, platform):
+def _loss_grad(x, target, *params, arch, group_ndim, loss_scale, input_gradient, request, routes, platform):
+    """``[loss, [dx,] *grads]`` per group: with ``input_gradient``, the loss's gradient at each
+    sample's input too (``slax.nn.mlp_squared_error``'s)."""
     choice = choose(arch, platform, math.prod(x.shape[:-1]), request)
-    return choice.backend.loss_grad(arch, choice.platform, x, target, params, group_ndim, loss_scale, routes)
+    run = choice.backend.loss_input_grad if input_gradient else choice.backend.loss_grad
+    return run(arch, choice.platform, x, target, params, group_ndim, loss_scale, routes)
 
 
 def _loss_and_grad_is_not_differentiable(primals, tangents, **params):
+    if params["input_gradient"]:
+        raise TypeError(
+            "slax.nn.mlp_squared_error is differentiable once, in reverse mode (jax.grad, jax.vjp, "
+            "jax.value_and_grad): its gradient comes from one Slang pass. For forward mode "
+            "(jax.jvp) or second derivatives (jax.hessian, a gradient of its gradient), write the "
+            "loss with slax.nn.mlp_apply, which JAX differentiates to any order: "
+            "jnp.mean(jnp.sum((nn.mlp_apply(params, x) - target) ** 2, -1))."
+        )
     raise TypeError(
         "slax.nn.mlp_loss_and_grad already returns the loss's gradient (from one Slang pass) and "
         "cannot itself be differentiated (jax.grad, jax.jvp, jax.hessian): use the gradient it "

@@ -274,6 +274,10 @@ def main(programs_only: bool = False) -> None:
         jax.grad(lambda p, d: slax.nn.mlp_apply(p, d).sum(), (0, 1)),
         *cases["mlp_apply_grad_float32"][1:],
     )
+    for dtype in ("float32", "float16"):
+        _, params, data, _ = cases[f"mlp_loss_and_grad_{dtype}"]
+        squared_error_grad = jax.grad(slax.nn.mlp_squared_error, (0, 1))
+        cases[f"mlp_squared_error_grad_{dtype}"] = (squared_error_grad, params, data, data)
     if not programs_only:
         cases.update(kernel_cases(rng, cases))
     report = {name: launches(function, *args) for name, (function, *args) in cases.items()}
