@@ -176,33 +176,8 @@ def mlp_loss_and_grad(
     _refuse_unfit(arch, x, request)
     routes = current_routes()
     layers, _ = split_params(params)
-
-    def call(axes, x, target, *flat):
-        """The mean loss and its gradient over this device's samples, then over the devices
-        (``axes``; equal shards, so the mean of means is the batch's mean)."""
-        x, target, *flat = vary_alike([x, target, *flat])
-        loss, *grads = mlp_loss_grad_p.bind(
-            x,
-            target,
-            *flat,
-            arch=arch,
-            group_ndim=0,
-            loss_scale=1.0 / math.prod(x.shape[:-1]),
-            input_gradient=False,
-            request=request,
-            routes=routes,
-        )
-        check_finite("slax.nn.mlp_loss_and_grad's kernel", [x, target, *flat], [loss, *grads])
-        # In the kernel's order (gradients, then the loss) the flat vector mean_over_devices
-        # all-reduces is the sum of the kernel's partial rows as it is: no kernel repacking it
-        # each step (BENCHMARKS.md, "Two GPUs after the rewrite").
-        *grads, loss = mean_over_devices([*grads, loss], axes)
-        return loss, *grads
-
-    has_batch = x.ndim > 1
     leaves = [x, target, *flat_layers(layers)]
-    batched = [has_batch, has_batch] + [False] * (len(leaves) - 2)
-    loss, *grads = across_devices(call, leaves, batched, [False] * (1 + len(leaves) - 2))
+    loss, *grads = _squared_error_launch("mlp_loss_and_grad", arch, request, routes, False, leaves)
     return loss, params.with_layers(_unflat(grads)) if isinstance(params, MLPParams) else _unflat(grads)
 
 
@@ -254,32 +229,9 @@ def mlp_squared_error(
         y = mlp_apply(network(flat), x, precision=precision)
         return jnp.mean(jnp.sum((y.astype(jnp.float32) - target.astype(jnp.float32)) ** 2, -1))
 
-    def call(axes, x, target, *flat):
-        """The loss, dx and the gradients of this device's samples; the loss and gradients the
-        means over the devices (``axes``; equal shards), and dx the share of the whole batch's mean."""
-        x, target, *flat = vary_alike([x, target, *flat])
-        loss, dx, *grads = mlp_loss_grad_p.bind(
-            x,
-            target,
-            *flat,
-            arch=arch,
-            group_ndim=0,
-            loss_scale=1.0 / math.prod(x.shape[:-1]),
-            input_gradient=True,
-            request=request,
-            routes=routes,
-        )
-        check_finite("slax.nn.mlp_squared_error's kernel", [x, target, *flat], [loss, dx, *grads])
-        *grads, loss = mean_over_devices([*grads, loss], axes)
-        if axes:
-            dx = (dx.astype(jnp.float32) / jax.lax.psum(1, axes)).astype(dx.dtype)
-        return loss, dx, *grads
-
     def forward(flat, x, target):
-        has_batch = x.ndim > 1
         leaves = [x, target, *flat]
-        batched = [has_batch, has_batch] + [False] * len(flat)
-        loss, dx, *grads = across_devices(call, leaves, batched, [False, has_batch] + [False] * len(flat))
+        loss, dx, *grads = _squared_error_launch("mlp_squared_error", arch, request, routes, True, leaves)
         return loss, (dx, grads, flat, x, target)
 
     def backward(saved, cotangent):
@@ -335,6 +287,43 @@ def describe(
     choice = choose(arch, platform, samples, request)
     answer = {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
     return answer | {SECOND_ORDER_CALL: choice.describe(arch, "second_order")}
+
+
+def _squared_error_launch(
+    function: str, arch: Architecture, request: BackendRequest, routes, input_gradient: bool, leaves
+) -> list[jax.Array]:
+    """``[loss, [dx,] *grads]`` of the squared error on ``leaves`` (``x, target, *flat``): the
+    fused kernel's over each device's samples, then the loss and gradients the means over the
+    devices (equal shards, so the mean of means is the batch's mean), and dx each device's share
+    of the whole batch's mean (left split, as x is)."""
+
+    def call(axes, x, target, *flat):
+        x, target, *flat = vary_alike([x, target, *flat])
+        loss, *results = mlp_loss_grad_p.bind(
+            x,
+            target,
+            *flat,
+            arch=arch,
+            group_ndim=0,
+            loss_scale=1.0 / math.prod(x.shape[:-1]),
+            input_gradient=input_gradient,
+            request=request,
+            routes=routes,
+        )
+        check_finite(f"slax.nn.{function}'s kernel", [x, target, *flat], [loss, *results])
+        dx, grads = results[: int(input_gradient)], results[int(input_gradient) :]
+        # In the kernel's order (gradients, then the loss) the flat vector mean_over_devices
+        # all-reduces is the sum of the kernel's partial rows as it is: no kernel repacking it
+        # each step (BENCHMARKS.md, "Two GPUs after the rewrite").
+        *grads, loss = mean_over_devices([*grads, loss], axes)
+        if axes:
+            dx = [(d.astype(jnp.float32) / jax.lax.psum(1, axes)).astype(d.dtype) for d in dx]
+        return loss, *dx, *grads
+
+    has_batch = leaves[0].ndim > 1
+    batched = [has_batch, has_batch] + [False] * (len(leaves) - 2)
+    out_batched = [False] + [has_batch] * int(input_gradient) + [False] * (len(leaves) - 2)
+    return across_devices(call, leaves, batched, out_batched)
 
 
 # --- checks and flattening -------------------------------------------------------------------------
