@@ -27,6 +27,7 @@ from slax.nn import _kernels as nn_kernels
 from slax.nn import _tiled_kernels as nn_tiled
 from slax.nn._architecture import Architecture
 from slax.nn._params import flat_layers
+from slax.nn._primitives import mlp_forward_p, mlp_loss_grad_p
 from slax.testing import RELATIVE_TOLERANCE, check_grads
 
 SIZES = [(4, 16, 4), (3, 7, 5), (64, 128, 64, 10)]
@@ -178,6 +179,20 @@ def test_the_squared_errors_gradient_flows_into_what_computed_x_and_the_target()
     want = jax.grad(functools.partial(loss, nn.mlp_loss_reference), (0, 1))(a, target)
     for g, w in zip(got, want):
         assert g.dtype == jnp.float32 and relative_error(g, w) < RELATIVE_TOLERANCE["float32"]
+
+
+@NO_KERNEL_RUNS
+def test_the_squared_errors_launch_writes_dx_only_where_x_is_differentiated():
+    """``jax.grad`` in the parameters alone launches the fused loss without dx (and nothing for the
+    target's gradient); in x too, with it."""
+    params = nn.mlp_init(jax.random.key(0), (3, 7, 5))
+    x = draw_uniform(jax.random.key(1), (16, 3), "float32")
+    target = draw_uniform(jax.random.key(2), (16, 5), "float32")
+    for argnums, input_gradient in [(0, False), ((0, 1), True)]:
+        jaxpr = jax.make_jaxpr(jax.grad(nn.mlp_squared_error, argnums))(params, x, target).jaxpr
+        launches = [e for e in jaxpr.eqns if e.primitive is mlp_loss_grad_p]
+        assert [e.params["input_gradient"] for e in launches] == [input_gradient]
+        assert not [e for e in jaxpr.eqns if e.primitive is mlp_forward_p]
 
 
 @NO_KERNEL_RUNS

@@ -193,9 +193,11 @@ def mlp_squared_error(
     has a kernel for them (the warp tiles), else from the backend's forward and backward kernels,
     and the gradient in ``x`` flows on into what computed it. ``jnp.mean(jnp.sum((mlp_apply(params,
     x) - target) ** 2, -1))`` is the same loss, whose gradient runs the forward kernel, XLA's loss
-    and the backward kernel. In float16 the residual enters the backward pass in float, and the
-    mean's factor multiplies the sums in float (``mlp_apply``'s gradient takes the loss's
-    cotangent in half, where a mean over many samples' is near or below half's normal range).
+    and the backward kernel. In float16 the residual enters the backward pass unscaled (on the
+    warp tiles in float; elsewhere rounded to half), and the mean's factor multiplies the sums in
+    float (``mlp_apply``'s gradient takes the loss's cotangent in half, where a mean over many
+    samples' is near or below half's normal range). Under ``jax.grad`` in the parameters alone
+    the launch writes no dx.
 
     Reverse mode, once: ``jax.jvp`` and second derivatives are refused; write the loss with
     :func:`mlp_apply` for those. Composes with jit, vmap (each vmapped group its own mean),
@@ -230,20 +232,29 @@ def mlp_squared_error(
         return jnp.mean(jnp.sum((y.astype(jnp.float32) - target.astype(jnp.float32)) ** 2, -1))
 
     def forward(flat, x, target):
-        leaves = [x, target, *flat]
-        loss, dx, *grads = _squared_error_launch("mlp_squared_error", arch, request, routes, True, leaves)
-        return loss, (dx, grads, flat, x, target)
+        """The fused launch, computing dx only where x is differentiated, and keeping what the
+        target's gradient takes only where the target is."""
+        input_gradient = bool(x.perturbed)
+        values = [p.value for p in flat]
+        leaves = [x.value, target.value, *values]
+        function = "mlp_squared_error"
+        loss, *results = _squared_error_launch(function, arch, request, routes, input_gradient, leaves)
+        dx, grads = (results[0], results[1:]) if input_gradient else (None, results)
+        for_target = (values, x.value, target.value) if target.perturbed else None
+        return loss, (dx, grads, values, for_target)
 
     def backward(saved, cotangent):
-        dx, grads, flat, x, target = saved
-        dflat = [(cotangent * g).astype(p.dtype) for g, p in zip(grads, flat)]
-        dx = (cotangent * dx.astype(jnp.float32)).astype(x.dtype)
-        # The target's gradient (which XLA drops, with its forward pass, where nothing reads it).
-        _, pullback = jax.vjp(loss_of, flat, x, target)
-        return dflat, dx, pullback(cotangent)[2]
+        dx, grads, values, for_target = saved
+        dflat = [(cotangent * g).astype(p.dtype) for g, p in zip(grads, values)]
+        if dx is not None:  # a cotangent other than 1 (a loss scaled after) rounds dx a second time
+            dx = (cotangent * dx.astype(jnp.float32)).astype(dx.dtype)
+        dtarget = None
+        if for_target is not None:  # the network's output again, through mlp_apply's kernels
+            dtarget = jax.vjp(loss_of, *for_target)[1](cotangent)[2]
+        return dflat, dx, dtarget
 
     loss = jax.custom_vjp(loss_of)
-    loss.defvjp(forward, backward)
+    loss.defvjp(forward, backward, symbolic_zeros=True)
     return loss(flat_layers(layers), x, target)
 
 
@@ -299,13 +310,17 @@ def _squared_error_launch(
 
     def call(axes, x, target, *flat):
         x, target, *flat = vary_alike([x, target, *flat])
+        # dx is each device's share of the batch's mean: its kernel takes the whole batch's
+        # 1 / samples (one rounding of dx, no pass of its own), and the means over the devices
+        # are then the devices' sums
+        devices = jax.lax.psum(1, axes) if axes and input_gradient else 1
         loss, *results = mlp_loss_grad_p.bind(
             x,
             target,
             *flat,
             arch=arch,
             group_ndim=0,
-            loss_scale=1.0 / math.prod(x.shape[:-1]),
+            loss_scale=1.0 / (math.prod(x.shape[:-1]) * devices),
             input_gradient=input_gradient,
             request=request,
             routes=routes,
@@ -315,9 +330,7 @@ def _squared_error_launch(
         # In the kernel's order (gradients, then the loss) the flat vector mean_over_devices
         # all-reduces is the sum of the kernel's partial rows as it is: no kernel repacking it
         # each step (BENCHMARKS.md, "Two GPUs after the rewrite").
-        *grads, loss = mean_over_devices([*grads, loss], axes)
-        if axes:
-            dx = [(d.astype(jnp.float32) / jax.lax.psum(1, axes)).astype(d.dtype) for d in dx]
+        *grads, loss = [v * devices for v in mean_over_devices([*grads, loss], axes)]
         return loss, *dx, *grads
 
     has_batch = leaves[0].ndim > 1

@@ -132,18 +132,17 @@ def fragment_offsets(sizes: tuple[int, ...], dtype: str = "float16") -> tuple[li
     return forward, backward, total
 
 
-def _fragment_order(matrix, dtype: str):
-    """``matrix`` (N x K; a JAX array, or numpy's, padded with -1) flattened in the order of the
-    ``dtype`` format's B fragments of B = matrix^T (K x N), N and K padded to whole blocks of 16 with
-    zeros. float16, mma.sync m16n8k16: for each block of 8 columns of B (8 rows of ``matrix``) and
-    16 rows (terms), in that order, lane l = 4 g + t's four halves B[2t][g], B[2t + 1][g],
+def _fragment_order(matrix, dtype: str, pad=0):
+    """``matrix`` (N x K; a JAX or numpy array) flattened in the order of the ``dtype`` format's B
+    fragments of B = matrix^T (K x N), N and K padded to whole blocks of 16 with ``pad``. float16,
+    mma.sync m16n8k16: for each block of 8 columns of B (8 rows of ``matrix``) and 16 rows (terms),
+    in that order, lane l = 4 g + t's four halves B[2t][g], B[2t + 1][g],
     B[2t + 8][g], B[2t + 9][g]. float32, m16n8k8: for each block of 8 columns and 8 rows, lane l's
     two values matrix[g][2t] and matrix[g][2t + 1] of the block, the block's 8 terms in the order
     the TF32 format reads a tile's 8 columns (0, 2, 4, 6, 1, 3, 5, 7). 128 halves or 64 floats a
     block."""
     n, k = matrix.shape
     xp = np if isinstance(matrix, np.ndarray) else jnp
-    pad = -1 if xp is np else 0
     if dtype == "float32":
         blocks_n, blocks_k = 2 * _blocks(n), 2 * _blocks(k)
         padded = xp.pad(matrix, ((0, 8 * blocks_n - n), (0, 8 * blocks_k - k)), constant_values=pad)
@@ -183,7 +182,8 @@ def _fragment_sources(sizes: tuple[int, ...], dtype: str) -> np.ndarray:
         start + n_out + np.arange(n_out * n_in).reshape(n_out, n_in)
         for start, n_in, n_out in zip(offsets, sizes[:-1], sizes[1:])
     ]
-    orders = [_fragment_order(w, dtype) for w in weights] + [_fragment_order(w.T, dtype) for w in weights]
+    orders = [_fragment_order(w, dtype, -1) for w in weights]
+    orders += [_fragment_order(w.T, dtype, -1) for w in weights]
     return np.concatenate(orders).astype(np.int32)
 
 
