@@ -75,15 +75,22 @@ def network(name: str, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
     return run
 
 
-def model(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
-    """``(params, x (..., d) in [0, 1]^d) -> float32 (..., outputs)`` of ``"slax"`` or of plain
-    ``"jax"``: the encoding from the float32 tables (slax's in ``dtype``), then :func:`network`."""
-    run = network(name, dtype)
+def encoder(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[..., jax.Array]:
+    """``(tables, x) -> features``: slax's encoding from the float32 tables (its features in
+    ``dtype``), or plain JAX's (float32, which :func:`network` casts)."""
 
     def encode(tables, x):
         if name == "slax":
             return nn.hash_encode(tables, x, config, dtype=dtype)
         return nn.hash_encode_reference(tables, x, config)
+
+    return encode
+
+
+def model(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    """``(params, x (..., d) in [0, 1]^d) -> float32 (..., outputs)`` of ``"slax"`` or of plain
+    ``"jax"``: :func:`encoder`'s features, then :func:`network`."""
+    run, encode = network(name, dtype), encoder(name, config, dtype)
 
     def predict(params, x):
         return run(params["mlp"], encode(params["tables"], x))
@@ -99,9 +106,10 @@ def squared_error(name: str, config: nn.HashEncodingConfig, dtype: Any) -> Calla
     pass, the loss and both gradients in one launch where the warp tiles run it; plain JAX's the
     twin's outputs minus the target."""
     if name == "slax":
+        encode = encoder(name, config, dtype)
 
         def loss(params, x, target):
-            features = nn.hash_encode(params["tables"], x, config, dtype=dtype)
+            features = encode(params["tables"], x)
             mlp = cast(params["mlp"], dtype)
             return nn.mlp_squared_error(mlp, features, target.astype(dtype)) / target.shape[-1]
 
