@@ -15,7 +15,9 @@ command that builds such a file:
 - else builds it with the prelude precompiled: compiled once per prelude text, flags and compiler
   into a header (``g++ -x c++-header``, the same flags) that the build gets as ``-include``, so that
   g++ loads it and skips the kernel's own copy by its include guard (the same machine code; a small
-  kernel's build 0.48 -> 0.24 s on a 2-core machine), and keeps what it built.
+  kernel's build 0.48 -> 0.24 s on a 2-core machine), and keeps what it built;
+- builds it with :data:`KERNEL_FLAGS` ahead of SlangPy's flags, which let g++ inline the small
+  functions Slang writes a kernel's body as.
 
 Any other command (one that builds no file Slang wrote) runs as it came. Slang runs ``g++`` by
 name, found on ``PATH`` at each build, and SlangPy passes it no options of ours:
@@ -38,6 +40,16 @@ from collections.abc import Iterator
 FORMAT = "slax-gxx-1"
 """The cache's format, part of every key: a change to what the wrapper keeps or how it builds
 changes it, so that no entry of the old format is served."""
+KERNEL_FLAGS = ("--param", "max-inline-insns-auto=200")
+"""Flags a Slang kernel's build gets ahead of SlangPy's (``-O3`` among them). Slang writes every
+function of a kernel as a ``static`` function not declared ``inline``, down to a three-line
+``lerp``, and g++ -O3 inlines such a function only where it is at most 30 of its instructions
+long (``max-inline-insns-auto``, GCC 12): a kernel then passes its vectors between small
+functions through the stack (a ``float4`` as two 8-byte halves read back as one 16-byte load,
+which stalls on every call). At 200, the limit g++ keeps for functions declared ``inline``, the
+functions a kernel's body calls, derivatives' propagations included, are inlined into it: the
+texture fit's sampler at 2^16 samples on 2 cores, forward 20 -> 1.9 ms a call, its gradient 69 ->
+6.8 ms (with the f16c pragma moved, shaders/slax/cpu.slang; BENCHMARKS.md, "The CPU routes")."""
 PRELUDE_GUARD = "#ifndef SLANG_CPP_PRELUDE_H"
 """The first line of every C++ file Slang's CPU target writes: its prelude's include guard."""
 
@@ -168,6 +180,7 @@ def build(compiler: str, directory: str, arguments: list[str]) -> int:
     prelude = prelude_text(text)
     if prelude is None:
         return _run([compiler, *arguments])
+    arguments = [*KERNEL_FLAGS, *arguments]
     shape = [{source: "<source>", output: "<output>"}.get(a, a) for a in arguments]
     code = _without_line_directives(text, arguments)
     kept = os.path.join(directory, "kernels", _digest(_compiler_identity(compiler), code, *shape)[:40])

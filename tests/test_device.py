@@ -20,6 +20,7 @@ import slangpy
 from _helpers import ROOT, run_python
 
 import slax
+from slax._codegen import Mode, operand_leaves
 from slax._compile import KernelSpec
 from slax._config import DeviceKind, LaunchRoutes
 from slax._device import (
@@ -29,6 +30,8 @@ from slax._device import (
     get_device,
     include_paths,
 )
+from slax._function_primitives import FunctionSpec, _function_kernel
+from slax._gxx_wrapper import KERNEL_FLAGS
 from slax._slang_c import CodeTarget, compile_entry_point
 from slax.nn._kernels import mlp_source
 from slax.testing import RELATIVE_TOLERANCE, check_grads
@@ -344,6 +347,36 @@ def test_half_kernels_on_the_cpu_device_convert_in_hardware_where_the_cpu_can(tm
         subprocess.run([compiler, "-std=c++17", "-O3", "-S", str(source), "-o", str(assembly)], check=True)
         library_calls[defined] = len(re.findall(r"call\s+__(extendhfsf2|truncsfhf2)", assembly.read_text()))
     assert library_calls[False] > 0 and library_calls[True] == 0, library_calls
+
+
+@pytest.mark.one_device_kind
+def test_the_cpu_devices_kernels_call_no_vector_element_or_small_function_out_of_line(tmp_path):
+    """The texture sampler's kernels (float4 arithmetic throughout), in the C++ Slang writes for
+    the CPU device with SLAX_HOST_F16C and built with the flags slax's g++ adds, call no vector's
+    ``operator[]`` and no function of the sampler's: all inlined. With the f16c pragma ahead of
+    the clamped ``operator[]`` (shaders/slax/cpu.slang), the prelude's operators called it out of
+    line, 36 times in the cotangent kernel; without ``KERNEL_FLAGS``, g++ left ``lerp``, the
+    tensor's reads and their backward propagations as calls, their float4s passed through the
+    stack."""
+    compiler = shutil.which("g++")
+    if compiler is None or platform.machine() != "x86_64":
+        pytest.skip("checks g++'s x86-64 code for the CPU device's kernels")
+    texture = slax.load_module("texture")
+    operands = [np.zeros((8, 8, 4), np.float32), np.zeros((5, 2), np.float32)]
+    signature = texture.sample_bilinear.signature(*operands)
+    function = FunctionSpec(texture.path, signature, texture.content, texture._names)
+    for mode in (Mode.PRIMAL, Mode.COTANGENT):
+        broadcast = tuple((False,) for _ in operand_leaves(signature, mode))
+        spec = _function_kernel(function, mode, broadcast)
+        source = tmp_path / f"{mode.value}.cpp"
+        source.write_text(compile_entry_point(spec, CodeTarget.CPP_SOURCE, defines={"SLAX_HOST_F16C": "1"}))
+        assembly = tmp_path / f"{mode.value}.s"
+        command = [compiler, *KERNEL_FLAGS, "-std=c++17", "-O3", "-S", str(source), "-o", str(assembly)]
+        subprocess.run(command, check=True)
+        called = set(re.findall(r"call\s+(\S+)", assembly.read_text()))
+        inlined = r"Vector.*ixE|lerp|operatorx5Bx5D_get|bwdProp"  # a vector's operator[] mangles as ...ixE...
+        out_of_line = {name for name in called if re.search(inlined, name)}
+        assert not out_of_line, (mode, out_of_line)
 
 
 _FORK_CHILD = textwrap.dedent(

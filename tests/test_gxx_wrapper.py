@@ -88,6 +88,8 @@ def test_a_slang_kernel_is_built_once_with_its_prelude_precompiled(tmp_path, cap
     assert build("first.so") == 0
     header_build, kernel_build = calls(log)
     assert "-x c++-header" in header_build
+    flags = " ".join(_gxx_wrapper.KERNEL_FLAGS)
+    assert header_build.startswith(flags) and kernel_build.startswith(flags)  # the header's are the build's
     assert f"-include {cache}/preludes/" in kernel_build
     assert "/prelude.h.gch" in capfd.readouterr().err.split("! ", 1)[1]  # g++ -H: "!" marks a header it used
     assert ctypes.CDLL(str(tmp_path / "first.so")).entry(20) == 41
@@ -111,7 +113,7 @@ def test_a_slang_kernel_is_built_once_with_its_prelude_precompiled(tmp_path, cap
 
 
 @needs_gxx
-def test_without_a_usable_cache_the_kernel_builds_as_it_would(tmp_path):
+def test_without_a_usable_cache_the_kernel_builds_uncached_with_slaxs_flags(tmp_path):
     compiler, log = logging_compiler(tmp_path, then=gxx)
     source = tmp_path / "kernel.cpp"
     source.write_text(PRELUDE + KERNEL)
@@ -119,7 +121,7 @@ def test_without_a_usable_cache_the_kernel_builds_as_it_would(tmp_path):
     not_a_folder.write_text("")
     arguments = ["-O2", "-fPIC", "-shared", "-o", str(tmp_path / "kernel.so"), str(source)]
     assert _gxx_wrapper.build(compiler, str(not_a_folder), arguments) == 0
-    assert calls(log) == [" ".join(arguments)]
+    assert calls(log) == [" ".join([*_gxx_wrapper.KERNEL_FLAGS, *arguments])]
     assert ctypes.CDLL(str(tmp_path / "kernel.so")).entry(1) == 3
 
 
