@@ -169,10 +169,11 @@ class HostPointerLauncher(_CallbackLauncher):
     """Runs kernels of SlangPy's CPU device on XLA's host buffers in place: the kernel's pointers
     are the buffers' addresses.
 
-    SlangPy's CPU device runs a dispatch's thread groups one after another on the calling thread,
-    holding the GIL (measured in BENCHMARKS.md: a launch split over Python threads takes as long
-    as one), so a launch uses one core. An integer division by zero in a kernel gives Vulkan's
-    values rather than SIGFPE, and Ctrl-C twice ends an endless kernel (:mod:`slax._cpu_signals`).
+    SlangPy's CPU device runs a dispatch's thread groups on the calling thread, holding the GIL
+    (measured in BENCHMARKS.md: a launch split over Python threads takes as long as one); slax's
+    kernels spread them over worker threads themselves (slax/_cpu_dispatch.h). An integer division
+    by zero in a kernel gives Vulkan's values rather than SIGFPE, and Ctrl-C twice ends an endless
+    kernel (:mod:`slax._cpu_signals`).
     """
 
     name = "host-pointer"

@@ -69,7 +69,8 @@ def _library() -> ctypes.CDLL | None:
                 "library as built: cut short or garbled); rebuilt it.",
                 file=sys.stderr,
             )
-    library = ctypes.CDLL(str(target), use_errno=True)
+    # RTLD_GLOBAL: a kernel's worker threads find slax_kernel_enter/leave by name (slax/_cpu_dispatch.h).
+    library = ctypes.CDLL(str(target), use_errno=True, mode=ctypes.RTLD_GLOBAL)
     if library.slax_install_division_handler() != 0:
         raise OSError(ctypes.get_errno(), "slax: sigaction(SIGFPE) failed installing the division handler")
     if library.slax_install_interrupt_handler() != 0:

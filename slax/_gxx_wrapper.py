@@ -17,7 +17,9 @@ command that builds such a file:
   g++ loads it and skips the kernel's own copy by its include guard (the same machine code; a small
   kernel's build 0.48 -> 0.24 s on a 2-core machine), and keeps what it built;
 - builds it with :data:`KERNEL_FLAGS` ahead of SlangPy's flags, which let g++ inline the small
-  functions Slang writes a kernel's body as.
+  functions Slang writes a kernel's body as;
+- builds it with each launch's thread groups spread over worker threads (:func:`over_cores`,
+  slax/_cpu_dispatch.h), from the C++ as Slang wrote it where that does not build.
 
 Any other command (one that builds no file Slang wrote) runs as it came. Slang runs ``g++`` by
 name, found on ``PATH`` at each build, and SlangPy passes it no options of ours:
@@ -31,13 +33,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import sys
 import threading
 from collections.abc import Iterator
 
-FORMAT = "slax-gxx-1"
+FORMAT = "slax-gxx-2"
 """The cache's format, part of every key: a change to what the wrapper keeps or how it builds
 changes it, so that no entry of the old format is served."""
 KERNEL_FLAGS = ("--param", "max-inline-insns-auto=200")
@@ -50,6 +53,19 @@ which stalls on every call). At 200, the limit g++ keeps for functions declared 
 functions a kernel's body calls, derivatives' propagations included, are inlined into it: the
 texture fit's sampler at 2^16 samples on 2 cores, forward 20 -> 1.9 ms a call, its gradient 69 ->
 6.8 ms (with the f16c pragma moved, shaders/slax/cpu.slang; BENCHMARKS.md, "The CPU routes")."""
+DISPATCH_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpu_dispatch.h")
+"""The C++ that runs a launch's thread groups over the machine's cores (its comment says how and
+when), appended to a kernel by :func:`over_cores`."""
+_DISPATCH = re.compile(
+    r"^SLANG_PRELUDE_EXPORT\n"
+    r"void (\w+)\(ComputeVaryingInput\* varyingInput, void\* entryPointParams, void\* globalParams\)$",
+    re.MULTILINE,
+)
+"""The start of an exported function Slang writes for a compute entry point that takes a range of
+thread groups: the entry point's own (the whole launch), and its ``_Group`` (one group)."""
+_SERIAL = ("_slang_atomic", "Interlocked")
+"""Names in a kernel's C++ (past Slang's prelude) that leave its groups in order: Slang's atomics,
+which its CPU target writes as plain adds."""
 PRELUDE_GUARD = "#ifndef SLANG_CPP_PRELUDE_H"
 """The first line of every C++ file Slang's CPU target writes: its prelude's include guard."""
 
@@ -97,6 +113,31 @@ def header_flags(arguments: list[str], source: str) -> list[str]:
         elif argument != source and argument != "-shared" and not argument.startswith(("-l", "-Wl,")):
             flags.append(argument)
     return flags
+
+
+def over_cores(text: str, prelude: str, dispatch: str) -> str:
+    """``text``, a kernel's C++ starting with Slang's ``prelude``, with its launches run over the
+    machine's cores: each entry point's exported dispatch function renamed ``slax_serial_<name>``,
+    and ``dispatch`` (:data:`DISPATCH_SOURCE`'s C++) appended with an exported ``<name>`` that runs
+    it through ``slax_dispatch``. ``text`` as it is where it uses Slang's atomics (:data:`_SERIAL`)
+    or has no such function."""
+    kernel = text[len(prelude) :]
+    if any(name in kernel for name in _SERIAL):
+        return text
+    names = [name for name in _DISPATCH.findall(kernel) if not name.endswith("_Group")]
+    if not names:
+        return text
+    signature = "(ComputeVaryingInput* varyingInput, void* entryPointParams, void* globalParams)"
+    for name in names:
+        kernel = kernel.replace(
+            f"SLANG_PRELUDE_EXPORT\nvoid {name}{signature}", f"static void slax_serial_{name}{signature}"
+        )
+    exported = "".join(
+        f"\nSLANG_PRELUDE_EXPORT\nvoid {name}{signature}\n"
+        f"{{\n    slax_dispatch(slax_serial_{name}, varyingInput, entryPointParams, globalParams);\n}}\n"
+        for name in names
+    )
+    return prelude + kernel + "\n" + dispatch + exported
 
 
 def _digest(*parts: str) -> str:
@@ -181,14 +222,50 @@ def build(compiler: str, directory: str, arguments: list[str]) -> int:
     if prelude is None:
         return _run([compiler, *arguments])
     arguments = [*KERNEL_FLAGS, *arguments]
+    try:
+        spread = over_cores(text, prelude, _read(DISPATCH_SOURCE).decode())
+    except OSError:
+        spread = text
     shape = [{source: "<source>", output: "<output>"}.get(a, a) for a in arguments]
-    code = _without_line_directives(text, arguments)
+    code = _without_line_directives(spread, arguments)
     kept = os.path.join(directory, "kernels", _digest(_compiler_identity(compiler), code, *shape)[:40])
     with contextlib.suppress(OSError):
         kernel = _kept_kernel(kept)
         if kernel is not None:
             _write_whole(output, kernel, 0o755)
             return 0
+    status = _build_spread(compiler, directory, arguments, source, prelude, spread) if spread != text else 1
+    if status != 0:  # Slang's C++ as it came, where there is nothing to spread or it did not build
+        status = _build_with_header(compiler, directory, arguments, source, prelude)
+    if status == 0:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(kept), exist_ok=True)
+            kernel = _read(output)
+            _write_whole(kept, hashlib.sha256(kernel).hexdigest().encode() + b"\n" + kernel)
+    return status
+
+
+def _build_spread(
+    compiler: str, directory: str, arguments: list[str], source: str, prelude: str, spread: str
+) -> int:
+    """Builds ``spread`` (:func:`over_cores` of ``source``'s C++) as ``arguments`` build ``source``,
+    from a file of its own beside it; g++'s exit status (127 where the file cannot be written)."""
+    beside = f"{os.path.splitext(source)[0]}-cores-{os.getpid()}-{os.urandom(6).hex()}.cpp"
+    try:
+        _write_whole(beside, spread.encode(errors="surrogateescape"))
+    except OSError:
+        return 127
+    try:
+        swapped = [beside if argument == source else argument for argument in arguments]
+        return _build_with_header(compiler, directory, swapped, beside, prelude)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(beside)
+
+
+def _build_with_header(compiler: str, directory: str, arguments: list[str], source: str, prelude: str) -> int:
+    """Runs ``arguments`` (which build ``source``) with ``prelude`` precompiled where g++ can build
+    it, else, or where the build fails with it (a prelude cut short), as they are."""
     try:
         header = precompiled_prelude(compiler, directory, prelude, header_flags(arguments, source))
     except OSError:
@@ -196,13 +273,8 @@ def build(compiler: str, directory: str, arguments: list[str]) -> int:
     at = arguments.index(source)
     included = ["-include", header] if header else []
     status = _run([compiler, *arguments[:at], *included, *arguments[at:]])
-    if status != 0 and header:  # as it came, where the header may be to blame (a prelude cut short)
+    if status != 0 and header:
         status = _run([compiler, *arguments])
-    if status == 0:
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(kept), exist_ok=True)
-            kernel = _read(output)
-            _write_whole(kept, hashlib.sha256(kernel).hexdigest().encode() + b"\n" + kernel)
     return status
 
 

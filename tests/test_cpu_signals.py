@@ -8,6 +8,7 @@ fresh process, so that a regression fails the test instead of killing (or holdin
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -199,6 +200,42 @@ def test_division_by_zero_and_out_of_range_indices_give_lavapipes_values(device_
         + (f"died of {signal.Signals(-result.returncode).name}" if killed else f"exited {result.returncode}")
         + f" computing {next(name for name in expected if name not in got)}:\n{result.stderr[-3000:]}"
     )
+
+
+SPREAD = """
+import ctypes, sys
+import numpy as np
+import slax
+
+module = slax.load_module_from_source("spread_division", sys.argv[1])
+rng = np.random.default_rng(int(sys.argv[2]))
+a = rng.integers(-1000, 1000, 1 << 16).astype(np.int32)
+b = rng.integers(-3, 4, 1 << 16).astype(np.int32)  # a seventh of the divisors zero, in every group
+quotient, remainder = np.asarray(module.quotient(a, b)), np.asarray(module.remainder(a, b))
+# The worker threads' hooks for the division handler (slax/_cpu_dispatch.h), found by name.
+hooks = all(hasattr(ctypes.CDLL(None), name) for name in ("slax_kernel_enter", "slax_kernel_leave"))
+safe = np.where(b == 0, 1, b)
+truncated = np.trunc(a / safe).astype(np.int32)
+print(hooks, (quotient == np.where(b == 0, 0, truncated)).all(),
+      (remainder == np.where(b == 0, -1, a - truncated * safe)).all())
+"""
+
+
+@pytest.mark.one_device_kind("cpu")
+def test_division_by_zero_on_a_launchs_worker_threads_gives_lavapipes_values(rng):
+    """A launch of 2^16 threads on SlangPy's CPU device runs its groups on worker threads (four,
+    whatever the cores: SLAX_CPU_THREADS), each of which the division handler covers: their
+    zero divisors give lavapipe's values, and the process lives."""
+    result = run_python(
+        "-c",
+        SPREAD,
+        SOURCE.split("uint unsigned")[0],
+        str(rng.integers(1 << 30)),
+        env={**os.environ, "SLAX_CPU_THREADS": "4", "SLAX_DEVICE": "cpu"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-3:] == ["True", "True", "True"], result.stdout[-2000:]
 
 
 SPIN = """

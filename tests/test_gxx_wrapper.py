@@ -238,3 +238,48 @@ def test_a_build_the_precompiled_header_breaks_runs_again_as_it_came(tmp_path, m
     assert [("-include" in call) for call in calls(log)] == [True, False]
     assert ctypes.CDLL(str(tmp_path / "kernel.so")).entry(20) == 41
     assert list((tmp_path / "cache" / "kernels").iterdir())
+
+
+DISPATCH_SIGNATURE = "(ComputeVaryingInput* varyingInput, void* entryPointParams, void* globalParams)"
+LAUNCHES = "".join(
+    f"SLANG_PRELUDE_EXPORT\nvoid {name}{DISPATCH_SIGNATURE}\n{{\n}}\n" for name in ("entry_Group", "entry")
+)
+
+
+def test_over_cores_spreads_each_launch_but_not_a_group_or_slangs_atomics():
+    spread = _gxx_wrapper.over_cores(PRELUDE + LAUNCHES, PRELUDE, "// the dispatch\n")
+    assert spread.startswith(PRELUDE)
+    assert f"SLANG_PRELUDE_EXPORT\nvoid entry_Group{DISPATCH_SIGNATURE}" in spread  # a group: as it was
+    assert f"static void slax_serial_entry{DISPATCH_SIGNATURE}" in spread
+    assert spread.index("// the dispatch") < spread.index(
+        f"SLANG_PRELUDE_EXPORT\nvoid entry{DISPATCH_SIGNATURE}"
+    )
+    assert "slax_dispatch(slax_serial_entry, varyingInput, entryPointParams, globalParams);" in spread
+    atomic = PRELUDE + "int add(int* p) { return _slang_atomic_add_i32(p, 1); }\n" + LAUNCHES
+    assert _gxx_wrapper.over_cores(atomic, PRELUDE, "// the dispatch\n") == atomic
+
+
+@pytest.mark.parametrize("threads", ["3", "8"])
+def test_a_launch_over_worker_threads_gives_the_serial_launchs_bits(device_kind, monkeypatch, threads):
+    """The CPU device's launches spread over worker threads (slax/_cpu_dispatch.h; SLAX_CPU_THREADS
+    is read at each launch) give the bits of the same launches in order: a Slang function reading
+    a tensor, its gradient (whose scatter runs in order), and the MLP's fused loss and gradient, at
+    2^14 samples (256 groups). Three threads split the groups unevenly."""
+    texture = slax.load_module("texture").sample_bilinear
+    keys = jax.random.split(jax.random.key(int(threads)), 4)
+    image = jax.random.uniform(keys[0], (32, 48, 4))
+    uv = jax.random.uniform(keys[1], (1 << 14, 2))
+    params = slax.nn.mlp_init(keys[2], (4, 16, 4), jnp.float32)
+    x, target = jax.random.normal(keys[3], (2, 1 << 14, 4))
+
+    def run():
+        sampled = texture(image, uv)
+        grad = jax.grad(lambda t: jnp.sum(texture(t, uv) ** 2))(image)
+        loss, gradients = slax.nn.mlp_loss_and_grad(params, x, target)
+        return [np.asarray(leaf) for leaf in jax.tree.leaves((sampled, grad, loss, gradients))]
+
+    monkeypatch.setenv("SLAX_CPU_THREADS", "1")
+    serial = run()
+    monkeypatch.setenv("SLAX_CPU_THREADS", threads)
+    for got, want in zip(run(), serial, strict=True):
+        np.testing.assert_array_equal(got, want)
