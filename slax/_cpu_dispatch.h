@@ -1,100 +1,153 @@
 // A launch of a slax kernel on SlangPy's CPU device over the machine's cores. slax/_gxx_wrapper.py
 // appends this to the C++ Slang writes for a kernel and renames the kernel's exported dispatch
-// function (which runs the launch's thread groups one after another) to slax_serial_<name>; the
-// exported <name> then runs slax_dispatch, which splits the groups into contiguous ranges, one a
-// worker thread, and runs each range with that function.
+// function (which runs a box of thread groups one after another) to slax_serial_<name>; the
+// exported <name> then runs slax_dispatch, which splits the launch's groups, in the order the
+// serial function runs them, into contiguous ranges, one a worker thread.
 //
-// Splitting changes no result: the CPU target has no group barriers, atomics or shared memory
-// across groups (a group's "group-shared" memory is one thread's), so groups depend on one another
-// only through memory two of them write. Kernels that add into one buffer from many groups
+// Splitting changes no result: the CPU target has no group barriers and no memory shared between
+// groups (a group's "group-shared" memory is one thread's), so groups depend on one another only
+// through memory two of them write. Kernels that add into one buffer from many groups
 // (slax_accumulate, shaders/slax/tensor.slang: the sums are kept the same bits on every run) define
 // SLAX_SERIAL_DISPATCH and run in order; so does a kernel with Slang's atomics (the wrapper leaves
-// it as Slang wrote it). A fault record (debug_bounds) keeps one fault of those a launch makes, as
-// on a GPU, where which one is not defined.
+// it as Slang wrote it). A fault record (slax.config.debug_bounds) then keeps one of the launch's
+// faults, claimed whole (slax_record_fault), as on a GPU.
 //
 // Each worker marks itself as running a kernel for slax/_cpu_signals.c (slax_kernel_enter and
 // slax_kernel_leave, which that library exports once loaded with RTLD_GLOBAL): an integer division
 // by zero on it then gives lavapipe's values, as on the launching thread. Where those functions are
 // not found, the launch runs serially. SLAX_CPU_THREADS sets the most workers a launch takes
-// (default: the cores this process may run on); a launch gets one worker per SLAX_GROUPS_PER_WORKER
-// groups at most, since a small one runs faster than threads start.
+// (default: the cores this process may run on); a launch takes one worker per
+// SLAX_GROUPS_PER_WORKER groups at most, since a small one runs faster than threads start.
+//
+// The code is C over POSIX threads, built with the command line's target options (the kernel's
+// prelude may have set `#pragma GCC target("f16c")`, under which GCC 13 refuses to inline the C++
+// library's always_inline functions into code parsed before it).
+#pragma GCC push_options
+#pragma GCC reset_options
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sched.h>
-
-#include <cstdlib>
-#include <thread>
-#include <vector>
+#include <stdint.h>
+#include <stdlib.h>
 
 #ifndef SLAX_GROUPS_PER_WORKER
 #define SLAX_GROUPS_PER_WORKER 16
 #endif
+#define SLAX_MOST_WORKERS 256
 
-typedef void (*SlaxGroupRange)(ComputeVaryingInput*, void*, void*);
+typedef void (*SlaxGroupBox)(ComputeVaryingInput*, void*, void*);
+typedef void (*SlaxSignalHook)(void);
+
+// Groups [first, end) of a launch whose groups run z, then y, then x fastest (as the serial
+// function runs them), flattened over its y and x ranges: run as at most three boxes per z.
+struct SlaxGroupRange
+{
+    SlaxGroupBox run;
+    const ComputeVaryingInput* launch;
+    void* entryPointParams;
+    void* globalParams;
+    uint64_t first, end;
+    SlaxSignalHook enter, leave;
+};
+
+static void slax_run_box(const SlaxGroupRange* range, uint32_t z, uint32_t y0, uint32_t y1, uint32_t x0, uint32_t x1)
+{
+    if (y0 >= y1 || x0 >= x1)
+        return;
+    ComputeVaryingInput box = *range->launch;
+    box.startGroupID.z = z;
+    box.endGroupID.z = z + 1;
+    box.startGroupID.y = y0;
+    box.endGroupID.y = y1;
+    box.startGroupID.x = x0;
+    box.endGroupID.x = x1;
+    range->run(&box, range->entryPointParams, range->globalParams);
+}
+
+static void slax_run_range(const SlaxGroupRange* range)
+{
+    const ComputeVaryingInput* launch = range->launch;
+    uint64_t width = launch->endGroupID.x - launch->startGroupID.x;
+    uint64_t plane = width * (launch->endGroupID.y - launch->startGroupID.y);
+    for (uint64_t at = range->first; at < range->end;)
+    {
+        // The rest of this z's plane, or of the range: a row's tail, whole rows, a row's head.
+        uint64_t z = at / plane, stop = (z + 1) * plane < range->end ? (z + 1) * plane : range->end;
+        uint64_t a = at - z * plane, b = stop - z * plane;
+        uint32_t zz = launch->startGroupID.z + uint32_t(z), y = launch->startGroupID.y, x = launch->startGroupID.x;
+        uint64_t rowA = a / width, rowB = b / width;
+        if (rowA == rowB)
+            slax_run_box(range, zz, y + rowA, y + rowA + 1, x + a % width, x + b % width);
+        else
+        {
+            slax_run_box(range, zz, y + rowA, y + rowA + 1, x + a % width, x + width);
+            slax_run_box(range, zz, y + rowA + 1, y + rowB, x, x + width);
+            slax_run_box(range, zz, y + rowB, y + rowB + 1, x, x + b % width);
+        }
+        at = stop;
+    }
+}
+
+static void* slax_worker(void* argument)
+{
+    const SlaxGroupRange* range = (const SlaxGroupRange*)argument;
+    range->enter();
+    slax_run_range(range);
+    range->leave();
+    return nullptr;
+}
 
 static unsigned slax_dispatch_workers(uint64_t groups)
 {
     unsigned workers = 0;
-    if (const char* setting = std::getenv("SLAX_CPU_THREADS"))
-        workers = unsigned(std::strtoul(setting, nullptr, 10));
+    if (const char* setting = getenv("SLAX_CPU_THREADS"))
+        workers = unsigned(strtoul(setting, nullptr, 10));
     if (workers == 0)
     {
         cpu_set_t allowed;
-        workers = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? unsigned(CPU_COUNT(&allowed))
-                                                                       : std::thread::hardware_concurrency();
+        workers = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? unsigned(CPU_COUNT(&allowed)) : 1;
     }
     uint64_t most = groups / SLAX_GROUPS_PER_WORKER;
-    return unsigned(most < workers ? (most > 0 ? most : 1) : workers);
+    if (most < workers)
+        workers = unsigned(most > 0 ? most : 1);
+    return workers < SLAX_MOST_WORKERS ? workers : SLAX_MOST_WORKERS;
 }
 
-static void slax_dispatch(SlaxGroupRange run, ComputeVaryingInput* input, void* entryPointParams, void* globalParams)
+static void slax_dispatch(SlaxGroupBox run, ComputeVaryingInput* launch, void* entryPointParams, void* globalParams)
 {
 #ifdef SLAX_SERIAL_DISPATCH
-    run(input, entryPointParams, globalParams);
+    run(launch, entryPointParams, globalParams);
 #else
-    // The axis to split: the outermost with more than one group (the grid of slax's launches runs
-    // along x, then y past 2^21 threads).
-    int axis = input->endGroupID.z - input->startGroupID.z > 1 ? 2
-               : input->endGroupID.y - input->startGroupID.y > 1 ? 1 : 0;
-    uint32_t start = (&input->startGroupID.x)[axis], end = (&input->endGroupID.x)[axis];
-    uint64_t groups = uint64_t(input->endGroupID.x - input->startGroupID.x) *
-                      (input->endGroupID.y - input->startGroupID.y) * (input->endGroupID.z - input->startGroupID.z);
-    unsigned workers = end > start ? slax_dispatch_workers(groups) : 1;
-    if (workers > end - start)
-        workers = end - start;
-    typedef void (*SlaxSignalHook)(void);
+    uint64_t groups = 1;
+    for (int axis = 0; axis < 3; axis++)
+    {
+        uint32_t start = (&launch->startGroupID.x)[axis], end = (&launch->endGroupID.x)[axis];
+        groups *= end > start ? end - start : 0;
+    }
+    unsigned workers = groups > 0 ? slax_dispatch_workers(groups) : 1;
     SlaxSignalHook enter = workers > 1 ? (SlaxSignalHook)dlsym(RTLD_DEFAULT, "slax_kernel_enter") : nullptr;
     SlaxSignalHook leave = workers > 1 ? (SlaxSignalHook)dlsym(RTLD_DEFAULT, "slax_kernel_leave") : nullptr;
     if (workers <= 1 || enter == nullptr || leave == nullptr)
     {
-        run(input, entryPointParams, globalParams);
+        run(launch, entryPointParams, globalParams);
         return;
     }
-    std::vector<ComputeVaryingInput> ranges(workers, *input);
+    SlaxGroupRange ranges[SLAX_MOST_WORKERS];
+    pthread_t threads[SLAX_MOST_WORKERS];
+    bool started[SLAX_MOST_WORKERS];
     for (unsigned w = 0; w < workers; w++)
-    {
-        (&ranges[w].startGroupID.x)[axis] = start + uint32_t(uint64_t(end - start) * w / workers);
-        (&ranges[w].endGroupID.x)[axis] = start + uint32_t(uint64_t(end - start) * (w + 1) / workers);
-    }
-    std::vector<std::thread> threads;
-    threads.reserve(workers - 1);
+        ranges[w] = {run, launch, entryPointParams, globalParams, groups * w / workers, groups * (w + 1) / workers,
+                     enter, leave};
     for (unsigned w = 1; w < workers; w++)
     {
-        ComputeVaryingInput* range = &ranges[w];
-        try
-        {
-            threads.emplace_back([=] {
-                enter();
-                run(range, entryPointParams, globalParams);
-                leave();
-            });
-        }
-        catch (...)  // no thread to be had: this one runs the range
-        {
-            run(range, entryPointParams, globalParams);
-        }
+        started[w] = pthread_create(&threads[w], nullptr, slax_worker, &ranges[w]) == 0;
+        if (!started[w])  // no thread to be had: this one runs the range
+            slax_run_range(&ranges[w]);
     }
-    run(&ranges[0], entryPointParams, globalParams);
-    for (std::thread& thread : threads)
-        thread.join();
+    slax_run_range(&ranges[0]);
+    for (unsigned w = 1; w < workers; w++)
+        if (started[w])
+            pthread_join(threads[w], nullptr);
 #endif
 }
+#pragma GCC pop_options

@@ -63,9 +63,9 @@ _DISPATCH = re.compile(
 )
 """The start of an exported function Slang writes for a compute entry point that takes a range of
 thread groups: the entry point's own (the whole launch), and its ``_Group`` (one group)."""
-_SERIAL = ("_slang_atomic", "Interlocked")
-"""Names in a kernel's C++ (past Slang's prelude) that leave its groups in order: Slang's atomics,
-which its CPU target writes as plain adds."""
+_SERIAL = ("_slang_atomic", "Interlocked", "__atomic_fetch_", "__atomic_add_fetch")
+"""Names in a kernel's C++ (past Slang's prelude) that leave its groups in order: Slang's atomics
+(relaxed ones, under g++), whose order between groups would decide a sum's bits."""
 PRELUDE_GUARD = "#ifndef SLANG_CPP_PRELUDE_H"
 """The first line of every C++ file Slang's CPU target writes: its prelude's include guard."""
 
@@ -235,9 +235,13 @@ def build(compiler: str, directory: str, arguments: list[str]) -> int:
             _write_whole(output, kernel, 0o755)
             return 0
     status = _build_spread(compiler, directory, arguments, source, prelude, spread) if spread != text else 1
-    if status != 0:  # Slang's C++ as it came, where there is nothing to spread or it did not build
+    # Slang's C++ as it came, where there is nothing to spread or it did not build: kept under the
+    # spread's key where g++ rejected the spread (exit status 1; it would again, in every process),
+    # not where the build was cut short (killed, no room for the file), which may pass next time.
+    keep = status in (0, 1)
+    if status != 0:
         status = _build_with_header(compiler, directory, arguments, source, prelude)
-    if status == 0:
+    if status == 0 and keep:
         with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(kept), exist_ok=True)
             kernel = _read(output)
@@ -249,7 +253,9 @@ def _build_spread(
     compiler: str, directory: str, arguments: list[str], source: str, prelude: str, spread: str
 ) -> int:
     """Builds ``spread`` (:func:`over_cores` of ``source``'s C++) as ``arguments`` build ``source``,
-    from a file of its own beside it; g++'s exit status (127 where the file cannot be written)."""
+    from a file of its own beside it, g++'s output discarded (a failure here is not the kernel's:
+    Slang, which reads g++'s diagnostics, would take it for one); g++'s exit status (127 where the
+    file cannot be written)."""
     beside = f"{os.path.splitext(source)[0]}-cores-{os.getpid()}-{os.urandom(6).hex()}.cpp"
     try:
         _write_whole(beside, spread.encode(errors="surrogateescape"))
@@ -257,24 +263,27 @@ def _build_spread(
         return 127
     try:
         swapped = [beside if argument == source else argument for argument in arguments]
-        return _build_with_header(compiler, directory, swapped, beside, prelude)
+        return _build_with_header(compiler, directory, swapped, beside, prelude, quiet=True)
     finally:
         with contextlib.suppress(OSError):
             os.remove(beside)
 
 
-def _build_with_header(compiler: str, directory: str, arguments: list[str], source: str, prelude: str) -> int:
+def _build_with_header(
+    compiler: str, directory: str, arguments: list[str], source: str, prelude: str, quiet: bool = False
+) -> int:
     """Runs ``arguments`` (which build ``source``) with ``prelude`` precompiled where g++ can build
-    it, else, or where the build fails with it (a prelude cut short), as they are."""
+    it, else, or where the build fails with it (a prelude cut short), as they are; with ``quiet``,
+    g++'s output goes nowhere."""
     try:
         header = precompiled_prelude(compiler, directory, prelude, header_flags(arguments, source))
     except OSError:
         header = None
     at = arguments.index(source)
     included = ["-include", header] if header else []
-    status = _run([compiler, *arguments[:at], *included, *arguments[at:]])
+    status = _run([compiler, *arguments[:at], *included, *arguments[at:]], quiet=quiet)
     if status != 0 and header:
-        status = _run([compiler, *arguments])
+        status = _run([compiler, *arguments], quiet=quiet)
     return status
 
 

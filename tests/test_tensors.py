@@ -5,6 +5,7 @@ transformation, and bad input explained (shaders/slangpy_examples.slang)."""
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -243,6 +244,25 @@ def test_debug_bounds_names_the_parameter_and_the_index(mod, monkeypatch):
         with pytest.raises(jax.errors.JaxRuntimeError, match=message):
             jax.block_until_ready(jax.jit(jax.vmap(mod.read_at, (None, 0)))(values, outside[None]))
     close(mod.read_at(values, outside), values[jnp.array([2, 2]), jnp.array([1, 3])])  # off: clamped
+
+
+def test_debug_bounds_records_one_whole_fault_of_many(mod, rng):
+    """2^14 threads, a third of them indexing outside on one axis or the other, in a launch that
+    SlangPy's CPU device runs over several worker threads (slax/_cpu_dispatch.h): the error names
+    one of the faults as it happened, its index outside the axis it names, never one fault's axis
+    with another's index."""
+    values = jax.random.normal(jax.random.key(11), (3, 4))
+    at = np.stack([rng.integers(0, 4, 1 << 14), rng.integers(0, 3, 1 << 14)], axis=1).astype(np.int32)
+    faulty = rng.random(1 << 14) < 1 / 3
+    at[faulty, 0] = rng.integers(4, 1000, faulty.sum())  # x past its 4 columns ...
+    rows = faulty & (rng.random(1 << 14) < 0.5)
+    at[rows, 0] = rng.integers(0, 4, rows.sum())
+    at[rows, 1] = rng.integers(1000, 2000, rows.sum())  # ... or y past its 3 rows, far from any x
+    with slax.config.override(debug_bounds=True), pytest.raises(IndexError) as raised:
+        jax.block_until_ready(mod.read_at(values, jnp.asarray(at)))
+    index, axis = map(int, re.search(r"at (-?\d+) on axis (\d)", str(raised.value)).groups())
+    faults = {(int(y), 0) for x, y in at if y >= 3} | {(int(x), 1) for x, y in at if x >= 4}
+    assert (index, axis) in faults, str(raised.value)
 
 
 def test_jvp_through_tensors_matches_twins(mod, bilinear, texture_and_uv):
