@@ -365,7 +365,8 @@ def on_cuda() -> bool:
 
 CPU_ROUTE_NOTE = (
     "Slang kernels run on a CPU route here, which is for development and correctness, not speed "
-    "(a kernel launch runs on one core, XLA's own ops on all); GPU figures are in BENCHMARKS.md."
+    "(its kernels are GPU code run on CPU threads; XLA's are the CPU's own); GPU figures are in "
+    "BENCHMARKS.md."
 )
 """What a run on a CPU route says once, so that its steps/s against plain JAX's are read rightly."""
 
