@@ -50,19 +50,16 @@ function of a kernel as a ``static`` function not declared ``inline``, down to a
 long (``max-inline-insns-auto``, GCC 12): a kernel then passes its vectors between small
 functions through the stack (a ``float4`` as two 8-byte halves read back as one 16-byte load,
 which stalls on every call). At 200, the limit g++ keeps for functions declared ``inline``, the
-functions a kernel's body calls, derivatives' propagations included, are inlined into it: the
-texture fit's sampler at 2^16 samples on 2 cores, forward 20 -> 1.9 ms a call, its gradient 69 ->
-6.8 ms (with the f16c pragma moved, shaders/slax/cpu.slang; BENCHMARKS.md, "The CPU routes")."""
+functions a kernel's body calls, derivatives' propagations included, are inlined into it
+(BENCHMARKS.md, "The CPU device's kernels inlined, and over the cores")."""
 DISPATCH_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpu_dispatch.h")
 """The C++ that runs a launch's thread groups over the machine's cores (its comment says how and
 when), appended to a kernel by :func:`over_cores`."""
-_DISPATCH = re.compile(
-    r"^SLANG_PRELUDE_EXPORT\n"
-    r"void (\w+)\(ComputeVaryingInput\* varyingInput, void\* entryPointParams, void\* globalParams\)$",
-    re.MULTILINE,
-)
-"""The start of an exported function Slang writes for a compute entry point that takes a range of
+_DISPATCH_PARAMETERS = "(ComputeVaryingInput* varyingInput, void* entryPointParams, void* globalParams)"
+"""The parameters of the functions Slang exports for a compute entry point that take a range of
 thread groups: the entry point's own (the whole launch), and its ``_Group`` (one group)."""
+_DISPATCH = re.compile(rf"^SLANG_PRELUDE_EXPORT\nvoid (\w+){re.escape(_DISPATCH_PARAMETERS)}$", re.MULTILINE)
+"""The start of such a function, its name the group."""
 _SERIAL = ("_slang_atomic", "Interlocked", "__atomic_fetch_", "__atomic_add_fetch")
 """Names in a kernel's C++ (past Slang's prelude) that leave its groups in order: Slang's atomics
 (relaxed ones, under g++), whose order between groups would decide a sum's bits."""
@@ -127,7 +124,7 @@ def over_cores(text: str, prelude: str, dispatch: str) -> str:
     names = [name for name in _DISPATCH.findall(kernel) if not name.endswith("_Group")]
     if not names:
         return text
-    signature = "(ComputeVaryingInput* varyingInput, void* entryPointParams, void* globalParams)"
+    signature = _DISPATCH_PARAMETERS
     for name in names:
         kernel = kernel.replace(
             f"SLANG_PRELUDE_EXPORT\nvoid {name}{signature}", f"static void slax_serial_{name}{signature}"

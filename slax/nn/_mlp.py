@@ -170,15 +170,10 @@ def mlp_loss_and_grad(
         dtype, or ``x`` holding no samples (a batch of 0: their mean has no value, as
         :func:`mlp_loss_reference` says too).
     """
-    arch = _architecture("mlp_loss_and_grad", params, x)
-    _check_target("mlp_loss_and_grad", arch, x, target)
-    request = BackendRequest.current("mlp_loss_and_grad", precision)
-    _refuse_unfit(arch, x, request)
-    routes = current_routes()
-    layers, _ = split_params(params)
-    leaves = [x, target, *flat_layers(layers)]
+    arch, request, routes, flat = _squared_error_call("mlp_loss_and_grad", params, x, target, precision)
+    leaves = [x, target, *flat]
     loss, *grads = _squared_error_launch("mlp_loss_and_grad", arch, request, routes, False, leaves)
-    return loss, params.with_layers(_unflat(grads)) if isinstance(params, MLPParams) else _unflat(grads)
+    return loss, _shaped_like(params, grads)
 
 
 def mlp_squared_error(
@@ -217,18 +212,10 @@ def mlp_squared_error(
       TypeError: as :func:`mlp_loss_and_grad`; forward-mode or second derivatives.
       ValueError: as :func:`mlp_loss_and_grad`.
     """
-    arch = _architecture("mlp_squared_error", params, x)
-    _check_target("mlp_squared_error", arch, x, target)
-    request = BackendRequest.current("mlp_squared_error", precision)
-    _refuse_unfit(arch, x, request)
-    routes = current_routes()
-    layers, _ = split_params(params)
-
-    def network(flat):
-        return params.with_layers(_unflat(flat)) if isinstance(params, MLPParams) else _unflat(flat)
+    arch, request, routes, flat = _squared_error_call("mlp_squared_error", params, x, target, precision)
 
     def loss_of(flat, x, target):
-        y = mlp_apply(network(flat), x, precision=precision)
+        y = mlp_apply(_shaped_like(params, flat), x, precision=precision)
         return jnp.mean(jnp.sum((y.astype(jnp.float32) - target.astype(jnp.float32)) ** 2, -1))
 
     def forward(flat, x, target):
@@ -255,7 +242,7 @@ def mlp_squared_error(
 
     loss = jax.custom_vjp(loss_of)
     loss.defvjp(forward, backward, symbolic_zeros=True)
-    return loss(flat_layers(layers), x, target)
+    return loss(flat, x, target)
 
 
 def describe(
@@ -298,6 +285,18 @@ def describe(
     choice = choose(arch, platform, samples, request)
     answer = {call: choice.describe(arch, operation) for operation, call in OPERATIONS.items()}
     return answer | {SECOND_ORDER_CALL: choice.describe(arch, "second_order")}
+
+
+def _squared_error_call(function: str, params: Params, x, target, precision: PrecisionLike):
+    """``(arch, request, routes, flat)`` for a squared-error call of ``function`` (its network,
+    the backend request its precision makes, the launch routes, the layers' flat arrays), its
+    arguments checked in the order :func:`mlp_loss_and_grad` documents."""
+    arch = _architecture(function, params, x)
+    _check_target(function, arch, x, target)
+    request = BackendRequest.current(function, precision)
+    _refuse_unfit(arch, x, request)
+    layers, _ = split_params(params)
+    return arch, request, current_routes(), flat_layers(layers)
 
 
 def _squared_error_launch(
@@ -438,6 +437,12 @@ def _architecture(
             f"with x.astype(jnp.{dtype})."
         )
     return Architecture(tuple(sizes), str(dtype), activations or ())
+
+
+def _shaped_like(params: Params, flat) -> Params:
+    """``flat`` (each layer's arrays in :func:`flat_layers`' order) as ``params`` is laid out: an
+    :class:`MLPParams` with its activations, or a list of layers."""
+    return params.with_layers(_unflat(flat)) if isinstance(params, MLPParams) else _unflat(flat)
 
 
 def _unflat(flat) -> list[dict[str, jax.Array]]:
