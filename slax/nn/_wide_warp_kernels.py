@@ -75,10 +75,9 @@ def group_samples(sizes: tuple[int, ...], dtype: str = "float16") -> int:
 
 FORWARD_TILES = {"float16": 2, "float32": 1}
 """Tiles of 16 samples a warp of ``mlp_forward`` runs, by dtype: each layer's products run for
-every tile in turn, sharing each B fragment the warp loads. Measured on an H200 (BENCHMARKS.md,
-"The MLP kept flat ..."): the image task's float16 forward took 22.3 us at one tile and 16.5 at
-two, and its step was slower at four; the TF32 forward took 32.5 us at one tile and 32.7 at two
-(170 registers against 84), its loads not what bounds it."""
+every tile in turn, sharing each B fragment the warp loads. Two in float16, where the fragments'
+loads bound the forward pass; one in float32, whose TF32 forward is not bound by them and at two
+tiles only doubles its registers (BENCHMARKS.md, "The MLP kept flat ...")."""
 
 
 def warp_tile_threads(sizes: tuple[int, ...], samples: int, dtype: str = "float16", tiles: int = 1) -> int:
