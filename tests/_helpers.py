@@ -58,6 +58,13 @@ def python_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def path_with_tests() -> str:
+    """``tests/`` (for ``-p conftest`` and ``_helpers``) in front of this process's import path,
+    keeping what the environment put there: a GPU machine's bundles bring SlangPy and pytest-xdist
+    that way, and a child run without them fails before it collects."""
+    return os.pathsep.join(path for path in [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")] if path)
+
+
 def run_python(
     *arguments: str, env: Mapping[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import os
 import types
 
 import pytest
-from _helpers import ROOT, run_python
+from _helpers import ROOT, path_with_tests, run_python
 
 pytestmark = pytest.mark.one_device_kind
 
@@ -44,10 +44,7 @@ def test_a_worker_asked_to_hurry_at_its_end_raises_no_keyboard_interrupt(tmp_pat
     after a green run, when every test has reported."""
     test_file = tmp_path / "test_asked_to_hurry.py"
     test_file.write_text(ASKED_TO_HURRY)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
-    }
+    env = {**os.environ, "PYTHONPATH": path_with_tests()}
     result = run_python(
         "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
         "--rootdir", str(ROOT), "-n", "1", "-q", str(test_file), env=env, timeout=300,
@@ -119,7 +116,7 @@ def test_a_sweeps_sample_is_drawn_from_the_cases_that_run_on_the_route(tmp_path)
         pytest.skip(f"needs two device kinds; this machine has {kinds}")
     test_file = tmp_path / "test_sweep_with_one_route_parameter.py"
     test_file.write_text(SWEEP_WITH_ONE_ROUTE_PARAMETER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "SLAX_TEST_DEVICES": ",".join(kinds[:2])}
+    env = {**os.environ, "PYTHONPATH": path_with_tests(), "SLAX_TEST_DEVICES": ",".join(kinds[:2])}
     result = run_python(
         "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
         "--rootdir", str(ROOT), "-n", "0", "-q", "--collect-only", str(test_file), env=env, timeout=300,
@@ -180,7 +177,7 @@ def test_quick_runs_on_one_kind_what_the_full_run_runs_on_each_further_kind(tmp_
     kind = _device_kinds()[0]
     test_file = tmp_path / "test_quick_cases.py"
     test_file.write_text(QUICK_CASES)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "SLAX_TEST_DEVICES": kind}
+    env = {**os.environ, "PYTHONPATH": path_with_tests(), "SLAX_TEST_DEVICES": kind}
 
     def collected(*flags):
         result = run_python(

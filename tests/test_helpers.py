@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from _helpers import ROOT, run_python
+from _helpers import path_with_tests, run_python
 
 # Runs pytest (and under xdist two workers) in subprocesses, whatever the device: a few seconds each.
 pytestmark = pytest.mark.one_device_kind
@@ -42,12 +42,6 @@ def _environment_without_pytests() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
 
 
-def _with_tests_on_path() -> str:
-    """tests/ (for _helpers) in front of this process's import path, which keeps what the
-    environment put there (SlangPy, on a machine whose bundle brings it that way)."""
-    return os.pathsep.join(path for path in [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")] if path)
-
-
 @pytest.mark.parametrize(
     "workers",
     [
@@ -63,7 +57,7 @@ def test_once_per_run_makes_its_thing_once_for_all_workers(tmp_path, workers):
     result = run_python(
         "-m", "pytest", "-p", "no:cacheprovider", "-q", *workers,
         f"--basetemp={tmp_path / 'base'}", str(tmp_path / "test_made_once.py"),
-        env={**_environment_without_pytests(), "ONCE_LOG": str(log), "PYTHONPATH": _with_tests_on_path()},
+        env={**_environment_without_pytests(), "ONCE_LOG": str(log), "PYTHONPATH": path_with_tests()},
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
