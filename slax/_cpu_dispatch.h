@@ -7,10 +7,13 @@
 // Splitting changes no result: the CPU target has no group barriers and no memory shared between
 // groups (a group's "group-shared" memory is one thread's), so groups depend on one another only
 // through memory two of them write. Kernels that add into one buffer from many groups
-// (slax_accumulate, shaders/slax/tensor.slang: the sums are kept the same bits on every run) define
-// SLAX_SERIAL_DISPATCH and run in order; so does a kernel with Slang's atomics (the wrapper leaves
-// it as Slang wrote it). A fault record (slax.config.debug_bounds) then keeps one of the launch's
-// faults, claimed whole (slax_record_fault), as on a GPU.
+// (slax_accumulate, shaders/slax/tensor.slang) add in the order of the groups: each worker gets a
+// SlaxAddOrder (the first adds in place, the others log their adds until the turn passed from
+// worker to worker in order reaches them), and the sums are the bits of a serial launch. A kernel
+// with Slang's atomics (the wrapper leaves it as Slang wrote it), or one that defines
+// SLAX_SERIAL_DISPATCH, runs its groups in order on one thread. A fault record
+// (slax.config.debug_bounds) keeps one of the launch's faults, claimed whole (slax_record_fault),
+// as on a GPU.
 //
 // Each worker marks itself as running a kernel for slax/_cpu_signals.c (slax_kernel_enter and
 // slax_kernel_leave, which that library exports once loaded with RTLD_GLOBAL): an integer division
@@ -18,6 +21,7 @@
 // not found, the launch runs serially. SLAX_CPU_THREADS sets the most workers a launch takes
 // (default: the cores this process may run on); a launch takes one worker per
 // SLAX_GROUPS_PER_WORKER groups at most, since a small one runs faster than threads start.
+// SLAX_CPU_ADD_LOG_BYTES sets the most memory a worker's log of adds takes (default 64 MiB).
 //
 // The code is C over POSIX threads, built with the command line's target options (the kernel's
 // prelude may have set `#pragma GCC target("f16c")`, under which GCC 13 refuses to inline the C++
@@ -48,6 +52,9 @@ struct SlaxGroupRange
     void* globalParams;
     uint64_t first, end;
     SlaxSignalHook enter, leave;
+#ifdef SLAX_ADDS_IN_ORDER
+    SlaxAddOrder order;  // this range's place in the order of adds
+#endif
 };
 
 static void slax_run_box(const SlaxGroupRange* range, uint32_t z, uint32_t y0, uint32_t y1, uint32_t x0, uint32_t x1)
@@ -64,7 +71,7 @@ static void slax_run_box(const SlaxGroupRange* range, uint32_t z, uint32_t y0, u
     range->run(&box, range->entryPointParams, range->globalParams);
 }
 
-static void slax_run_range(const SlaxGroupRange* range)
+static void slax_run_groups(const SlaxGroupRange* range)
 {
     const ComputeVaryingInput* launch = range->launch;
     uint64_t width = launch->endGroupID.x - launch->startGroupID.x;
@@ -88,9 +95,25 @@ static void slax_run_range(const SlaxGroupRange* range)
     }
 }
 
+// The range's groups, their adds in order: in place once every range before it has added all it
+// had, and then the turn passed on.
+static void slax_run_range(SlaxGroupRange* range)
+{
+#ifdef SLAX_ADDS_IN_ORDER
+    slax_add_order = &range->order;
+    slax_run_groups(range);
+    if (!range->order.inPlace)
+        slax_take_turn(&range->order);
+    slax_add_order = nullptr;
+    __atomic_store_n(range->order.turn, range->order.worker + 1, __ATOMIC_RELEASE);
+#else
+    slax_run_groups(range);
+#endif
+}
+
 static void* slax_worker(void* argument)
 {
-    const SlaxGroupRange* range = (const SlaxGroupRange*)argument;
+    SlaxGroupRange* range = (SlaxGroupRange*)argument;
     range->enter();
     slax_run_range(range);
     range->leave();
@@ -112,6 +135,15 @@ static unsigned slax_dispatch_workers(uint64_t groups)
         workers = unsigned(most > 0 ? most : 1);
     return workers < SLAX_MOST_WORKERS ? workers : SLAX_MOST_WORKERS;
 }
+
+#ifdef SLAX_ADDS_IN_ORDER
+// The most bytes a worker's log of adds may take (SLAX_CPU_ADD_LOG_BYTES; default 64 MiB).
+static size_t slax_add_log_limit(void)
+{
+    const char* setting = getenv("SLAX_CPU_ADD_LOG_BYTES");
+    return setting != nullptr && *setting != 0 ? size_t(strtoull(setting, nullptr, 10)) : size_t(64) << 20;
+}
+#endif
 
 static void slax_dispatch(SlaxGroupBox run, ComputeVaryingInput* launch, void* entryPointParams, void* globalParams)
 {
@@ -135,19 +167,32 @@ static void slax_dispatch(SlaxGroupBox run, ComputeVaryingInput* launch, void* e
     SlaxGroupRange ranges[SLAX_MOST_WORKERS];
     pthread_t threads[SLAX_MOST_WORKERS];
     bool started[SLAX_MOST_WORKERS];
+#ifdef SLAX_ADDS_IN_ORDER
+    int turn = 0;
+    size_t logLimit = slax_add_log_limit();
+    __atomic_add_fetch(&slax_spread_launches, 1, __ATOMIC_RELAXED);  // before any worker starts
+#endif
     for (unsigned w = 0; w < workers; w++)
-        ranges[w] = {run, launch, entryPointParams, globalParams, groups * w / workers, groups * (w + 1) / workers,
-                     enter, leave};
-    for (unsigned w = 1; w < workers; w++)
     {
-        started[w] = pthread_create(&threads[w], nullptr, slax_worker, &ranges[w]) == 0;
-        if (!started[w])  // no thread to be had: this one runs the range
-            slax_run_range(&ranges[w]);
+        SlaxGroupRange* range = &ranges[w];
+        *range = {run, launch, entryPointParams, globalParams, groups * w / workers, groups * (w + 1) / workers,
+                  enter, leave};
+#ifdef SLAX_ADDS_IN_ORDER
+        range->order = {&turn, int(w), w == 0, logLimit, nullptr, 0, 0};
+#endif
     }
+    for (unsigned w = 1; w < workers; w++)
+        started[w] = pthread_create(&threads[w], nullptr, slax_worker, &ranges[w]) == 0;
     slax_run_range(&ranges[0]);
+    for (unsigned w = 1; w < workers; w++)  // a range no thread could be had for, after those before it
+        if (!started[w])
+            slax_run_range(&ranges[w]);
     for (unsigned w = 1; w < workers; w++)
         if (started[w])
             pthread_join(threads[w], nullptr);
+#ifdef SLAX_ADDS_IN_ORDER
+    __atomic_sub_fetch(&slax_spread_launches, 1, __ATOMIC_RELAXED);
+#endif
 #endif
 }
 #pragma GCC pop_options

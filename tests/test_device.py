@@ -31,7 +31,7 @@ from slax._device import (
     include_paths,
 )
 from slax._function_primitives import FunctionSpec, _function_kernel
-from slax._gxx_wrapper import KERNEL_FLAGS
+from slax._gxx_wrapper import DISPATCH_SOURCE, KERNEL_FLAGS, over_cores, prelude_text
 from slax._slang_c import CodeTarget, compile_entry_point
 from slax.nn._kernels import mlp_source
 from slax.testing import RELATIVE_TOLERANCE, check_grads
@@ -352,12 +352,14 @@ def test_half_kernels_on_the_cpu_device_convert_in_hardware_where_the_cpu_can(tm
 @pytest.mark.one_device_kind
 def test_the_cpu_devices_kernels_call_no_vector_element_or_small_function_out_of_line(tmp_path):
     """The texture sampler's kernels (float4 arithmetic throughout), in the C++ Slang writes for
-    the CPU device with SLAX_HOST_F16C and built with the flags slax's g++ adds, call no vector's
-    ``operator[]`` and no function of the sampler's: all inlined. With the f16c pragma ahead of
-    the clamped ``operator[]`` (shaders/slax/cpu.slang), the prelude's operators called it out of
-    line, 36 times in the cotangent kernel; without ``KERNEL_FLAGS``, g++ left ``lerp``, the
-    tensor's reads and their backward propagations as calls, their float4s passed through the
-    stack."""
+    the CPU device with SLAX_HOST_F16C, spread over worker threads and built with the flags as
+    slax's g++ builds them, call no vector's ``operator[]`` and no function of the sampler's: all
+    inlined. With the f16c pragma ahead of the clamped ``operator[]`` (shaders/slax/cpu.slang), the
+    prelude's operators called it out of line, 36 times in the cotangent kernel; without
+    ``KERNEL_FLAGS``, g++ left ``lerp``, the tensor's reads and their backward propagations as
+    calls, their float4s passed through the stack; with the ordered adds' log inlined into each
+    add (shaders/slax/tensor.slang), the cotangent's backward propagations were calls again. Both
+    kernels spread, the cotangent's adds into the texture's gradient included."""
     compiler = shutil.which("g++")
     if compiler is None or platform.machine() != "x86_64":
         pytest.skip("checks g++'s x86-64 code for the CPU device's kernels")
@@ -369,7 +371,10 @@ def test_the_cpu_devices_kernels_call_no_vector_element_or_small_function_out_of
         broadcast = tuple((False,) for _ in operand_leaves(signature, mode))
         spec = _function_kernel(function, mode, broadcast)
         source = tmp_path / f"{mode.value}.cpp"
-        source.write_text(compile_entry_point(spec, CodeTarget.CPP_SOURCE, defines={"SLAX_HOST_F16C": "1"}))
+        code = compile_entry_point(spec, CodeTarget.CPP_SOURCE, defines={"SLAX_HOST_F16C": "1"})
+        spread = over_cores(code, prelude_text(code), pathlib.Path(DISPATCH_SOURCE).read_text())
+        assert spread != code, mode
+        source.write_text(spread)
         assembly = tmp_path / f"{mode.value}.s"
         command = [compiler, *KERNEL_FLAGS, "-std=c++17", "-O3", "-S", str(source), "-o", str(assembly)]
         subprocess.run(command, check=True)

@@ -259,12 +259,16 @@ def test_over_cores_spreads_each_launch_but_not_a_group_or_slangs_atomics():
     assert _gxx_wrapper.over_cores(atomic, PRELUDE, "// the dispatch\n") == atomic
 
 
-@pytest.mark.parametrize("threads", ["3", "8"])
-def test_a_launch_over_worker_threads_gives_the_serial_launchs_bits(device_kind, monkeypatch, threads):
+@pytest.mark.parametrize(("threads", "log_bytes"), [("3", ""), ("8", ""), ("8", "1")])
+def test_a_launch_over_worker_threads_gives_the_serial_launchs_bits(
+    device_kind, monkeypatch, threads, log_bytes
+):
     """The CPU device's launches spread over worker threads (slax/_cpu_dispatch.h; SLAX_CPU_THREADS
-    is read at each launch) give the bits of the same launches in order: a Slang function reading
-    a tensor, its gradient (whose scatter runs in order), and the MLP's fused loss and gradient, at
-    2^14 samples (256 groups). Three threads split the groups unevenly."""
+    and SLAX_CPU_ADD_LOG_BYTES are read at each launch) give the bits of the same launches in
+    order: a Slang function reading a tensor, its gradient (whose adds into the texture's gradient
+    take their turns in group order, logged or, past the log's limit of one byte, waiting), and
+    the MLP's fused loss and gradient, at 2^14 samples (256 groups). Three threads split the groups
+    unevenly."""
     if device_kind != "cpu":
         pytest.skip("worker threads run SlangPy's CPU device's launches")
     texture = slax.load_module("texture").sample_bilinear
@@ -283,5 +287,6 @@ def test_a_launch_over_worker_threads_gives_the_serial_launchs_bits(device_kind,
     monkeypatch.setenv("SLAX_CPU_THREADS", "1")
     serial = run()
     monkeypatch.setenv("SLAX_CPU_THREADS", threads)
+    monkeypatch.setenv("SLAX_CPU_ADD_LOG_BYTES", log_bytes)
     for got, want in zip(run(), serial, strict=True):
         np.testing.assert_array_equal(got, want)
