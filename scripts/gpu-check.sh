@@ -186,7 +186,9 @@ fi
 # The test suite with JAX on CUDA, where pytest is installed, on each launch route
 # (scripts/gpu-tests.sh): its files in shards of about equal time, in pytest-xdist's processes where
 # the run carried .gpu-tests (scripts/gpu-test-bundle.sh). One route is one call on a machine of two
-# GPUs (`tests-ptx`: a shard a GPU, at once), two on one GPU (`tests-ptx-1of2`, then `tests-ptx-2of2`).
+# GPUs (`tests-ptx`: a shard a GPU, at once), two on one GPU (`tests-ptx-1of2`, then `tests-ptx-2of2`);
+# both routes at once on one GPU are four calls and the whole_device tests' (`tests-both-1of4` to
+# `tests-both-4of4`, then `tests-both-whole`).
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   for launch in slangpy ptx; do
     step "tests-$launch" 600 bash scripts/gpu-tests.sh "$launch"
@@ -194,6 +196,10 @@ if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
       step "tests-$launch-${k}of2" 600 bash scripts/gpu-tests.sh "$launch" "$k/2"
     done
   done
+  for k in 1 2 3 4; do
+    step "tests-both-${k}of4" 600 bash scripts/gpu-tests.sh both "$k/4"
+  done
+  step tests-both-whole 600 bash scripts/gpu-tests.sh both whole
 fi
 [ "$listing" = 1 ] && exit 0
 echo "=== $failures step(s) failed; logs in $out"
