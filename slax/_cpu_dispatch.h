@@ -10,10 +10,9 @@
 // (slax_accumulate, shaders/slax/tensor.slang) add in the order of the groups: each worker gets a
 // SlaxAddOrder (the first adds in place, the others log their adds until the turn passed from
 // worker to worker in order reaches them), and the sums are the bits of a serial launch. A kernel
-// with Slang's atomics (the wrapper leaves it as Slang wrote it), or one that defines
-// SLAX_SERIAL_DISPATCH, runs its groups in order on one thread. A fault record
-// (slax.config.debug_bounds) keeps one of the launch's faults, claimed whole (slax_record_fault),
-// as on a GPU.
+// with Slang's atomics (the wrapper leaves it as Slang wrote it) runs its groups in order on one
+// thread. A fault record (slax.config.debug_bounds) keeps one of the launch's faults, claimed
+// whole (slax_record_fault), as on a GPU.
 //
 // Each worker marks itself as running a kernel for slax/_cpu_signals.c (slax_kernel_enter and
 // slax_kernel_leave, which that library exports once loaded with RTLD_GLOBAL): an integer division
@@ -147,9 +146,6 @@ static size_t slax_add_log_limit(void)
 
 static void slax_dispatch(SlaxGroupBox run, ComputeVaryingInput* launch, void* entryPointParams, void* globalParams)
 {
-#ifdef SLAX_SERIAL_DISPATCH
-    run(launch, entryPointParams, globalParams);
-#else
     uint64_t groups = 1;
     for (int axis = 0; axis < 3; axis++)
     {
@@ -192,7 +188,6 @@ static void slax_dispatch(SlaxGroupBox run, ComputeVaryingInput* launch, void* e
             pthread_join(threads[w], nullptr);
 #ifdef SLAX_ADDS_IN_ORDER
     __atomic_sub_fetch(&slax_spread_launches, 1, __ATOMIC_RELAXED);
-#endif
 #endif
 }
 #pragma GCC pop_options
