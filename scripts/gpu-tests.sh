@@ -11,8 +11,8 @@
 # single long tests and compiles, not the processes (in 575 s on one H200, 8 processes ran 67-80%
 # of one route, 16 processes 73-86%), so two routes at once take little longer than one. On one
 # H200, one route's suite runs longer than a device command: run it as K/N parts, a command each
-# (at d452b04 the two routes at once in three parts took 473, 330 and over 570 s: four parts
-# fit), then the whole_device tests (`whole`, below).
+# (both routes in four parts: in three, one part runs past a command's time; BENCHMARKS.md,
+# "Correctness on the GPUs"), then the whole_device tests (`whole`, below).
 # Each shard runs in pytest-xdist's processes where the GPU image has them (carry .gpu-tests:
 # scripts/gpu-test-bundle.sh), each taking GPU memory as it needs it; the tests that read the
 # whole GPU's free memory (marked whole_device) run after every shard has ended, alone, in the last
