@@ -188,7 +188,9 @@ fi
 # the run carried .gpu-tests (scripts/gpu-test-bundle.sh). One route is one call on a machine of two
 # GPUs (`tests-ptx`: a shard a GPU, at once), two on one GPU (`tests-ptx-1of2`, then `tests-ptx-2of2`);
 # both routes at once on one GPU are four calls and the whole_device tests' (`tests-both-1of4` to
-# `tests-both-4of4`, then `tests-both-whole`).
+# `tests-both-4of4`, then `tests-both-whole`), or three, the two lighter parts at once
+# (`tests-both-1of4`, `tests-both-2of4`, then `tests-both-3and4of4`, which ends with the
+# whole_device tests).
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   for launch in slangpy ptx; do
     step "tests-$launch" 600 bash scripts/gpu-tests.sh "$launch"
@@ -199,6 +201,7 @@ if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   for k in 1 2 3 4; do
     step "tests-both-${k}of4" 600 bash scripts/gpu-tests.sh both "$k/4"
   done
+  step tests-both-3and4of4 600 bash scripts/gpu-tests.sh both 3,4/4
   step tests-both-whole 600 bash scripts/gpu-tests.sh both whole
 fi
 [ "$listing" = 1 ] && exit 0

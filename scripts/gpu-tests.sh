@@ -2,17 +2,20 @@
 # The test suite on a GPU machine, on one CUDA launch route or both, within one device command's
 # 10 minutes:
 #
-#   source .gpu/env.sh && bash scripts/gpu-tests.sh ROUTE [K/N]    (ROUTE: ptx, slangpy or both)
+#   source .gpu/env.sh && bash scripts/gpu-tests.sh ROUTE [K/N|K,L.../N]    (ROUTE: ptx, slangpy or both)
 #
 # The suite's files are split into N shards of about equal time (tests/quick_seconds.json's
 # seconds; a file it lacks counts 10). Without K/N, N is the number of GPUs and every shard runs at
-# once, each on a GPU of its own; with K/N, shard K of N runs alone. `both` runs each shard on the
+# once, each on a GPU of its own; with K/N, shard K of N runs alone; with K,L/N, shards K and L run
+# at once on the first GPU, the machine's processes shared among them. `both` runs each shard on the
 # two routes at once, on the same GPU, each with half the processes: the suite's time is mostly
 # single long tests and compiles, not the processes (in 575 s on one H200, 8 processes ran 67-80%
 # of one route, 16 processes 73-86%), so two routes at once take little longer than one. On one
 # H200, one route's suite runs longer than a device command: run it as K/N parts, a command each
 # (both routes in four parts: in three, one part runs past a command's time; BENCHMARKS.md,
-# "Correctness on the GPUs"), then the whole_device tests (`whole`, below).
+# "Correctness on the GPUs"), then the whole_device tests (`whole`, below). Shards at once take
+# less time than one after the other (more processes than cores keep them busy through the long
+# single tests), so `both 3,4/4` fits the two lighter parts into one command.
 # Each shard runs in pytest-xdist's processes where the GPU image has them (carry .gpu-tests:
 # scripts/gpu-test-bundle.sh), each taking GPU memory as it needs it; the tests that read the
 # whole GPU's free memory (marked whole_device) run after every shard has ended, alone, in the last
@@ -37,9 +40,13 @@ elif [ -n "${2:-}" ]; then
 else
   only="" shards=$gpus
 fi
-# Processes a shard: the machine's cores shared among the shards running at once, at most 16.
-running=$(( ${#routes[@]} * $([ -n "$only" ] && echo 1 || echo "$shards") ))
-workers=$(( $(nproc) / running )); [ "$workers" -le 16 ] || workers=16
+read -ra listed <<< "${only//,/ }"
+# Processes a shard: the machine's cores shared among the shards running at once, but at least
+# three eighths of them (four runs at once on 16 cores take 6 each: their long single tests leave
+# cores idle, and 24 processes ran parts 3 and 4 in 490 s), at most 16.
+running=$(( ${#routes[@]} * $([ -n "$only" ] && echo "${#listed[@]}" || echo "$shards") ))
+workers=$(( $(nproc) / running )); [ "$workers" -ge $(( $(nproc) * 3 / 8 )) ] || workers=$(( $(nproc) * 3 / 8 ))
+[ "$workers" -le 16 ] || workers=16
 parallel=()
 "$PY" -c "import xdist" 2>/dev/null && parallel=(-n "$workers")
 
@@ -84,14 +91,16 @@ if [ "$only" = whole ]; then
   run_whole_device || failed=1
   exit "$failed"
 elif [ -n "$only" ]; then
-  for r in "${routes[@]}"; do run_shard "$only" 0 "$r" & pids+=($!); done
+  for k in "${listed[@]}"; do
+    for r in "${routes[@]}"; do run_shard "$k" 0 "$r" & pids+=($!); done
+  done
 else
   for k in $(seq 1 "$shards"); do
     for r in "${routes[@]}"; do run_shard "$k" $((k - 1)) "$r" & pids+=($!); done
   done
 fi
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-if [ -z "$only" ] || [ "$only" = "$shards" ]; then
+if [ -z "$only" ] || [[ " ${listed[*]} " == *" $shards "* ]]; then
   run_whole_device || failed=1
 fi
 exit "$failed"

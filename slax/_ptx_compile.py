@@ -205,6 +205,13 @@ _lock = threading.Lock()
 """One compile at a time in the worker; threads that compile kernels wait for each other."""
 
 
+def worker_pid() -> int | None:
+    """The compile worker's process id while one runs, else None: its CPU time is part of what a
+    first call costs on the PTX route (tests/_helpers.py's ``compute_seconds``)."""
+    worker = _worker
+    return worker._process.pid if worker is not None and worker.poll() is None else None
+
+
 def _close_worker() -> None:
     if _worker is not None:
         _worker.close()

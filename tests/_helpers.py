@@ -23,11 +23,11 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn
 from slax.testing import away_from_kinks, compare
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+"""The repository's root: experiments/, tests/scripts/ and shaders/ are under it."""
 CUDA_TOOLS = pathlib.Path(os.environ.get("SLAX_TEST_CUDA_TOOLS", ROOT / ".venv" / "cuda-tools"))
 """NVIDIA's CUDA tools (NVRTC, ptxas, jaxlib's CUDA plugin) that scripts/test.sh installs beside the
 environment, for the PTX route's tests on a machine without a GPU."""
 NVRTC = CUDA_TOOLS / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
-"""The repository's root: experiments/, tests/scripts/ and shaders/ are under it."""
 
 
 def parameter_product(*axes, marks: Callable[[tuple], list] = lambda case: []) -> list:
@@ -137,6 +137,23 @@ def relative_error(got, want) -> float:
     """The largest normwise relative error over the leaves of ``got`` against ``want``
     (slax.testing.compare)."""
     return compare("", "", got, want, 0.0).max_rel_error
+
+
+def compute_seconds() -> float:
+    """The CPU seconds spent so far by this process (all its threads), by the children it has
+    waited for (g++ building CPU kernels) and by slax's PTX compile worker while it runs (Linux's
+    /proc): what a first call's compiles cost, which other processes on a busy machine stretch in
+    wall time but not in CPU time (a test's pytest-xdist neighbours, the other route's run)."""
+    from slax._ptx_compile import worker_pid
+
+    times = os.times()
+    seconds = times.user + times.system + times.children_user + times.children_system
+    pid = worker_pid()
+    if pid is not None:
+        # /proc/PID/stat after the command's parenthesis: field 3 onwards; utime, stime are 14, 15.
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        seconds += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
 
 
 def assert_float32_mlp_matches_reference(

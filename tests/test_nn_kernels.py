@@ -9,7 +9,7 @@ import re
 import time
 
 import pytest
-from _helpers import assert_float32_mlp_matches_reference
+from _helpers import assert_float32_mlp_matches_reference, compute_seconds
 
 from slax._slang_c import dependency_files
 from slax.nn._activations import ACTIVATIONS, HIDDEN_DEFAULT, OUTPUT_DEFAULT, layer_activations
@@ -110,14 +110,17 @@ def test_every_familys_network_of_sixteen_hidden_layers_passes_slangs_front_end_
 @pytest.mark.parametrize("width", [2, 16], ids=["thread_sums", "tiled"])
 def test_chains_of_sixteen_hidden_layers_compile_in_bounded_time_and_match_the_reference(width):
     """The first calls of a network of sixteen hidden layers (its forward, backward and loss kernels
-    compiled on the CPU routes) well within two minutes: 2-wide layers run a sample per thread,
-    16-wide ones in tiles. Its hidden layers are tanh: so deep a LeakyReLU network leaves few
-    samples away from its kinks (slax.testing.away_from_kinks), where gradients compare."""
+    compiled) within two minutes of CPU time, the compilers' included (compute_seconds: on a busy
+    GPU machine's suite the wall time of the CUDA routes' compiles, about 35 s idle, passed 120 s):
+    2-wide layers run a sample per thread, 16-wide ones in tiles. Its hidden layers are tanh: so
+    deep a LeakyReLU network leaves few samples away from its kinks (slax.testing.away_from_kinks),
+    where gradients compare."""
     sizes = _sixteen_hidden(width, 3, 2)
     assert kernel_layout(sizes).thread_sums == (width == 2)
-    began = time.perf_counter()
+    began = compute_seconds()
     assert_float32_mlp_matches_reference(sizes, seed=12, activation="tanh")
-    assert time.perf_counter() - began < 120
+    seconds = compute_seconds() - began
+    assert seconds < 120, f"the first calls took {seconds:.0f} CPU seconds"
 
 
 @pytest.mark.one_device_kind

@@ -18,11 +18,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import jax
 import numpy as np
 import pytest
-from _helpers import CUDA_TOOLS, NVRTC, ROOT, once_per_run, run_python
+from _helpers import CUDA_TOOLS, NVRTC, ROOT, compute_seconds, once_per_run, run_python
 
 import slax
 import slax.examples
@@ -799,6 +800,25 @@ def test_one_compile_worker_serves_kernel_after_kernel(empty_ptx_cache, monkeypa
     again = _compile(KernelSpec("scale_shift_float", path=path))
     assert again == compile_once["scale_shift_float"]
     assert _ptx_compile._worker is not None and _ptx_compile._worker is not worker
+
+
+@needs_tools
+def test_a_first_calls_compute_seconds_count_the_compile_workers(empty_ptx_cache, tmp_path):
+    """tests/_helpers.py's compute_seconds, which bounds deep networks' first calls on a busy
+    machine, counts the worker's CPU time: a compile there adds to it beyond this process's own
+    (which only waits), and a worker that ended is no longer read."""
+    from slax import _ptx_compile
+
+    path = str(SHADER_DIR / "kernels" / "scale_shift.slang")
+    _compile(KernelSpec("scale_shift_float", path=path))  # the worker is up
+    assert _ptx_compile.worker_pid() == _ptx_compile._worker._process.pid
+    shutil.rmtree(tmp_path / "cache" / "ptx")
+    own, began = time.process_time(), compute_seconds()
+    for entry in ("scale_shift_float", "scale_shift_half"):
+        _compile(KernelSpec(entry, path=path))
+    assert compute_seconds() - began > time.process_time() - own
+    _ptx_compile._close_worker()
+    assert _ptx_compile.worker_pid() is None
 
 
 @needs_tools
