@@ -24,7 +24,7 @@
 # Exits non-zero when a test failed or a shard did not run to its end.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-route=${1:?usage: gpu-tests.sh ptx|slangpy|both [K/N|whole]}
+route=${1:?usage: gpu-tests.sh ptx|slangpy|both [K/N|K,L.../N|whole]}
 routes=("$route"); [ "$route" = both ] && routes=(ptx slangpy)
 out="${OUT:-runs/gpu-tests}"
 mkdir -p "$out"
@@ -42,8 +42,8 @@ else
 fi
 read -ra listed <<< "${only//,/ }"
 # Processes a shard: the machine's cores shared among the shards running at once, but at least
-# three eighths of them (four runs at once on 16 cores take 6 each: their long single tests leave
-# cores idle, and 24 processes ran parts 3 and 4 in 490 s), at most 16.
+# three eighths of them (four runs at once on 16 cores take 6 each), since the shards' long single
+# tests leave cores idle; at most 16.
 running=$(( ${#routes[@]} * $([ -n "$only" ] && echo "${#listed[@]}" || echo "$shards") ))
 workers=$(( $(nproc) / running )); [ "$workers" -ge $(( $(nproc) * 3 / 8 )) ] || workers=$(( $(nproc) * 3 / 8 ))
 [ "$workers" -le 16 ] || workers=16

@@ -816,7 +816,8 @@ def test_a_first_calls_compute_seconds_count_the_compile_workers(empty_ptx_cache
     own, began = time.process_time(), compute_seconds()
     for entry in ("scale_shift_float", "scale_shift_half"):
         _compile(KernelSpec(entry, path=path))
-    assert compute_seconds() - began > time.process_time() - own
+    # The two compiles' Slang and NVRTC run in the worker: hundreds of CPU milliseconds.
+    assert compute_seconds() - began - (time.process_time() - own) > 0.1
     _ptx_compile._close_worker()
     assert _ptx_compile.worker_pid() is None
 
