@@ -43,7 +43,7 @@ from slax._ptx_launch import (
 )
 from slax._slang_c import CodeTarget, NvrtcNotFoundError, compile_entry_point
 from slax.nn._architecture import Architecture
-from slax.nn._backends import Platform, TensorCores, ThreadSums, wide_warp_kernel
+from slax.nn._backends import Platform, TensorCores, ThreadSums
 from slax.nn._kernels import mlp_source
 from slax.nn._precision import Float32Products
 
@@ -371,23 +371,6 @@ def test_wide_float32_loss_and_gradient_lowers_to_tf32_warp_tiles(report):
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and ".trans" not in ptx
     assert "ld.global.v2.u32" in ptx and "cp.async" not in ptx
     assert len(re.findall(r"\bshfl\.sync", ptx)) == 5
-
-
-def test_tf32_warp_tiles_reinterpret_their_floats_in_cuda_at_any_depth():
-    """The TF32 warp tiles hand a tile's floats to mma.sync through ptx.slang's cudaMmaTf32Columns,
-    which reinterprets them in CUDA, not through Slang's asuint: Slang's compile asks of every call
-    of a side-effect-free function whether its callee has side effects by walking all of that
-    callee's calls, quadratic in them (BENCHMARKS.md, "Compile time and depth"), so a deeper
-    network adds no such calls. A loss gradient also sums weight gradients through cudaMmaTf32,
-    whose prelude both share: one definition of it in the kernel's CUDA."""
-    asuint_calls = {}
-    for depth in (2, 4):
-        arch = Architecture((32, *[64] * depth, 16), "float32")
-        source = compile_entry_point(wide_warp_kernel(arch, "mlp_loss_grad"), CodeTarget.CUDA_SOURCE)
-        asuint_calls[depth] = source.count("F32_asuint(")
-        assert source.count("float4 slax_mma_tf32(float4 c, uint4 a, uint2 b)") == 1
-        assert "slax_mma_tf32_columns(" in source
-    assert asuint_calls[4] == asuint_calls[2], asuint_calls
 
 
 @needs_tools
